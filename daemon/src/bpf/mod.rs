@@ -1,0 +1,1 @@
+//! Loading, attaching and reading the eBPF accounting programs.

@@ -1,0 +1,11 @@
+//! vitalsd: an always-on CPU, scheduling and page-fault vitals daemon.
+//!
+//! One module per kernel source or concern; `tracker` is the one place where
+//! raw counters become per-window deltas.
+
+pub mod bpf;
+pub mod clock;
+pub mod perfetto;
+pub mod procfs;
+pub mod system;
+pub mod tracker;

@@ -1,0 +1,1 @@
+//! Perfetto trace writer.

@@ -1,0 +1,1 @@
+//! procfs readers, one per kernel file. Each takes an injectable root.

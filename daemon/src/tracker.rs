@@ -1,0 +1,1 @@
+//! ProcessCpuTracker-style deltas: the one place counters become deltas.
