@@ -1,2 +1,332 @@
+//! vitalsd's always-on accounting programs.
+//!
+//! Every map holds monotonic counters; user space sums per-CPU slots and
+//! takes deltas, and never clears a live map. The per-event path is kept to
+//! the minimum number of map operations because every one of them shows up in
+//! `perf bench sched pipe` (see `cargo xtask bench overhead`):
+//! sched_switch does one per-CPU array access, one per-CPU hash lookup for the
+//! task switching out and one hash lookup for the task switching in (plus one
+//! update when the task switching out was preempted).
 #![no_std]
 #![no_main]
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_map_lookup_percpu_elem},
+    macros::{map, perf_event, tracepoint},
+    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    programs::{PerfEventContext, TracePointContext},
+};
+use vitals_common::{
+    drop_reason, CpuState, ExitedTask, FaultCounters, TaskCounters, MAX_CPUS,
+    PREV_STATE_BLOCKED_MASK,
+};
+
+// ---- load-time settings (.rodata, set by the loader; the verifier treats
+// frozen .rodata as constants, so reading them costs nothing) ----
+
+#[no_mangle]
+static NR_CPUS: u32 = 1;
+#[no_mangle]
+static SWITCH_PREV_PID_OFF: u32 = 24;
+#[no_mangle]
+static SWITCH_PREV_STATE_OFF: u32 = 32;
+#[no_mangle]
+static SWITCH_NEXT_PID_OFF: u32 = 56;
+#[no_mangle]
+static WAKEUP_PID_OFF: u32 = 24;
+#[no_mangle]
+static FREE_PID_OFF: u32 = 24;
+
+#[inline(always)]
+fn setting(v: &'static u32) -> u32 {
+    // read_volatile keeps the compiler from folding the default value in.
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+// ---- maps; the max_entries here are placeholders the loader overrides ----
+
+/// tid -> counters, one slot per CPU.
+#[map(name = "TASKS")]
+static TASKS: PerCpuHashMap<u32, TaskCounters> = PerCpuHashMap::with_max_entries(16384, 0);
+
+/// tgid -> fault counters of the whole process (survives thread exits).
+#[map(name = "PROCESS_FAULTS")]
+static PROCESS_FAULTS: PerCpuHashMap<u32, FaultCounters> =
+    PerCpuHashMap::with_max_entries(8192, 0);
+
+/// tid -> CLOCK_MONOTONIC ns at which it became runnable (0 = not waiting).
+/// Shared across CPUs because the waker and the wakee's CPU differ. Keys are
+/// zeroed, not deleted, at switch-in so the steady state needs no insert.
+#[map(name = "WAKE_TS")]
+static WAKE_TS: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
+
+/// tid -> final counters of a freed task, drained (read then deleted) by
+/// user space each sample.
+#[map(name = "EXITED")]
+static EXITED: HashMap<u32, ExitedTask> = HashMap::with_max_entries(4096, 0);
+
+#[map(name = "CPU_STATE")]
+static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU drop counters, indexed by `drop_reason`.
+#[map(name = "DROPS")]
+static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(drop_reason::COUNT, 0);
+
+#[inline(always)]
+fn count_drop(reason: u32) {
+    if let Some(p) = DROPS.get_ptr_mut(reason) {
+        unsafe { *p += 1 };
+    }
+}
+
+/// This CPU's slot for `tid`, inserting a zeroed one on first sight.
+#[inline(always)]
+fn task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
+    if let Some(p) = TASKS.get_ptr_mut(tid) {
+        return Some(unsafe { &mut *p });
+    }
+    if TASKS
+        .insert(tid, TaskCounters::default(), BPF_NOEXIST as u64)
+        .is_err()
+    {
+        // -E2BIG when full; -EEXIST when another CPU raced us, which the
+        // lookup below resolves.
+        if TASKS.get_ptr_mut(tid).is_none() {
+            count_drop(drop_reason::TASK_MAP_FULL);
+            return None;
+        }
+    }
+    TASKS.get_ptr_mut(tid).map(|p| unsafe { &mut *p })
+}
+
+#[inline(always)]
+fn process_slot(tgid: u32) -> Option<&'static mut FaultCounters> {
+    if let Some(p) = PROCESS_FAULTS.get_ptr_mut(tgid) {
+        return Some(unsafe { &mut *p });
+    }
+    let _ = PROCESS_FAULTS.insert(tgid, FaultCounters::default(), BPF_NOEXIST as u64);
+    match PROCESS_FAULTS.get_ptr_mut(tgid) {
+        Some(p) => Some(unsafe { &mut *p }),
+        None => {
+            count_drop(drop_reason::PROCESS_MAP_FULL);
+            None
+        }
+    }
+}
+
+#[inline(always)]
+fn mark_runnable(tid: u32, now: u64) {
+    if let Some(ts) = WAKE_TS.get_ptr_mut(tid) {
+        unsafe { *ts = now };
+    } else if WAKE_TS.insert(tid, now, 0).is_err() {
+        count_drop(drop_reason::WAKE_MAP_FULL);
+    }
+}
+
+#[tracepoint(category = "sched", name = "sched_switch")]
+pub fn sched_switch(ctx: TracePointContext) -> u32 {
+    let _ = try_sched_switch(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_sched_switch(ctx: &TracePointContext) -> Result<(), i64> {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let prev_pid: i32 = unsafe { ctx.read_at(setting(&SWITCH_PREV_PID_OFF) as usize) }?;
+    let prev_state: i64 = unsafe { ctx.read_at(setting(&SWITCH_PREV_STATE_OFF) as usize) }?;
+    let next_pid: i32 = unsafe { ctx.read_at(setting(&SWITCH_NEXT_PID_OFF) as usize) }?;
+    let (prev, next) = (prev_pid as u32, next_pid as u32);
+
+    let cpu = match CPU_STATE.get_ptr_mut(0) {
+        Some(p) => unsafe { &mut *p },
+        None => return Ok(()),
+    };
+
+    // Switch-out of `prev`. The idle task (pid 0, one per CPU) keeps its
+    // on-CPU time under key 0 in this CPU's slot, i.e. per-CPU idle time;
+    // it has no switches or runqueue wait worth counting.
+    if let Some(t) = task_slot(prev) {
+        if cpu.valid != 0 && cpu.running_tid == prev && now > cpu.last_switch_ns {
+            t.oncpu_ns += now - cpu.last_switch_ns;
+            t.runq_wait_ns += cpu.pending_wait_ns;
+        }
+        if prev != 0 {
+            // At sched_switch `current` is still `prev`.
+            t.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+            if prev_state & PREV_STATE_BLOCKED_MASK == 0 {
+                t.involuntary_switches += 1;
+                // Still runnable: its runqueue wait starts now.
+                mark_runnable(prev, now);
+            } else {
+                t.voluntary_switches += 1;
+            }
+        }
+    }
+
+    // Switch-in of `next`: its wait ends now; credited when it switches out.
+    cpu.pending_wait_ns = 0;
+    if next != 0 {
+        if let Some(ts) = WAKE_TS.get_ptr_mut(next) {
+            let since = unsafe { *ts };
+            if since != 0 && now > since {
+                cpu.pending_wait_ns = now - since;
+            }
+            unsafe { *ts = 0 };
+        }
+    }
+    cpu.running_tid = next;
+    cpu.last_switch_ns = now;
+    cpu.valid = 1;
+    Ok(())
+}
+
+#[inline(always)]
+fn on_wakeup(ctx: &TracePointContext) -> u32 {
+    if let Ok(pid) = unsafe { ctx.read_at::<i32>(setting(&WAKEUP_PID_OFF) as usize) } {
+        if pid > 0 {
+            mark_runnable(pid as u32, unsafe { bpf_ktime_get_ns() });
+        }
+    }
+    0
+}
+
+/// sched_wakeup fires when the woken task is enqueued: runqueue wait starts.
+#[tracepoint(category = "sched", name = "sched_wakeup")]
+pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
+    on_wakeup(&ctx)
+}
+
+#[tracepoint(category = "sched", name = "sched_wakeup_new")]
+pub fn sched_wakeup_new(ctx: TracePointContext) -> u32 {
+    on_wakeup(&ctx)
+}
+
+/// The task's last reference is gone: it will never run or fault again, so
+/// its counters are final. Sum its per-CPU slots here, in the kernel, and
+/// delete the key, so a reused tid starts from zero and nothing is lost.
+/// Needs bpf_map_lookup_percpu_elem (Linux 5.19).
+#[tracepoint(category = "sched", name = "sched_process_free")]
+pub fn sched_process_free(ctx: TracePointContext) -> u32 {
+    let pid: i32 = match unsafe { ctx.read_at(setting(&FREE_PID_OFF) as usize) } {
+        Ok(p) => p,
+        Err(_) => return 0,
+    };
+    if pid <= 0 {
+        return 0;
+    }
+    let tid = pid as u32;
+    let mut exited = ExitedTask {
+        freed_ns: unsafe { bpf_ktime_get_ns() },
+        ..ExitedTask::default()
+    };
+    let nr_cpus = setting(&NR_CPUS);
+    let mut seen = false;
+    for cpu in 0..MAX_CPUS {
+        if cpu >= nr_cpus {
+            break;
+        }
+        let p = unsafe {
+            bpf_map_lookup_percpu_elem(
+                &TASKS as *const _ as *mut c_void,
+                &tid as *const u32 as *const c_void,
+                cpu,
+            )
+        } as *const TaskCounters;
+        if !p.is_null() {
+            seen = true;
+            exited.counters.add(unsafe { &*p });
+        }
+    }
+    if !seen {
+        let _ = WAKE_TS.remove(tid);
+        return 0;
+    }
+    if exited.counters.tgid == tid {
+        for cpu in 0..MAX_CPUS {
+            if cpu >= nr_cpus {
+                break;
+            }
+            let p = unsafe {
+                bpf_map_lookup_percpu_elem(
+                    &PROCESS_FAULTS as *const _ as *mut c_void,
+                    &tid as *const u32 as *const c_void,
+                    cpu,
+                )
+            } as *const FaultCounters;
+            if !p.is_null() {
+                exited.process_faults.add(unsafe { &*p });
+            }
+        }
+        let _ = PROCESS_FAULTS.remove(tid);
+    }
+    if EXITED.insert(tid, exited, 0).is_err() {
+        count_drop(drop_reason::EXITED_MAP_FULL);
+    }
+    let _ = TASKS.remove(tid);
+    let _ = WAKE_TS.remove(tid);
+    0
+}
+
+#[derive(Clone, Copy)]
+enum FaultKind {
+    Entry,
+    Minor,
+    Major,
+}
+
+#[inline(always)]
+fn count_fault(kind: FaultKind) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    if let Some(t) = task_slot(tid) {
+        t.tgid = tgid;
+        bump(&mut t.faults, kind);
+    }
+    if let Some(p) = process_slot(tgid) {
+        bump(p, kind);
+    }
+}
+
+#[inline(always)]
+fn bump(f: &mut FaultCounters, kind: FaultKind) {
+    match kind {
+        FaultKind::Entry => f.entries += 1,
+        FaultKind::Minor => f.minflt += 1,
+        FaultKind::Major => f.majflt += 1,
+    }
+}
+
+/// x86 only: one event per user-mode fault entry (also retries and faults
+/// that end in SIGSEGV), in the faulting task's context.
+#[tracepoint(category = "exceptions", name = "page_fault_user")]
+pub fn page_fault_user(_ctx: TracePointContext) -> u32 {
+    count_fault(FaultKind::Entry);
+    0
+}
+
+/// Attached to PERF_COUNT_SW_PAGE_FAULTS_MIN with sample_period 1 on every
+/// CPU: runs where mm_account_fault() counts a successful minor fault.
+#[perf_event]
+pub fn perf_minflt(_ctx: PerfEventContext) -> u32 {
+    count_fault(FaultKind::Minor);
+    0
+}
+
+#[perf_event]
+pub fn perf_majflt(_ctx: PerfEventContext) -> u32 {
+    count_fault(FaultKind::Major);
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,1 +1,157 @@
+//! Types shared by the eBPF programs and the daemon.
+//!
+//! Every type is `#[repr(C)]` with explicit padding and no `bool`, so the
+//! kernel-side and user-side layouts are the same byte for byte and no
+//! uninitialised padding reaches a map. The `user` feature adds `aya::Pod`.
 #![no_std]
+
+/// Monotonic fault counters. Which fields move depends on the fault source the
+/// daemon chose (see `FaultSource` on the user side):
+/// - tracepoint `exceptions/page_fault_user` counts fault *entries*
+///   (`entries`), including retried and failed faults;
+/// - perf software events count what the kernel's `mm_account_fault()`
+///   counts, i.e. successful faults: `minflt` / `majflt`, the same numbers as
+///   fields 10 and 12 of /proc/<pid>/stat.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultCounters {
+    pub entries: u64,
+    pub minflt: u64,
+    pub majflt: u64,
+}
+
+/// Per-thread monotonic counters, one slot per CPU in a per-CPU hash keyed by
+/// tid. User space sums the slots over possible CPUs and takes deltas.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskCounters {
+    /// Time on CPU, attributed at each switch-out.
+    pub oncpu_ns: u64,
+    /// Runnable but not running: from wakeup or preemption to switch-in.
+    pub runq_wait_ns: u64,
+    /// Switch-outs while blocked (prev_state not runnable).
+    pub voluntary_switches: u64,
+    /// Switch-outs while still runnable (preempted, or yielded).
+    pub involuntary_switches: u64,
+    pub faults: FaultCounters,
+    /// Thread group id, learnt from the task's own context.
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
+/// The state each CPU keeps between two sched_switch events.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuState {
+    /// bpf_ktime_get_ns() (CLOCK_MONOTONIC) of the last switch on this CPU.
+    pub last_switch_ns: u64,
+    /// Runqueue wait of the task now running, added to it when it switches out.
+    pub pending_wait_ns: u64,
+    /// tid now running on this CPU (0 = idle).
+    pub running_tid: u32,
+    /// 1 once `last_switch_ns`/`running_tid` describe a real switch.
+    pub valid: u32,
+}
+
+/// Final counters of a task the kernel freed, summed over CPUs in the kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitedTask {
+    pub counters: TaskCounters,
+    /// Whole-process fault counters, filled when the freed task was the
+    /// thread-group leader (the leader is freed after its other threads).
+    pub process_faults: FaultCounters,
+    /// bpf_ktime_get_ns() at sched_process_free.
+    pub freed_ns: u64,
+}
+
+/// Indexes into the per-CPU `DROPS` array: why an event was not counted.
+pub mod drop_reason {
+    /// TASKS map full: a new tid could not be inserted.
+    pub const TASK_MAP_FULL: u32 = 0;
+    /// PROCESS_FAULTS map full.
+    pub const PROCESS_MAP_FULL: u32 = 1;
+    /// WAKE_TS map full: a wakeup timestamp was lost (runqueue wait undercounted).
+    pub const WAKE_MAP_FULL: u32 = 2;
+    /// EXITED map full: a freed task's final counters were lost.
+    pub const EXITED_MAP_FULL: u32 = 3;
+    pub const COUNT: u32 = 4;
+    pub const NAMES: [&str; COUNT as usize] = [
+        "task_map_full",
+        "process_map_full",
+        "wake_map_full",
+        "exited_map_full",
+    ];
+}
+
+/// Upper bound of the in-kernel loop over CPUs when a task is freed. The real
+/// bound is the `NR_CPUS` global the daemon sets to the possible-CPU count.
+pub const MAX_CPUS: u32 = 1024;
+
+/// `prev_state` bits that mean "blocked". The kernel reports a preempted task
+/// as TASK_REPORT_MAX (0x100 since 4.14, "R+") and a task that called
+/// schedule() while TASK_RUNNING as 0 ("R"); both are still runnable.
+/// Any of the low TASK_REPORT bits (S, D, T, t, X, Z, P, I) means it blocked.
+pub const PREV_STATE_BLOCKED_MASK: i64 = 0xff;
+
+/// Names of maps and programs, shared so the two sides cannot drift.
+pub mod names {
+    pub const TASKS: &str = "TASKS";
+    pub const PROCESS_FAULTS: &str = "PROCESS_FAULTS";
+    pub const WAKE_TS: &str = "WAKE_TS";
+    pub const EXITED: &str = "EXITED";
+    pub const CPU_STATE: &str = "CPU_STATE";
+    pub const DROPS: &str = "DROPS";
+
+    pub const PROG_SCHED_SWITCH: &str = "sched_switch";
+    pub const PROG_SCHED_WAKEUP: &str = "sched_wakeup";
+    pub const PROG_SCHED_WAKEUP_NEW: &str = "sched_wakeup_new";
+    pub const PROG_SCHED_PROCESS_FREE: &str = "sched_process_free";
+    pub const PROG_PAGE_FAULT_USER: &str = "page_fault_user";
+    pub const PROG_PERF_MINFLT: &str = "perf_minflt";
+    pub const PROG_PERF_MAJFLT: &str = "perf_majflt";
+
+    /// Globals (`.rodata`) the loader sets: tracepoint field offsets read
+    /// from tracefs `format` files, because they differ between kernels
+    /// (sched_process_free has `__data_loc comm` since 6.x, moving `pid`).
+    pub const G_NR_CPUS: &str = "NR_CPUS";
+    pub const G_SWITCH_PREV_PID: &str = "SWITCH_PREV_PID_OFF";
+    pub const G_SWITCH_PREV_STATE: &str = "SWITCH_PREV_STATE_OFF";
+    pub const G_SWITCH_NEXT_PID: &str = "SWITCH_NEXT_PID_OFF";
+    pub const G_WAKEUP_PID: &str = "WAKEUP_PID_OFF";
+    pub const G_FREE_PID: &str = "FREE_PID_OFF";
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all are repr(C), made of integers, with explicit padding.
+    unsafe impl aya::Pod for super::FaultCounters {}
+    unsafe impl aya::Pod for super::TaskCounters {}
+    unsafe impl aya::Pod for super::CpuState {}
+    unsafe impl aya::Pod for super::ExitedTask {}
+}
+
+impl FaultCounters {
+    pub fn add(&mut self, o: &FaultCounters) {
+        self.entries = self.entries.wrapping_add(o.entries);
+        self.minflt = self.minflt.wrapping_add(o.minflt);
+        self.majflt = self.majflt.wrapping_add(o.majflt);
+    }
+}
+
+impl TaskCounters {
+    /// Adds another CPU's slot (or another task's totals) into this one.
+    /// `tgid` is taken from whichever slot has it.
+    pub fn add(&mut self, o: &TaskCounters) {
+        self.oncpu_ns = self.oncpu_ns.wrapping_add(o.oncpu_ns);
+        self.runq_wait_ns = self.runq_wait_ns.wrapping_add(o.runq_wait_ns);
+        self.voluntary_switches = self.voluntary_switches.wrapping_add(o.voluntary_switches);
+        self.involuntary_switches = self
+            .involuntary_switches
+            .wrapping_add(o.involuntary_switches);
+        self.faults.add(&o.faults);
+        if self.tgid == 0 {
+            self.tgid = o.tgid;
+        }
+    }
+}
