@@ -9,3 +9,5 @@ pub mod perfetto;
 pub mod procfs;
 pub mod system;
 pub mod tracker;
+pub mod privileges;
+//pub mod record;

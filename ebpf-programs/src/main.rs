@@ -20,7 +20,7 @@ use aya_ebpf::{
     programs::{PerfEventContext, TracePointContext},
 };
 use vitals_common::{
-    drop_reason, CpuState, ExitedTask, FaultCounters, TaskCounters, MAX_CPUS,
+    drop_reason, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters, MAX_CPUS,
     PREV_STATE_BLOCKED_MASK,
 };
 
@@ -66,7 +66,7 @@ static WAKE_TS: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
 /// tid -> final counters of a freed task, drained (read then deleted) by
 /// user space each sample.
 #[map(name = "EXITED")]
-static EXITED: HashMap<u32, ExitedTask> = HashMap::with_max_entries(4096, 0);
+static EXITED: HashMap<ExitKey, ExitedTask> = HashMap::with_max_entries(4096, 0);
 
 #[map(name = "CPU_STATE")]
 static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
@@ -218,10 +218,12 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let tid = pid as u32;
-    let mut exited = ExitedTask {
+    let key = ExitKey {
         freed_ns: unsafe { bpf_ktime_get_ns() },
-        ..ExitedTask::default()
+        tid,
+        _pad: 0,
     };
+    let mut exited = ExitedTask::default();
     let nr_cpus = setting(&NR_CPUS);
     let mut seen = false;
     for cpu in 0..MAX_CPUS {
@@ -262,7 +264,7 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
         }
         let _ = PROCESS_FAULTS.remove(tid);
     }
-    if EXITED.insert(tid, exited, 0).is_err() {
+    if EXITED.insert(key, exited, BPF_NOEXIST as u64).is_err() {
         count_drop(drop_reason::EXITED_MAP_FULL);
     }
     let _ = TASKS.remove(tid);

@@ -53,6 +53,17 @@ pub struct CpuState {
     pub valid: u32,
 }
 
+/// Key of the EXITED map. The free time is part of the key so a tid freed,
+/// reused and freed again before user space drains the map keeps both records.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ExitKey {
+    /// bpf_ktime_get_ns() at sched_process_free.
+    pub freed_ns: u64,
+    pub tid: u32,
+    pub _pad: u32,
+}
+
 /// Final counters of a task the kernel freed, summed over CPUs in the kernel.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,8 +72,6 @@ pub struct ExitedTask {
     /// Whole-process fault counters, filled when the freed task was the
     /// thread-group leader (the leader is freed after its other threads).
     pub process_faults: FaultCounters,
-    /// bpf_ktime_get_ns() at sched_process_free.
-    pub freed_ns: u64,
 }
 
 /// Indexes into the per-CPU `DROPS` array: why an event was not counted.
@@ -129,6 +138,7 @@ mod pod {
     unsafe impl aya::Pod for super::TaskCounters {}
     unsafe impl aya::Pod for super::CpuState {}
     unsafe impl aya::Pod for super::ExitedTask {}
+    unsafe impl aya::Pod for super::ExitKey {}
 }
 
 impl FaultCounters {

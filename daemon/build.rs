@@ -1,0 +1,82 @@
+//! Builds the eBPF object (`ebpf-programs/`) and hands its path to the daemon,
+//! which embeds it with `include_bytes_aligned!`.
+//!
+//! The eBPF crate builds for `bpfel-unknown-none` with Debian's rustc and its
+//! prebuilt core (shared/TOOLCHAIN.md: rustup has no rust-src here, so no
+//! build-std), in its own target dir so the host build keeps rustup's rustc.
+//! `VITALS_EBPF_OBJ=<path>` skips the build and embeds a prebuilt object
+//! (packaging, cross builds).
+
+use std::{env, path::PathBuf, process::Command};
+
+const BPF_RUSTC: &str = "/usr/bin/rustc";
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=VITALS_EBPF_OBJ");
+    if let Ok(obj) = env::var("VITALS_EBPF_OBJ") {
+        println!("cargo:rerun-if-changed={obj}");
+        println!("cargo:rustc-env=VITALS_EBPF_OBJ={obj}");
+        return;
+    }
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let root = manifest_dir.parent().unwrap().to_owned();
+    for dir in ["ebpf-programs/src", "ebpf-programs/common/src", "ebpf-programs/Cargo.toml"] {
+        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    }
+    let arch = match env::var("CARGO_CFG_TARGET_ARCH").unwrap().as_str() {
+        "x86_64" => "x86_64",
+        "aarch64" => "aarch64",
+        "riscv64" => "riscv64",
+        other => panic!("vitalsd: no eBPF target arch mapping for {other}"),
+    };
+    if !std::path::Path::new(BPF_RUSTC).exists() {
+        panic!(
+            "vitalsd: {BPF_RUSTC} (Debian rustc-web) is missing; run `cargo xtask setup` \
+             or set VITALS_EBPF_OBJ to a prebuilt object"
+        );
+    }
+    let target_dir = root.join("target/bpf");
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&root)
+        .args([
+            "build",
+            "-p",
+            "vitals-ebpf",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "--target-dir",
+        ])
+        .arg(&target_dir)
+        .env("RUSTC", BPF_RUSTC)
+        // aya-ebpf enables an unstable feature on bpf targets; naming the
+        // crate (not `1`) keeps aya-build from asking for build-std.
+        .env("RUSTC_BOOTSTRAP", "aya_ebpf")
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            format!("--cfg=bpf_target_arch=\"{arch}\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf"),
+        );
+    // The outer build's settings must not leak into the inner one.
+    for var in [
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTC_WRAPPER",
+        "RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "CARGO_BUILD_RUSTFLAGS",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, _) in env::vars() {
+        if k.starts_with("CARGO_FEATURE_") || k.starts_with("CARGO_CFG_") || k == "CARGO_MAKEFLAGS" {
+            cmd.env_remove(k);
+        }
+    }
+    let status = cmd.status().expect("vitalsd: running cargo for the eBPF crate");
+    if !status.success() {
+        panic!("vitalsd: building the eBPF crate failed ({status}); see the output above");
+    }
+    let obj = target_dir.join("bpfel-unknown-none/release/vitals-ebpf");
+    println!("cargo:rustc-env=VITALS_EBPF_OBJ={}", obj.display());
+}

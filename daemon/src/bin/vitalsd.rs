@@ -1,0 +1,145 @@
+//! vitalsd: the daemon binary. anyhow lives here, at the edge, only.
+
+use std::{
+    path::PathBuf,
+    sync::{atomic::AtomicBool, Arc},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use vitalsd::{
+    bpf::{AccountingConfig, FaultSourceChoice, MapLimits},
+    record::{record, RecordOptions},
+};
+
+#[derive(Parser)]
+#[command(name = "vitalsd", version, about = "Always-on CPU, scheduling and page-fault vitals")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Account CPU, switches, runqueue wait and faults with eBPF for a window
+    /// and write a Perfetto trace.
+    Record {
+        /// How long to record, e.g. 10s, 500ms, 2m.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        duration: Duration,
+        /// Trace file to write.
+        #[arg(long, default_value = "vitalsd.pftrace")]
+        out: PathBuf,
+        /// Sampling interval of the maps.
+        #[arg(long, default_value = "1s", value_parser = parse_duration)]
+        interval: Duration,
+        /// Fault source: auto (tracepoint where present), tracepoint, perf, off.
+        #[arg(long, default_value = "auto")]
+        fault_source: FaultSourceChoice,
+        /// Bound of the per-thread maps (entries).
+        #[arg(long, default_value_t = MapLimits::default().max_tasks)]
+        max_tasks: u32,
+        /// Bound of the per-process fault map (entries).
+        #[arg(long, default_value_t = MapLimits::default().max_processes)]
+        max_processes: u32,
+        /// Rows of the top table (0 = all).
+        #[arg(long, default_value_t = 15)]
+        top: usize,
+        /// Keep all capabilities (for debugging); by default vitalsd drops to
+        /// CAP_BPF and sets no_new_privs after attaching.
+        #[arg(long)]
+        keep_privileges: bool,
+        #[arg(long, default_value = "/proc", hide = true)]
+        proc_root: PathBuf,
+    },
+}
+
+/// "10s", "500ms", "2m", "1h", or bare seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult_ms) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1e3)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60e3)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600e3)
+    } else {
+        (s, 1e3)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad duration {s:?} (examples: 10s, 500ms, 2m)"))?;
+    if !v.is_finite() || v <= 0.0 {
+        return Err(format!("duration {s:?} must be positive"));
+    }
+    Ok(Duration::from_secs_f64(v * mult_ms / 1e3))
+}
+
+/// SIGINT/SIGTERM set `stop`; a second one exits at once.
+fn stop_flag() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop))
+            .context("installing signal handler")?;
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
+    }
+    Ok(stop)
+}
+
+fn main() -> Result<()> {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Record {
+            duration,
+            out,
+            interval,
+            fault_source,
+            max_tasks,
+            max_processes,
+            top,
+            keep_privileges,
+            proc_root,
+        } => {
+            let stop = stop_flag()?;
+            let opts = RecordOptions {
+                duration,
+                out,
+                interval,
+                accounting: AccountingConfig {
+                    fault_source,
+                    limits: MapLimits {
+                        max_tasks,
+                        max_processes,
+                        ..MapLimits::default()
+                    },
+                },
+                proc_root,
+                drop_privileges: !keep_privileges,
+            };
+            let summary = record(&opts, &stop).context("vitalsd record")?;
+            print!("{}", summary.render(top));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("abc").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+}

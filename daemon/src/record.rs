@@ -1,0 +1,335 @@
+//! `vitalsd record`: always-on accounting for a bounded window, streamed
+//! into a Perfetto trace, with a top table at the end.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fs::File,
+    io::BufWriter,
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use thiserror::Error;
+
+use crate::{
+    bpf::{
+        totals::{ProcessCounters, Totals},
+        Accounting, AccountingConfig, BpfError, FaultSource,
+    },
+    clock::ClockPair,
+    perfetto::{
+        CounterSpec, CounterUnit, CounterValue, PerfettoError, ProcessKey, ProcessTreeEntry,
+        SystemFacts, TraceWriter, TrackUuid,
+    },
+    privileges::{self, PrivilegeError},
+    procfs::identity::{self, ProcessIdentity},
+    system::{self, SystemError},
+};
+
+#[derive(Debug, Error)]
+pub enum RecordError {
+    #[error(transparent)]
+    Bpf(#[from] BpfError),
+    #[error(transparent)]
+    Perfetto(#[from] PerfettoError),
+    #[error(transparent)]
+    Privileges(#[from] PrivilegeError),
+    #[error(transparent)]
+    System(#[from] SystemError),
+    #[error("creating trace file {path}: {source}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct RecordOptions {
+    pub duration: Duration,
+    pub out: PathBuf,
+    pub interval: Duration,
+    pub accounting: AccountingConfig,
+    pub proc_root: PathBuf,
+    /// Drop to `privileges::STEADY_STATE_CAPS` after attaching.
+    pub drop_privileges: bool,
+}
+
+/// One process's figures over the recording.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SummaryRow {
+    pub pid: u32,
+    pub name: String,
+    pub oncpu_ns: u64,
+    /// oncpu_ns / wall time of the recording (CLOCK_MONOTONIC); may exceed 100%.
+    pub core_equivalent_pct: f64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    pub runq_wait_ns: u64,
+    pub faults: u64,
+    pub ended: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct RecordSummary {
+    pub trace_path: PathBuf,
+    pub fault_source: FaultSource,
+    pub wall_monotonic_ns: u64,
+    pub rows: Vec<SummaryRow>,
+    pub drops: Vec<(&'static str, u64)>,
+    pub capabilities_after_attach: Option<String>,
+    pub packets_written: u64,
+    pub bytes_written: u64,
+    pub samples: u64,
+}
+
+/// The counter tracks each process gets, in the order they are written.
+struct ProcessTracks {
+    key: ProcessKey,
+    oncpu: TrackUuid,
+    runq_wait: TrackUuid,
+    voluntary: TrackUuid,
+    involuntary: TrackUuid,
+    faults: TrackUuid,
+    /// Last values written, so unchanged counters cost nothing.
+    last: [i64; 5],
+}
+
+fn counter(name: &str, unit: CounterUnit, description: &str) -> CounterSpec {
+    CounterSpec {
+        name: name.into(),
+        unit,
+        description: Some(description.into()),
+    }
+}
+
+pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, RecordError> {
+    // The file first: after the capability drop root may no longer be able
+    // to create it (no CAP_DAC_OVERRIDE).
+    let file = File::create(&opts.out).map_err(|source| RecordError::Create {
+        path: opts.out.clone(),
+        source,
+    })?;
+    let mut accounting = Accounting::load(&opts.accounting)?;
+    let capabilities_after_attach = if opts.drop_privileges {
+        let left = privileges::drop_to(privileges::STEADY_STATE_CAPS)?;
+        Some(privileges::describe(&left))
+    } else {
+        None
+    };
+    let fault_source = accounting.fault_source();
+
+    let mut writer = TraceWriter::new(BufWriter::new(file));
+    let start = ClockPair::now();
+    writer.write_clock_snapshot(start)?;
+    let possible = system::possible_cpus(Path::new("/sys"))?;
+    writer.write_system_info(&SystemFacts {
+        utsname: system::utsname()?,
+        hz: system::clock_ticks_per_second()?,
+        page_size_bytes: system::page_size_bytes()?,
+        num_cpus: possible.len() as u32,
+        system_ram_bytes: None,
+    })?;
+
+    // Every process alive now, with its real cmdline.
+    let mut known: HashMap<u32, ProcessIdentity> = HashMap::new();
+    let initial = identity::scan_processes(&opts.proc_root);
+    writer.write_process_tree(start.boottime_ns, &tree_entries(&initial))?;
+    for p in initial {
+        known.insert(p.pid, p);
+    }
+    writer.flush()?;
+
+    let mut totals = Totals::new();
+    let mut tracks: HashMap<u32, ProcessTracks> = HashMap::new();
+    let mut final_rows: HashMap<u32, ProcessCounters> = HashMap::new();
+    let mut samples = 0u64;
+    let deadline = Instant::now() + opts.duration;
+    let mut next_tick = Instant::now() + opts.interval;
+    loop {
+        let now = Instant::now();
+        let finishing = stop.load(Ordering::Relaxed) || now >= deadline;
+        if !finishing && now < next_tick {
+            std::thread::sleep((next_tick - now).min(deadline - now).min(Duration::from_millis(50)));
+            continue;
+        }
+        next_tick += opts.interval;
+        let snap = accounting.read()?;
+        let clocks = ClockPair::now();
+        samples += 1;
+        let rows = totals.update(&snap);
+
+        // Name processes we have not seen yet before their first counter.
+        let mut new_entries = Vec::new();
+        for r in &rows {
+            if !known.contains_key(&r.tgid) {
+                let id = identity::read_process(&opts.proc_root, r.tgid)
+                    .unwrap_or_else(|| ProcessIdentity::unknown(r.tgid));
+                new_entries.push(id.clone());
+                known.insert(r.tgid, id);
+            }
+        }
+        if !new_entries.is_empty() {
+            writer.write_process_tree(clocks.boottime_ns, &tree_entries(&new_entries))?;
+        }
+
+        for r in &rows {
+            let id = &known[&r.tgid];
+            let key = ProcessKey {
+                pid: r.tgid as i32,
+                starttime_ticks: id.starttime_ticks,
+            };
+            let t = match tracks.get_mut(&r.tgid) {
+                Some(t) if t.key.starttime_ticks == key.starttime_ticks => t,
+                _ => {
+                    let name = id.name();
+                    let t = ProcessTracks {
+                        key,
+                        oncpu: writer.process_counter_track(key, name, &counter("oncpu_ns", CounterUnit::TimeNs, "on-CPU time since recording start (eBPF sched_switch)"))?,
+                        runq_wait: writer.process_counter_track(key, name, &counter("runq_wait_ns", CounterUnit::TimeNs, "runnable-but-not-running time since recording start"))?,
+                        voluntary: writer.process_counter_track(key, name, &counter("voluntary_switches", CounterUnit::Count, "switch-outs while blocked"))?,
+                        involuntary: writer.process_counter_track(key, name, &counter("involuntary_switches", CounterUnit::Count, "switch-outs while runnable (preempted)"))?,
+                        faults: writer.process_counter_track(key, name, &counter(&format!("faults_{}", fault_source.name()), CounterUnit::Count, fault_source.describe()))?,
+                        last: [-1; 5],
+                    };
+                    tracks.insert(r.tgid, t);
+                    tracks.get_mut(&r.tgid).unwrap()
+                }
+            };
+            let values = [
+                r.oncpu_ns as i64,
+                r.runq_wait_ns as i64,
+                r.voluntary_switches as i64,
+                r.involuntary_switches as i64,
+                r.faults(fault_source) as i64,
+            ];
+            let uuids = [t.oncpu, t.runq_wait, t.voluntary, t.involuntary, t.faults];
+            for i in 0..5 {
+                if values[i] != t.last[i] {
+                    writer.write_counter(clocks.boottime_ns, uuids[i], CounterValue::Int(values[i]))?;
+                    t.last[i] = values[i];
+                }
+            }
+            final_rows.insert(r.tgid, *r);
+            if r.ended {
+                tracks.remove(&r.tgid);
+            }
+        }
+        writer.flush()?;
+        if finishing {
+            break;
+        }
+    }
+
+    let end = ClockPair::now();
+    let wall = end.monotonic_ns.saturating_sub(start.monotonic_ns).max(1);
+    let mut rows: Vec<SummaryRow> = final_rows
+        .values()
+        .map(|r| SummaryRow {
+            pid: r.tgid,
+            name: known
+                .get(&r.tgid)
+                .map(|i| i.name().to_owned())
+                .unwrap_or_else(|| format!("<{}>", r.tgid)),
+            oncpu_ns: r.oncpu_ns,
+            core_equivalent_pct: r.oncpu_ns as f64 * 100.0 / wall as f64,
+            voluntary_switches: r.voluntary_switches,
+            involuntary_switches: r.involuntary_switches,
+            runq_wait_ns: r.runq_wait_ns,
+            faults: r.faults(fault_source),
+            ended: r.ended,
+        })
+        .collect();
+    rows.sort_by(|a, b| b.oncpu_ns.cmp(&a.oncpu_ns).then(a.pid.cmp(&b.pid)));
+    let drops = vitals_common::drop_reason::NAMES
+        .iter()
+        .zip(totals.drops)
+        .map(|(n, v)| (*n, v))
+        .collect();
+    let packets_written = writer.packets_written();
+    let bytes_written = writer.bytes_written();
+    writer.flush()?;
+    Ok(RecordSummary {
+        trace_path: opts.out.clone(),
+        fault_source,
+        wall_monotonic_ns: wall,
+        rows,
+        drops,
+        capabilities_after_attach,
+        packets_written,
+        bytes_written,
+        samples,
+    })
+}
+
+fn tree_entries(ids: &[ProcessIdentity]) -> Vec<ProcessTreeEntry> {
+    ids.iter()
+        .map(|p| ProcessTreeEntry {
+            pid: p.pid as i32,
+            ppid: p.ppid as i32,
+            cmdline_is_comm: p.cmdline.is_empty(),
+            cmdline: if p.cmdline.is_empty() {
+                vec![p.comm.clone()]
+            } else {
+                p.cmdline.clone()
+            },
+            uid: None,
+            threads: Vec::new(),
+        })
+        .collect()
+}
+
+impl RecordSummary {
+    /// The top table: `limit` rows (0 = all), then drops.
+    pub fn render(&self, limit: usize) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let wall_s = self.wall_monotonic_ns as f64 / 1e9;
+        let _ = writeln!(
+            s,
+            "vitalsd record: {:.2} s, {} samples, faults from {}",
+            wall_s,
+            self.samples,
+            self.fault_source.describe()
+        );
+        let _ = writeln!(
+            s,
+            "{:>7} {:<20} {:>12} {:>9} {:>9} {:>9} {:>11} {:>9}",
+            "PID", "PROCESS", "ONCPU_MS", "CORE_EQ%", "VOL_SW", "INVOL_SW", "RUNQ_MS", "FAULTS"
+        );
+        let n = if limit == 0 { self.rows.len() } else { limit.min(self.rows.len()) };
+        for r in &self.rows[..n] {
+            let mut name: String = r.name.chars().take(20).collect();
+            if r.ended {
+                name = format!("{}*", name.chars().take(19).collect::<String>());
+            }
+            let _ = writeln!(
+                s,
+                "{:>7} {:<20} {:>12.3} {:>9.1} {:>9} {:>9} {:>11.3} {:>9}",
+                r.pid,
+                name,
+                r.oncpu_ns as f64 / 1e6,
+                r.core_equivalent_pct,
+                r.voluntary_switches,
+                r.involuntary_switches,
+                r.runq_wait_ns as f64 / 1e6,
+                r.faults
+            );
+        }
+        let _ = writeln!(s, "(* = exited during the recording; CORE_EQ% = on-CPU time / wall time, may exceed 100%)");
+        let drops: Vec<String> = self.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        let _ = writeln!(s, "map drops: {}", drops.join(" "));
+        if let Some(c) = &self.capabilities_after_attach {
+            let _ = writeln!(s, "capabilities after attach: {c}");
+        }
+        let _ = writeln!(
+            s,
+            "trace: {} ({} packets, {} bytes)",
+            self.trace_path.display(),
+            self.packets_written,
+            self.bytes_written
+        );
+        s
+    }
+}

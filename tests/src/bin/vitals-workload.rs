@@ -1,0 +1,149 @@
+//! Controlled workloads for the kernel tests. Each mode prints `ready` when
+//! it is set up, waits for a line on stdin before acting (so the test can
+//! read "before" counters while it is blocked), prints `done` and then
+//! blocks until stdin closes, so "after" counters can be read while the
+//! process is still alive and idle.
+
+use std::{
+    io::{BufRead, Write},
+    time::{Duration, Instant},
+};
+
+fn say(s: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{s}").unwrap();
+    out.flush().unwrap();
+}
+
+fn wait_line() {
+    let mut l = String::new();
+    std::io::stdin().lock().read_line(&mut l).unwrap();
+}
+
+fn wait_eof() {
+    let mut l = String::new();
+    while std::io::stdin().lock().read_line(&mut l).unwrap_or(0) > 0 {
+        l.clear();
+    }
+}
+
+#[inline(never)]
+fn spin_for(d: Duration) -> u64 {
+    let end = Instant::now() + d;
+    let mut x = 0u64;
+    while Instant::now() < end {
+        for i in 0..1000u64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+    }
+    x
+}
+
+/// Touches `pages` fresh anonymous pages, one write each. THP is disabled
+/// on the range so each page is its own fault.
+#[inline(never)]
+fn vitals_touch_pages(pages: usize) {
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let len = pages * page;
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        libc::madvise(p, len, libc::MADV_NOHUGEPAGE);
+        let base = p as *mut u8;
+        for i in 0..pages {
+            std::ptr::write_volatile(base.add(i * page), 1);
+        }
+        // Left mapped: the test reads counters while we are still alive.
+    }
+}
+
+fn pin_to(cpu: usize) {
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set), 0);
+    }
+}
+
+fn arg(args: &[String], i: usize) -> u64 {
+    args.get(i)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("argument {i} missing or not a number: {args:?}"))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        // spin <ms>: spin right away, then done.
+        Some("spin") => {
+            say("ready");
+            spin_for(Duration::from_millis(arg(&args, 2)));
+            say("done");
+            wait_eof();
+        }
+        // pinned-spin <cpu> <ms>
+        Some("pinned-spin") => {
+            pin_to(arg(&args, 2) as usize);
+            say("ready");
+            wait_line();
+            spin_for(Duration::from_millis(arg(&args, 3)));
+            say("done");
+            wait_eof();
+        }
+        // spin-exit <ms>: spin, then exit without waiting.
+        Some("spin-exit") => {
+            spin_for(Duration::from_millis(arg(&args, 2)));
+        }
+        // touch <pages>
+        Some("touch") => {
+            say("ready");
+            wait_line();
+            vitals_touch_pages(arg(&args, 2) as usize);
+            say("done");
+            wait_eof();
+        }
+        // sleep <times> <ms>
+        Some("sleep") => {
+            say("ready");
+            wait_line();
+            for _ in 0..arg(&args, 2) {
+                std::thread::sleep(Duration::from_millis(arg(&args, 3)));
+            }
+            say("done");
+            wait_eof();
+        }
+        // threads <n> <ms>: n threads that each run briefly and stay alive.
+        Some("threads") => {
+            let n = arg(&args, 2);
+            let ms = arg(&args, 3);
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let mut handles = Vec::new();
+            for _ in 0..n {
+                let tx = tx.clone();
+                handles.push(std::thread::spawn(move || {
+                    spin_for(Duration::from_millis(1));
+                    std::thread::sleep(Duration::from_millis(ms));
+                    drop(tx);
+                }));
+            }
+            drop(tx);
+            let _ = rx.recv();
+            say("done");
+            wait_eof();
+            for h in handles {
+                h.join().unwrap();
+            }
+        }
+        _ => {
+            eprintln!("usage: vitals-workload spin|pinned-spin|spin-exit|touch|sleep|threads ...");
+            std::process::exit(2);
+        }
+    }
+}

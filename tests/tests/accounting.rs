@@ -1,0 +1,196 @@
+//! eBPF accounting against the kernel's own accounting (/proc, wait4).
+//! Run as root; `cargo xtask test` runs them with --test-threads=1 so the
+//! workloads do not compete with each other for the two CPUs.
+
+use std::time::{Duration, Instant};
+
+use vitals_common::{drop_reason, TaskCounters};
+use vitals_tests::*;
+use vitalsd::bpf::{Accounting, AccountingConfig, FaultSource, FaultSourceChoice, MapLimits};
+
+fn load(source: FaultSourceChoice) -> Accounting {
+    require_root();
+    Accounting::load(&AccountingConfig {
+        fault_source: source,
+        ..Default::default()
+    })
+    .expect("loading the accounting programs")
+}
+
+/// A blocked task's counters: summed over CPUs, nothing in flight.
+fn task(acc: &mut Accounting, tid: u32) -> TaskCounters {
+    let snap = acc.read().expect("reading maps");
+    let mut t = snap.tasks.get(&tid).copied().unwrap_or_default();
+    t.oncpu_ns += snap.inflight_ns.get(&tid).copied().unwrap_or(0);
+    t
+}
+
+#[test]
+fn oncpu_time_matches_utime_plus_stime() {
+    let mut acc = load(FaultSourceChoice::Auto);
+    let mut w = Workload::spawn(&["spin", "1000"]);
+    w.expect("ready");
+    w.expect("done");
+    let k = kernel_stat(w.pid());
+    let bpf = task(&mut acc, w.pid());
+    let kernel_ns = (k.utime_ticks + k.stime_ticks) as f64 * 1e9 / clk_tck() as f64;
+    assert!(kernel_ns >= 0.8e9, "workload spun only {kernel_ns} ns");
+    assert_within_pct("eBPF on-CPU ns vs utime+stime", bpf.oncpu_ns as f64, kernel_ns, 10.0);
+    w.finish();
+}
+
+fn fault_check(source: FaultSourceChoice, expect: FaultSource) {
+    const PAGES: u64 = 20_000;
+    let mut acc = load(source);
+    assert_eq!(acc.fault_source(), expect);
+    let mut w = Workload::spawn(&["touch", &PAGES.to_string()]);
+    w.expect("ready");
+    let (k0, b0) = (kernel_stat(w.pid()), task(&mut acc, w.pid()));
+    w.go();
+    w.expect("done");
+    let (k1, b1) = (kernel_stat(w.pid()), task(&mut acc, w.pid()));
+    let minflt = (k1.minflt - k0.minflt) as f64;
+    let bpf = (expect.faults(&b1.faults) - expect.faults(&b0.faults)) as f64;
+    assert!(bpf >= PAGES as f64, "{expect:?}: {bpf} faults < {PAGES} pages touched");
+    assert!(minflt >= PAGES as f64, "kernel minflt {minflt} < {PAGES}");
+    assert_within_pct(&format!("{expect:?} faults vs minflt"), bpf, minflt, 10.0);
+    if expect == FaultSource::PerfEvent {
+        // Same accounting point as minflt/majflt: the split must match too.
+        assert_eq!(b1.faults.majflt - b0.faults.majflt, k1.majflt - k0.majflt);
+    }
+    w.finish();
+}
+
+#[test]
+fn faults_match_minflt_tracepoint_source() {
+    let tracefs = vitalsd::bpf::tracefs::Tracefs::find_or_mount().unwrap();
+    assert!(
+        tracefs.has_event("exceptions", "page_fault_user"),
+        "this x86 kernel must have exceptions/page_fault_user"
+    );
+    fault_check(FaultSourceChoice::Auto, FaultSource::Tracepoint);
+}
+
+#[test]
+fn faults_match_minflt_perf_source_forced() {
+    fault_check(FaultSourceChoice::PerfEvent, FaultSource::PerfEvent);
+}
+
+#[test]
+fn sleeping_child_switches_voluntarily() {
+    const K: u64 = 200;
+    let mut acc = load(FaultSourceChoice::Off);
+    let mut w = Workload::spawn(&["sleep", &K.to_string(), "1"]);
+    w.expect("ready");
+    let (k0, b0) = (kernel_stat(w.pid()), task(&mut acc, w.pid()));
+    w.go();
+    w.expect("done");
+    let (k1, b1) = (kernel_stat(w.pid()), task(&mut acc, w.pid()));
+    let bpf_vol = b1.voluntary_switches - b0.voluntary_switches;
+    let kernel_vol = k1.voluntary_ctxt_switches - k0.voluntary_ctxt_switches;
+    assert!(
+        (K..=K + K / 10 + 5).contains(&bpf_vol),
+        "{K} sleeps gave {bpf_vol} voluntary switches"
+    );
+    // The kernel's nvcsw counts the same switch-outs.
+    assert!(
+        bpf_vol.abs_diff(kernel_vol) <= 2,
+        "eBPF voluntary {bpf_vol} vs /proc voluntary_ctxt_switches {kernel_vol}"
+    );
+    w.finish();
+}
+
+#[test]
+fn pinned_spinners_preempt_each_other_and_wait() {
+    let mut acc = load(FaultSourceChoice::Off);
+    let mut a = Workload::spawn(&["pinned-spin", "0", "1000"]);
+    let mut b = Workload::spawn(&["pinned-spin", "0", "1000"]);
+    a.expect("ready");
+    b.expect("ready");
+    let (ka0, kb0) = (kernel_stat(a.pid()), kernel_stat(b.pid()));
+    let (a0, b0) = (task(&mut acc, a.pid()), task(&mut acc, b.pid()));
+    a.go();
+    b.go();
+    a.expect("done");
+    b.expect("done");
+    for (name, w, k0, t0) in [("a", &a, ka0, a0), ("b", &b, kb0, b0)] {
+        let k1 = kernel_stat(w.pid());
+        let t1 = task(&mut acc, w.pid());
+        let invol = t1.involuntary_switches - t0.involuntary_switches;
+        let wait_ns = t1.runq_wait_ns - t0.runq_wait_ns;
+        let kernel_invol = k1.nonvoluntary_ctxt_switches - k0.nonvoluntary_ctxt_switches;
+        assert!(invol > 0, "spinner {name}: no involuntary switches");
+        assert!(kernel_invol > 0, "spinner {name}: kernel saw no preemption");
+        // Two spinners sharing one CPU: each waits while the other runs.
+        assert!(wait_ns > 100_000_000, "spinner {name}: runqueue wait only {wait_ns} ns");
+        assert_within_pct(
+            &format!("spinner {name} involuntary switches vs nonvoluntary_ctxt_switches"),
+            invol as f64,
+            kernel_invol as f64,
+            10.0,
+        );
+    }
+    a.finish();
+    b.finish();
+}
+
+#[test]
+fn exited_child_keeps_its_final_counters() {
+    let mut acc = load(FaultSourceChoice::Auto);
+    let mut totals = vitalsd::bpf::totals::Totals::new();
+    totals.update(&acc.read().unwrap());
+    let mut child = std::process::Command::new(workload_bin())
+        .args(["spin-exit", "300"])
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Reap it with wait4 for the kernel's own final CPU time.
+    let mut status = 0;
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::wait4(pid as i32, &mut status, 0, &mut ru) };
+    assert_eq!(r, pid as i32);
+    std::mem::forget(child.stdin.take());
+    let _ = child.try_wait();
+    let rusage_ns = (ru.ru_utime.tv_sec as f64 + ru.ru_stime.tv_sec as f64) * 1e9
+        + (ru.ru_utime.tv_usec as f64 + ru.ru_stime.tv_usec as f64) * 1e3;
+
+    // sched_process_free runs after an RCU grace period; poll for it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let row = loop {
+        let snap = acc.read().unwrap();
+        let in_exited = snap.exited.iter().any(|(k, _)| k.tid == pid);
+        let rows = totals.update(&snap);
+        if in_exited {
+            assert!(!snap.tasks.contains_key(&pid), "freed tid still in TASKS");
+            break rows.into_iter().find(|r| r.tgid == pid).expect("process row");
+        }
+        assert!(Instant::now() < deadline, "no exit record for {pid}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(row.ended, "the leader's free must end the process row");
+    assert_within_pct("final on-CPU vs wait4 rusage", row.oncpu_ns as f64, rusage_ns, 10.0);
+    assert!(row.faults.entries > 0, "startup faults of the exited child were lost");
+}
+
+#[test]
+fn full_task_map_counts_drops_and_keeps_working() {
+    require_root();
+    let mut acc = Accounting::load(&AccountingConfig {
+        fault_source: FaultSourceChoice::Auto,
+        limits: MapLimits {
+            max_tasks: 16,
+            ..MapLimits::default()
+        },
+    })
+    .unwrap();
+    let mut w = Workload::spawn(&["threads", "64", "200"]);
+    w.expect("done");
+    let snap = acc.read().expect("reading a full map still works");
+    assert!(snap.tasks.len() <= 16, "map bound not enforced: {}", snap.tasks.len());
+    assert!(
+        snap.drops[drop_reason::TASK_MAP_FULL as usize] > 0,
+        "no drops counted with 64 threads and 16 entries: {:?}",
+        snap.drops
+    );
+    w.finish();
+}
