@@ -18,6 +18,9 @@ mod track_uuid;
 mod types;
 mod writer;
 
+#[cfg(test)]
+mod tests;
+
 pub use error::PerfettoError;
 pub use types::{
     CounterSpec, CounterUnit, CounterValue, CpuTimesNs, ProcessKey, ProcessStatsEntry,
