@@ -1,1 +1,96 @@
-fn main() {}
+//! `cargo xtask …`: set up a fresh machine, build, run, test, bench.
+//!
+//! `setup` is idempotent and is what makes a clean CI machine work: it
+//! installs the Debian packages and bpf-linker that shared/TOOLCHAIN.md lists,
+//! the benchmark peers, and the official `perfetto` Python package.
+
+mod bench_overhead;
+mod setup;
+mod util;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+use util::{cargo, run, workspace_root};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install everything the build, tests and benches need (idempotent).
+    Setup,
+    /// Build the daemon (and with it the eBPF object) in release mode.
+    Build,
+    /// Setup, build, then record ~10 s on this machine with the default config.
+    Run {
+        #[arg(long, default_value = "10s")]
+        duration: String,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Setup, then every test: unit, property, schema and kernel integration.
+    Test,
+    /// Benchmarks against the tools a user would pick instead.
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// perf bench sched pipe: nothing vs vitalsd vs bpftrace.
+    Overhead {
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        #[arg(long, default_value_t = 200_000)]
+        loops: u64,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Setup => setup::all(),
+        Cmd::Build => build_release(),
+        Cmd::Run { duration, out } => {
+            setup::all()?;
+            build_release()?;
+            let out = out.unwrap_or_else(|| workspace_root().join("target/vitalsd-demo.pftrace"));
+            run(std::process::Command::new(workspace_root().join("target/release/vitalsd"))
+                .args(["record", "--duration", &duration, "--out"])
+                .arg(&out))
+        }
+        Cmd::Test => test(),
+        Cmd::Bench { which } => {
+            setup::all()?;
+            build_release()?;
+            match which {
+                Bench::Overhead { rounds, loops } => bench_overhead::run(rounds, loops),
+            }
+        }
+    }
+}
+
+fn build_release() -> Result<()> {
+    run(cargo().args(["build", "--release", "-p", "vitalsd", "--bins"]))
+}
+
+fn test() -> Result<()> {
+    setup::all()?;
+    // Unit, property and schema tests of every default member.
+    run(cargo().args(["test", "--workspace", "--exclude", "vitals-ebpf", "--exclude", "vitals-tests"]))?;
+    // Kernel integration tests: they spawn the daemon binary, and their
+    // workloads must not compete with each other for the CPUs.
+    run(cargo().args(["build", "-p", "vitalsd", "--bins"]))?;
+    run(cargo()
+        .args(["test", "-p", "vitals-tests", "--", "--test-threads=1"])
+        .env("VITALSD_BIN", workspace_root().join("target/debug/vitalsd")))
+}

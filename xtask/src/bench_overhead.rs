@@ -1,0 +1,235 @@
+//! `cargo xtask bench overhead`: what always-on accounting costs a
+//! switch-heavy workload, side by side with bpftrace doing the same job.
+//!
+//! `perf bench sched pipe` pinned to CPU 0 (cross-CPU wakeups on shared VMs
+//! swamp everything otherwise), three ways with rounds interleaved: nothing
+//! attached, `vitalsd record`, and bpftrace summing on-CPU ns per pid. Then,
+//! in separate rounds because the stats themselves cost, each program's
+//! run_time_ns / run_cnt from kernel.bpf_stats_enabled.
+
+use std::{
+    collections::{HashMap, HashSet},
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::util::{output, workspace_root};
+
+const BPFTRACE_PROG: &str = "tracepoint:sched:sched_switch { if (@start[args->prev_pid] > 0) { @oncpu[args->prev_pid] += nsecs - @start[args->prev_pid]; } @start[args->next_pid] = nsecs; }";
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Config {
+    Nothing,
+    Vitalsd,
+    Bpftrace,
+}
+
+impl Config {
+    fn name(self) -> &'static str {
+        match self {
+            Config::Nothing => "nothing attached",
+            Config::Vitalsd => "vitalsd record",
+            Config::Bpftrace => "bpftrace",
+        }
+    }
+}
+
+struct Tool {
+    child: Child,
+}
+
+impl Tool {
+    /// Starts the tool and waits until its programs are attached.
+    fn start(cfg: Config) -> Result<Option<Tool>> {
+        let mut child = match cfg {
+            Config::Nothing => return Ok(None),
+            Config::Vitalsd => Command::new(workspace_root().join("target/release/vitalsd"))
+                .args(["record", "--duration", "1h", "--interval", "1s", "--out"])
+                .arg(workspace_root().join("target/bench-overhead.pftrace"))
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .context("starting vitalsd")?,
+            Config::Bpftrace => Command::new("bpftrace")
+                .args(["-e", BPFTRACE_PROG])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting bpftrace")?,
+        };
+        let (reader, marker): (Box<dyn std::io::Read + Send>, &str) = match cfg {
+            Config::Vitalsd => (Box::new(child.stderr.take().unwrap()), "eBPF accounting attached"),
+            _ => (Box::new(child.stdout.take().unwrap()), "Attaching"),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(reader);
+            let mut line = String::new();
+            let mut told = false;
+            while r.read_line(&mut line).unwrap_or(0) > 0 {
+                if !told && line.contains(marker) {
+                    let _ = tx.send(());
+                    told = true;
+                }
+                line.clear();
+            }
+        });
+        if rx.recv_timeout(Duration::from_secs(60)).is_err() {
+            let _ = child.kill();
+            bail!("{} did not attach within 60 s", cfg.name());
+        }
+        // bpftrace prints "Attaching" just before attaching.
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(Some(Tool { child }))
+    }
+
+    fn stop(mut self) -> Result<()> {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.wait();
+        Ok(())
+    }
+}
+
+fn perf_bench(loops: u64) -> Result<f64> {
+    let out = output(Command::new("taskset").args([
+        "-c",
+        "0",
+        "perf",
+        "bench",
+        "sched",
+        "pipe",
+        "-l",
+        &loops.to_string(),
+    ]))?;
+    out.lines()
+        .find(|l| l.contains("ops/sec"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no ops/sec in perf output: {out}"))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ProgStat {
+    name: String,
+    run_time_ns: u64,
+    run_cnt: u64,
+}
+
+fn bpf_progs() -> Result<HashMap<u64, ProgStat>> {
+    let json = output(Command::new("bpftool").args(["prog", "show", "--json"]))?;
+    let v: serde_json::Value = serde_json::from_str(&json).context("bpftool json")?;
+    let mut out = HashMap::new();
+    for p in v.as_array().into_iter().flatten() {
+        let id = p["id"].as_u64().unwrap_or(0);
+        out.insert(
+            id,
+            ProgStat {
+                name: p["name"].as_str().unwrap_or("?").to_owned(),
+                run_time_ns: p["run_time_ns"].as_u64().unwrap_or(0),
+                run_cnt: p["run_cnt"].as_u64().unwrap_or(0),
+            },
+        );
+    }
+    Ok(out)
+}
+
+fn set_bpf_stats(on: bool) -> Result<()> {
+    std::fs::write("/proc/sys/kernel/bpf_stats_enabled", if on { "1" } else { "0" })
+        .context("writing kernel.bpf_stats_enabled")
+}
+
+pub fn run(rounds: usize, loops: u64) -> Result<()> {
+    let configs = [Config::Nothing, Config::Vitalsd, Config::Bpftrace];
+    let mut results: HashMap<Config, Vec<f64>> = HashMap::new();
+    set_bpf_stats(false)?;
+    println!("perf bench sched pipe -l {loops}, taskset -c 0, {rounds} interleaved rounds");
+    for round in 0..rounds {
+        // Rotate the order so drift on the shared VM hits every config alike.
+        for i in 0..configs.len() {
+            let cfg = configs[(i + round) % configs.len()];
+            let tool = Tool::start(cfg)?;
+            let ops = perf_bench(loops)?;
+            if let Some(t) = tool {
+                t.stop()?;
+            }
+            println!("  round {round}: {:<18} {:>10.0} ops/s", cfg.name(), ops);
+            results.entry(cfg).or_default().push(ops);
+        }
+    }
+    let base = median(results[&Config::Nothing].clone());
+    let vit = median(results[&Config::Vitalsd].clone());
+    let bt = median(results[&Config::Bpftrace].clone());
+    let loss = |x: f64| (1.0 - x / base) * 100.0;
+    println!("\nmedian ops/s: nothing {base:.0}, vitalsd {vit:.0}, bpftrace {bt:.0}");
+    println!(
+        "throughput loss: vitalsd {:.1}%, bpftrace {:.1}%; vitalsd/bpftrace loss ratio {:.2} (target <= 0.50)",
+        loss(vit),
+        loss(bt),
+        loss(vit) / loss(bt).max(1e-9)
+    );
+
+    // Per-event cost from the kernel's BPF stats, in separate rounds.
+    println!("\nper-event cost (kernel.bpf_stats_enabled=1, run_time_ns / run_cnt):");
+    set_bpf_stats(true)?;
+    let result = (|| -> Result<HashMap<Config, f64>> {
+        let mut switch_cost = HashMap::new();
+        for cfg in [Config::Vitalsd, Config::Bpftrace] {
+            let before: HashSet<u64> = bpf_progs()?.into_keys().collect();
+            let tool = Tool::start(cfg)?.unwrap();
+            perf_bench(loops)?;
+            let after = bpf_progs()?;
+            tool.stop()?;
+            let mut new: Vec<(u64, ProgStat)> =
+                after.into_iter().filter(|(id, _)| !before.contains(id)).collect();
+            new.sort_by_key(|(id, _)| *id);
+            for (_, p) in &new {
+                if p.run_cnt == 0 {
+                    continue;
+                }
+                let per = p.run_time_ns as f64 / p.run_cnt as f64;
+                println!(
+                    "  {:<18} {:<20} {:>8.1} ns/event over {} events",
+                    cfg.name(),
+                    p.name,
+                    per,
+                    p.run_cnt
+                );
+                if p.name.contains("sched_switch") {
+                    switch_cost.insert(cfg, per);
+                }
+            }
+        }
+        Ok(switch_cost)
+    })();
+    set_bpf_stats(false)?;
+    let switch_cost = result?;
+    if let (Some(v), Some(b)) = (switch_cost.get(&Config::Vitalsd), switch_cost.get(&Config::Bpftrace)) {
+        println!(
+            "sched_switch program: vitalsd {v:.1} ns/event vs bpftrace {b:.1} ns/event, ratio {:.2} (target < 1)",
+            v / b
+        );
+    }
+    Ok(())
+}
