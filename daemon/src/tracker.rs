@@ -568,3 +568,7 @@ impl Tracker {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "tracker_tests.rs"]
+mod tests;
