@@ -14,6 +14,8 @@ pub mod sampler;
 pub mod stat;
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 pub(crate) mod testutil;
 
 use std::io::{self, Read};
