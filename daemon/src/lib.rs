@@ -7,5 +7,6 @@ pub mod bpf;
 pub mod clock;
 pub mod perfetto;
 pub mod procfs;
+pub mod snapshot;
 pub mod system;
 pub mod tracker;
