@@ -7,6 +7,7 @@ pub mod bpf;
 pub mod clock;
 pub mod perfetto;
 pub mod procfs;
+pub mod snapshot;
 pub mod system;
 pub mod tracker;
 pub mod privileges;

@@ -1,1 +1,172 @@
 //! procfs readers, one per kernel file. Each takes an injectable root.
+//!
+//! Every reader is split in two: a pure parser over bytes (`parse_*`, fed
+//! arbitrary input by the property tests) and a thin reader that does one
+//! `open` + one `read` into a reused buffer and attaches the path to errors.
+//! Nothing here computes deltas: that is `crate::tracker`'s job.
+
+pub mod cmdline;
+pub mod loadavg;
+pub mod pid_stat;
+pub mod pid_status;
+pub mod pressure;
+pub mod sampler;
+pub mod stat;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+pub(crate) mod testutil;
+
+use std::io::{self, Read};
+use std::path::Path;
+
+use thiserror::Error;
+
+pub use cmdline::{parse_cmdline, CmdlineError};
+pub use loadavg::{parse_loadavg, LoadAvg, LoadAvgError};
+pub use pid_stat::{parse_pid_stat, Comm, PidStat, PidStatError};
+pub use pid_status::{parse_pid_status, PidStatus, PidStatusError};
+pub use pressure::{parse_pressure, Pressure, PressureError, PsiRecord, PsiResource, PsiState};
+pub use sampler::{
+    scan_once, scan_repeat, ProcessSample, Sample, SampleOptions, Sampler, SamplerError,
+    ScanCounts, ScanStats, ThreadSample,
+};
+pub use stat::{parse_stat, CpuTimes, StatError, SystemStat};
+
+/// The default procfs mount point.
+pub const DEFAULT_PROC_ROOT: &str = "/proc";
+
+/// What went wrong inside a file's text. Shared by all parsers; each reader
+/// wraps it with the path that failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ParseError {
+    #[error("missing field {0}")]
+    MissingField(&'static str),
+    #[error("field {field} is not a number: {text:?}")]
+    BadNumber { field: &'static str, text: String },
+    #[error("malformed: {0}")]
+    Malformed(&'static str),
+}
+
+pub(crate) fn bad_number(field: &'static str, text: &[u8]) -> ParseError {
+    // Cap the copy: the input may be arbitrary bytes.
+    let text = String::from_utf8_lossy(&text[..text.len().min(32)]).into_owned();
+    ParseError::BadNumber { field, text }
+}
+
+/// Parses an unsigned decimal without going through `str` (procfs text is
+/// ASCII; this keeps the hot path free of UTF-8 validation).
+pub(crate) fn parse_u64(field: &'static str, text: &[u8]) -> Result<u64, ParseError> {
+    if text.is_empty() {
+        return Err(ParseError::MissingField(field));
+    }
+    let mut v: u64 = 0;
+    for &b in text {
+        if !b.is_ascii_digit() {
+            return Err(bad_number(field, text));
+        }
+        v = v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(u64::from(b - b'0')))
+            .ok_or_else(|| bad_number(field, text))?;
+    }
+    Ok(v)
+}
+
+/// Signed variant for fields the kernel prints with `%d` (pid, ppid).
+pub(crate) fn parse_i64(field: &'static str, text: &[u8]) -> Result<i64, ParseError> {
+    let (neg, digits) = match text.first() {
+        Some(b'-') => (true, &text[1..]),
+        _ => (false, text),
+    };
+    let v = parse_u64(field, digits)?;
+    let v = i64::try_from(v).map_err(|_| bad_number(field, text))?;
+    Ok(if neg { -v } else { v })
+}
+
+/// Is this I/O error the normal "the task went away" race? Between readdir
+/// and open a process can exit (ENOENT), and once it is reaped reads of its
+/// already-open files fail with ESRCH. Neither is an error of ours.
+pub fn is_vanished(err: &io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH))
+}
+
+/// Reads a whole procfs file into `buf` (cleared first) with one `read(2)`
+/// in the common case.
+///
+/// The files read here are generated in one go by single_open/seq_file, which
+/// fills the caller's buffer as far as it can: a short read means EOF. Only
+/// when the buffer came back full do we grow it and read again, so the
+/// buffer's capacity converges on the largest file and stays there.
+pub fn read_into(path: &Path, buf: &mut Vec<u8>) -> io::Result<()> {
+    let mut file = std::fs::File::open(path)?;
+    buf.clear();
+    if buf.capacity() < 4096 {
+        buf.reserve(4096);
+    }
+    loop {
+        let len = buf.len();
+        let cap = buf.capacity();
+        buf.resize(cap, 0);
+        let n = match file.read(&mut buf[len..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                buf.truncate(len);
+                continue;
+            }
+            Err(e) => {
+                buf.truncate(len);
+                return Err(e);
+            }
+        };
+        buf.truncate(len + n);
+        if n == 0 || len + n < cap {
+            return Ok(());
+        }
+        buf.reserve(cap);
+    }
+}
+
+/// Splits on ASCII whitespace (space, tab, newline), skipping empties.
+pub(crate) fn fields(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    line.split(|b| b.is_ascii_whitespace())
+        .filter(|f| !f.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers() {
+        assert_eq!(parse_u64("x", b"123"), Ok(123));
+        assert!(parse_u64("x", b"").is_err());
+        assert!(parse_u64("x", b"12a").is_err());
+        assert!(parse_u64("x", b"99999999999999999999999").is_err());
+        assert_eq!(parse_i64("x", b"-1"), Ok(-1));
+        assert!(parse_i64("x", b"-").is_err());
+    }
+
+    #[test]
+    fn read_into_grows_past_first_buffer() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("big");
+        let data: Vec<u8> = (0..10_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        let mut buf = Vec::new();
+        read_into(&p, &mut buf).unwrap();
+        assert_eq!(buf, data);
+        // Reuse: a small file after a big one leaves only the small content.
+        std::fs::write(&p, b"abc").unwrap();
+        read_into(&p, &mut buf).unwrap();
+        assert_eq!(buf, b"abc");
+    }
+
+    #[test]
+    fn vanished_errors() {
+        assert!(is_vanished(&io::Error::from_raw_os_error(libc::ENOENT)));
+        assert!(is_vanished(&io::Error::from_raw_os_error(libc::ESRCH)));
+        assert!(!is_vanished(&io::Error::from_raw_os_error(libc::EACCES)));
+    }
+}

@@ -1,0 +1,71 @@
+//! /proc/<pid>/cmdline: NUL-separated argv, empty for kernel threads and
+//! zombies. Read once per process instance (it rarely changes and costs a
+//! page walk of the target's memory), not every window.
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use super::read_into;
+
+#[derive(Debug, Error)]
+pub enum CmdlineError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// argv joined by spaces. A process may rewrite its argv area (setproctitle)
+/// so the bytes are not guaranteed UTF-8 or NUL-terminated; trailing NULs
+/// are dropped and invalid UTF-8 replaced.
+pub fn parse_cmdline(bytes: &[u8]) -> String {
+    let trimmed = match bytes.iter().rposition(|&b| b != 0) {
+        Some(end) => &bytes[..=end],
+        None => return String::new(),
+    };
+    let joined: Vec<u8> = trimmed
+        .iter()
+        .map(|&b| if b == 0 { b' ' } else { b })
+        .collect();
+    String::from_utf8_lossy(&joined).into_owned()
+}
+
+/// Android-style process name: argv[0]'s basename, as ProcessCpuTracker
+/// shows it (app processes set argv[0] to the package name).
+pub fn name_from_cmdline(cmdline: &str) -> &str {
+    let argv0 = cmdline.split(' ').next().unwrap_or("");
+    argv0.rsplit('/').next().unwrap_or(argv0)
+}
+
+pub fn read_cmdline(path: &Path, buf: &mut Vec<u8>) -> Result<String, CmdlineError> {
+    match read_into(path, buf) {
+        Ok(()) => Ok(parse_cmdline(buf)),
+        Err(source) => Err(CmdlineError::Read {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joins_argv() {
+        assert_eq!(
+            parse_cmdline(b"/system/bin/app_process\0-Xzygote\0\0"),
+            "/system/bin/app_process -Xzygote"
+        );
+        assert_eq!(parse_cmdline(b""), "");
+        assert_eq!(parse_cmdline(b"\0\0"), "");
+        assert_eq!(
+            name_from_cmdline("/system/bin/surfaceflinger --x"),
+            "surfaceflinger"
+        );
+        assert_eq!(name_from_cmdline("com.android.phone"), "com.android.phone");
+    }
+}

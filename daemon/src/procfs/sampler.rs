@@ -1,0 +1,460 @@
+//! One scan of procfs into a raw [`Sample`]: counters and clocks, no deltas.
+//!
+//! Cost matters (the always-on tier): buffers, the path and the pid list are
+//! reused across scans, directories are listed with getdents64 into a reused
+//! buffer (glibc's opendir adds an fstat per directory), and each file is one
+//! open + one read + one close. Failures are counted, never fatal: a process
+//! can exit at any point of the scan.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use log::{debug, warn};
+use thiserror::Error;
+
+use super::cmdline::parse_cmdline;
+use super::loadavg::{read_loadavg, LoadAvg};
+use super::pid_stat::{parse_pid_stat, PidStat};
+use super::pid_status::{parse_pid_status, PidStatus};
+use super::pressure::{read_pressure, PsiResource, PsiState};
+use super::stat::{read_stat, SystemStat};
+use super::{is_vanished, read_into};
+use crate::clock::ClockPair;
+
+#[derive(Debug, Error)]
+pub enum SamplerError {
+    #[error("listing {path}: {source}")]
+    ReadDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What to read besides the per-task stat files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SampleOptions {
+    /// Also read /proc/<pid>/task/<tid>/stat for every thread.
+    pub threads: bool,
+    /// Also read /proc/<pid>/status (uid, RSS, swap) every scan.
+    pub status: bool,
+    /// Read /proc/<pid>/cmdline once per process instance.
+    pub cmdline: bool,
+}
+
+/// Failures met during one scan. They are folded into the window's
+/// [`crate::tracker::DropCounters`] by the tracker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanCounts {
+    /// Reads that failed for a reason other than the task exiting
+    /// (EACCES under hidepid/SELinux, parse errors, ...).
+    pub read_failures: u64,
+    /// Pids listed by readdir that were gone when opened (ENOENT/ESRCH).
+    pub vanished_pids: u64,
+    /// Same for tids under /proc/<pid>/task.
+    pub vanished_tids: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessSample {
+    pub stat: PidStat,
+    pub status: Option<PidStatus>,
+    /// Shared with the sampler's per-instance cache: read once per
+    /// (pid, starttime).
+    pub cmdline: Option<Arc<str>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadSample {
+    /// The owning process.
+    pub tgid: i32,
+    /// `stat.pid` is the tid.
+    pub stat: PidStat,
+}
+
+/// Raw counters from one scan, with the clocks read just before it.
+#[derive(Debug, Clone, Default)]
+pub struct Sample {
+    pub clock: Option<ClockPair>,
+    /// None if /proc/stat could not be read (counted in `counts`).
+    pub system: Option<SystemStat>,
+    pub loadavg: Option<LoadAvg>,
+    /// cpu, memory, io; None if the read failed for another reason than PSI
+    /// being unavailable.
+    pub pressure: [Option<PsiState>; 3],
+    pub processes: Vec<ProcessSample>,
+    /// Empty unless `SampleOptions::threads`.
+    pub threads: Vec<ThreadSample>,
+    /// Pids (and, with threads, tids) that exist but whose stat could not be
+    /// read or parsed. The tracker keeps their instances alive but cannot
+    /// give them a delta, instead of reporting them as exited.
+    pub unreadable_pids: Vec<i32>,
+    pub unreadable_tids: Vec<i32>,
+    pub counts: ScanCounts,
+}
+
+/// Summary of one scan, for the benchmark.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanStats {
+    pub processes: usize,
+    pub threads: usize,
+    pub counts: ScanCounts,
+}
+
+pub struct Sampler {
+    root: PathBuf,
+    opts: SampleOptions,
+    buf: Vec<u8>,
+    path: Vec<u8>,
+    dirent_buf: Vec<u8>,
+    pids: Vec<u32>,
+    tids: Vec<u32>,
+    /// (pid, starttime) -> (cmdline, scan generation last seen).
+    cmdlines: HashMap<(i32, u64), (Arc<str>, u64)>,
+    generation: u64,
+}
+
+enum ReadOutcome {
+    Ok,
+    Vanished,
+    Failed,
+}
+
+impl Sampler {
+    pub fn new(proc_root: impl Into<PathBuf>, opts: SampleOptions) -> Self {
+        Sampler {
+            root: proc_root.into(),
+            opts,
+            buf: Vec::with_capacity(4096),
+            path: Vec::with_capacity(256),
+            dirent_buf: vec![0u8; 64 * 1024],
+            pids: Vec::new(),
+            tids: Vec::new(),
+            cmdlines: HashMap::new(),
+            generation: 0,
+        }
+    }
+
+    pub fn options(&self) -> SampleOptions {
+        self.opts
+    }
+
+    /// Scans into a new [`Sample`].
+    pub fn sample(&mut self) -> Result<Sample, SamplerError> {
+        let mut s = Sample::default();
+        self.sample_into(&mut s)?;
+        Ok(s)
+    }
+
+    /// Scans into `out`, reusing its vectors' capacity. Only failing to list
+    /// the proc root itself is an error; everything else is counted.
+    pub fn sample_into(&mut self, out: &mut Sample) -> Result<(), SamplerError> {
+        self.generation += 1;
+        out.processes.clear();
+        out.threads.clear();
+        out.unreadable_pids.clear();
+        out.unreadable_tids.clear();
+        out.counts = ScanCounts::default();
+        out.clock = Some(ClockPair::now());
+
+        out.system = match read_stat(&self.root, &mut self.buf) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!("{e}");
+                out.counts.read_failures += 1;
+                None
+            }
+        };
+        out.loadavg = match read_loadavg(&self.root, &mut self.buf) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                warn!("{e}");
+                out.counts.read_failures += 1;
+                None
+            }
+        };
+        for (slot, res) in out.pressure.iter_mut().zip(PsiResource::ALL) {
+            *slot = match read_pressure(&self.root, res, &mut self.buf) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    warn!("{e}");
+                    out.counts.read_failures += 1;
+                    None
+                }
+            };
+        }
+
+        let root = self.root.clone();
+        let mut pids = std::mem::take(&mut self.pids);
+        if let Err(source) = list_numeric(&root, &mut self.dirent_buf, &mut pids) {
+            self.pids = pids;
+            return Err(SamplerError::ReadDir { path: root, source });
+        }
+        for &pid in &pids {
+            self.scan_process(pid, out);
+        }
+        self.pids = pids;
+
+        let generation = self.generation;
+        self.cmdlines.retain(|_, (_, seen)| *seen == generation);
+        Ok(())
+    }
+
+    fn set_path(&mut self, parts: std::fmt::Arguments<'_>) -> &Path {
+        self.path.clear();
+        self.path
+            .extend_from_slice(self.root.as_os_str().as_bytes());
+        // Writing into a Vec<u8> cannot fail.
+        let _ = self.path.write_fmt(parts);
+        Path::new(OsStr::from_bytes(&self.path))
+    }
+
+    /// Reads the file at `self.path` into `self.buf`.
+    fn read_current(&mut self) -> ReadOutcome {
+        let path = Path::new(OsStr::from_bytes(&self.path));
+        match read_into(path, &mut self.buf) {
+            Ok(()) => ReadOutcome::Ok,
+            Err(e) if is_vanished(&e) => ReadOutcome::Vanished,
+            Err(e) => {
+                debug!("reading {}: {e}", path.display());
+                ReadOutcome::Failed
+            }
+        }
+    }
+
+    fn parse_stat_current(&mut self, out: &mut Sample) -> Option<PidStat> {
+        match parse_pid_stat(&self.buf) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                debug!(
+                    "parsing {}: {e}",
+                    Path::new(OsStr::from_bytes(&self.path)).display()
+                );
+                out.counts.read_failures += 1;
+                None
+            }
+        }
+    }
+
+    fn scan_process(&mut self, pid: u32, out: &mut Sample) {
+        self.set_path(format_args!("/{pid}/stat"));
+        let stat = match self.read_current() {
+            ReadOutcome::Ok => match self.parse_stat_current(out) {
+                Some(s) => s,
+                None => {
+                    out.unreadable_pids.push(pid as i32);
+                    return;
+                }
+            },
+            ReadOutcome::Vanished => {
+                out.counts.vanished_pids += 1;
+                return;
+            }
+            ReadOutcome::Failed => {
+                out.counts.read_failures += 1;
+                out.unreadable_pids.push(pid as i32);
+                return;
+            }
+        };
+
+        let status = if self.opts.status {
+            self.set_path(format_args!("/{pid}/status"));
+            match self.read_current() {
+                ReadOutcome::Ok => match parse_pid_status(&self.buf) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        debug!("parsing /{pid}/status: {e}");
+                        out.counts.read_failures += 1;
+                        None
+                    }
+                },
+                // The stat row is still good; the process exited since.
+                ReadOutcome::Vanished => None,
+                ReadOutcome::Failed => {
+                    out.counts.read_failures += 1;
+                    None
+                }
+            }
+        } else {
+            None
+        };
+
+        let cmdline = if self.opts.cmdline {
+            self.cmdline_for(pid, &stat, out)
+        } else {
+            None
+        };
+
+        out.processes.push(ProcessSample {
+            stat,
+            status,
+            cmdline,
+        });
+
+        if self.opts.threads {
+            self.scan_threads(pid, out);
+        }
+    }
+
+    fn cmdline_for(&mut self, pid: u32, stat: &PidStat, out: &mut Sample) -> Option<Arc<str>> {
+        let key = (stat.pid, stat.starttime_ticks);
+        let generation = self.generation;
+        if let Some((c, seen)) = self.cmdlines.get_mut(&key) {
+            *seen = generation;
+            return Some(c.clone());
+        }
+        self.set_path(format_args!("/{pid}/cmdline"));
+        match self.read_current() {
+            ReadOutcome::Ok => {
+                let c: Arc<str> = parse_cmdline(&self.buf).into();
+                self.cmdlines.insert(key, (c.clone(), generation));
+                Some(c)
+            }
+            ReadOutcome::Vanished => None,
+            ReadOutcome::Failed => {
+                out.counts.read_failures += 1;
+                None
+            }
+        }
+    }
+
+    fn scan_threads(&mut self, pid: u32, out: &mut Sample) {
+        let mut tids = std::mem::take(&mut self.tids);
+        self.set_path(format_args!("/{pid}/task"));
+        let listed = list_numeric(
+            Path::new(OsStr::from_bytes(&self.path)),
+            &mut self.dirent_buf,
+            &mut tids,
+        );
+        match listed {
+            Ok(()) => {}
+            Err(e) if is_vanished(&e) => {
+                // The process exited after its stat was read.
+                self.tids = tids;
+                return;
+            }
+            Err(e) => {
+                debug!("listing /{pid}/task: {e}");
+                out.counts.read_failures += 1;
+                self.tids = tids;
+                return;
+            }
+        }
+        for &tid in &tids {
+            self.set_path(format_args!("/{pid}/task/{tid}/stat"));
+            match self.read_current() {
+                ReadOutcome::Ok => match self.parse_stat_current(out) {
+                    Some(stat) => out.threads.push(ThreadSample {
+                        tgid: pid as i32,
+                        stat,
+                    }),
+                    None => out.unreadable_tids.push(tid as i32),
+                },
+                ReadOutcome::Vanished => out.counts.vanished_tids += 1,
+                ReadOutcome::Failed => {
+                    out.counts.read_failures += 1;
+                    out.unreadable_tids.push(tid as i32);
+                }
+            }
+        }
+        self.tids = tids;
+    }
+}
+
+/// Lists the all-digit entries of a directory (pids or tids) into `out`,
+/// with raw getdents64 into a reused buffer: no allocation per entry and no
+/// fstat (which glibc's opendir does).
+fn list_numeric(dir: &Path, buf: &mut [u8], out: &mut Vec<u32>) -> io::Result<()> {
+    out.clear();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(dir)?;
+    let fd = file.as_raw_fd();
+    loop {
+        // SAFETY: fd is open for the duration; buf is a valid writable
+        // region of buf.len() bytes.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                fd,
+                buf.as_mut_ptr().cast::<libc::c_void>(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let filled = &buf[..n as usize];
+        let mut off = 0usize;
+        // struct linux_dirent64 { u64 d_ino; i64 d_off; u16 d_reclen;
+        //                          u8 d_type; char d_name[]; }
+        while off + 19 <= filled.len() {
+            let reclen = usize::from(u16::from_ne_bytes([filled[off + 16], filled[off + 17]]));
+            if reclen == 0 || off + reclen > filled.len() {
+                break;
+            }
+            let name = &filled[off + 19..off + reclen];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+            if let Some(id) = parse_id(name) {
+                out.push(id);
+            }
+            off += reclen;
+        }
+    }
+}
+
+fn parse_id(name: &[u8]) -> Option<u32> {
+    if name.is_empty() || name.len() > 10 || !name.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    name.iter().try_fold(0u32, |acc, &d| {
+        acc.checked_mul(10)?.checked_add(u32::from(d - b'0'))
+    })
+}
+
+/// `repeat` scans with one sampler (buffers reused, as in the daemon's
+/// steady state); returns the last scan's stats. Used by `vitalsd scan`.
+pub fn scan_repeat(
+    proc_root: &Path,
+    with_threads: bool,
+    repeat: u32,
+) -> Result<ScanStats, SamplerError> {
+    let mut sampler = Sampler::new(
+        proc_root,
+        SampleOptions {
+            threads: with_threads,
+            status: false,
+            cmdline: false,
+        },
+    );
+    let mut s = Sample::default();
+    for _ in 0..repeat.max(1) {
+        sampler.sample_into(&mut s)?;
+    }
+    Ok(ScanStats {
+        processes: s.processes.len(),
+        threads: s.threads.len(),
+        counts: s.counts,
+    })
+}
+
+/// One scan with reusable-buffer readers, as the daemon's always-on tier does
+/// it; used by the `scan` benchmark. Reads /proc/stat, loadavg, PSI and every
+/// /proc/<pid>/stat (and /proc/<pid>/task/<tid>/stat with `with_threads`).
+pub fn scan_once(proc_root: &Path, with_threads: bool) -> Result<ScanStats, SamplerError> {
+    scan_repeat(proc_root, with_threads, 1)
+}
