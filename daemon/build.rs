@@ -20,7 +20,11 @@ fn main() {
     }
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().to_owned();
-    for dir in ["ebpf-programs/src", "ebpf-programs/common/src", "ebpf-programs/Cargo.toml"] {
+    for dir in [
+        "ebpf-programs/src",
+        "ebpf-programs/common/src",
+        "ebpf-programs/Cargo.toml",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     let arch = match env::var("CARGO_CFG_TARGET_ARCH").unwrap().as_str() {
@@ -69,11 +73,14 @@ fn main() {
         cmd.env_remove(var);
     }
     for (k, _) in env::vars() {
-        if k.starts_with("CARGO_FEATURE_") || k.starts_with("CARGO_CFG_") || k == "CARGO_MAKEFLAGS" {
+        if k.starts_with("CARGO_FEATURE_") || k.starts_with("CARGO_CFG_") || k == "CARGO_MAKEFLAGS"
+        {
             cmd.env_remove(k);
         }
     }
-    let status = cmd.status().expect("vitalsd: running cargo for the eBPF crate");
+    let status = cmd
+        .status()
+        .expect("vitalsd: running cargo for the eBPF crate");
     if !status.success() {
         panic!("vitalsd: building the eBPF crate failed ({status}); see the output above");
     }

@@ -6,9 +6,9 @@
 pub mod bpf;
 pub mod clock;
 pub mod perfetto;
+pub mod privileges;
 pub mod procfs;
+pub mod record;
 pub mod snapshot;
 pub mod system;
 pub mod tracker;
-pub mod privileges;
-//pub mod record;

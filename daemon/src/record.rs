@@ -2,7 +2,7 @@
 //! into a Perfetto trace, with a top table at the end.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     fs::File,
     io::BufWriter,
     path::{Path, PathBuf},
@@ -104,6 +104,8 @@ fn counter(name: &str, unit: CounterUnit, description: &str) -> CounterSpec {
     }
 }
 
+/// Runs until `duration` passes or `stop` is set; whoever sets `stop`
+/// should unpark the calling thread so it notices at once.
 pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, RecordError> {
     // The file first: after the capability drop root may no longer be able
     // to create it (no CAP_DAC_OVERRIDE).
@@ -151,7 +153,8 @@ pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, 
         let now = Instant::now();
         let finishing = stop.load(Ordering::Relaxed) || now >= deadline;
         if !finishing && now < next_tick {
-            std::thread::sleep((next_tick - now).min(deadline - now).min(Duration::from_millis(50)));
+            // The signal thread unparks us, so one wakeup per interval.
+            std::thread::park_timeout((next_tick - now).min(deadline - now));
             continue;
         }
         next_tick += opts.interval;
@@ -186,11 +189,51 @@ pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, 
                     let name = id.name();
                     let t = ProcessTracks {
                         key,
-                        oncpu: writer.process_counter_track(key, name, &counter("oncpu_ns", CounterUnit::TimeNs, "on-CPU time since recording start (eBPF sched_switch)"))?,
-                        runq_wait: writer.process_counter_track(key, name, &counter("runq_wait_ns", CounterUnit::TimeNs, "runnable-but-not-running time since recording start"))?,
-                        voluntary: writer.process_counter_track(key, name, &counter("voluntary_switches", CounterUnit::Count, "switch-outs while blocked"))?,
-                        involuntary: writer.process_counter_track(key, name, &counter("involuntary_switches", CounterUnit::Count, "switch-outs while runnable (preempted)"))?,
-                        faults: writer.process_counter_track(key, name, &counter(&format!("faults_{}", fault_source.name()), CounterUnit::Count, fault_source.describe()))?,
+                        oncpu: writer.process_counter_track(
+                            key,
+                            name,
+                            &counter(
+                                "oncpu_ns",
+                                CounterUnit::TimeNs,
+                                "on-CPU time since recording start (eBPF sched_switch)",
+                            ),
+                        )?,
+                        runq_wait: writer.process_counter_track(
+                            key,
+                            name,
+                            &counter(
+                                "runq_wait_ns",
+                                CounterUnit::TimeNs,
+                                "runnable-but-not-running time since recording start",
+                            ),
+                        )?,
+                        voluntary: writer.process_counter_track(
+                            key,
+                            name,
+                            &counter(
+                                "voluntary_switches",
+                                CounterUnit::Count,
+                                "switch-outs while blocked",
+                            ),
+                        )?,
+                        involuntary: writer.process_counter_track(
+                            key,
+                            name,
+                            &counter(
+                                "involuntary_switches",
+                                CounterUnit::Count,
+                                "switch-outs while runnable (preempted)",
+                            ),
+                        )?,
+                        faults: writer.process_counter_track(
+                            key,
+                            name,
+                            &counter(
+                                &format!("faults_{}", fault_source.name()),
+                                CounterUnit::Count,
+                                fault_source.describe(),
+                            ),
+                        )?,
                         last: [-1; 5],
                     };
                     tracks.insert(r.tgid, t);
@@ -207,7 +250,11 @@ pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, 
             let uuids = [t.oncpu, t.runq_wait, t.voluntary, t.involuntary, t.faults];
             for i in 0..5 {
                 if values[i] != t.last[i] {
-                    writer.write_counter(clocks.boottime_ns, uuids[i], CounterValue::Int(values[i]))?;
+                    writer.write_counter(
+                        clocks.boottime_ns,
+                        uuids[i],
+                        CounterValue::Int(values[i]),
+                    )?;
                     t.last[i] = values[i];
                 }
             }
@@ -298,7 +345,11 @@ impl RecordSummary {
             "{:>7} {:<20} {:>12} {:>9} {:>9} {:>9} {:>11} {:>9}",
             "PID", "PROCESS", "ONCPU_MS", "CORE_EQ%", "VOL_SW", "INVOL_SW", "RUNQ_MS", "FAULTS"
         );
-        let n = if limit == 0 { self.rows.len() } else { limit.min(self.rows.len()) };
+        let n = if limit == 0 {
+            self.rows.len()
+        } else {
+            limit.min(self.rows.len())
+        };
         for r in &self.rows[..n] {
             let mut name: String = r.name.chars().take(20).collect();
             if r.ended {

@@ -54,8 +54,7 @@ static TASKS: PerCpuHashMap<u32, TaskCounters> = PerCpuHashMap::with_max_entries
 
 /// tgid -> fault counters of the whole process (survives thread exits).
 #[map(name = "PROCESS_FAULTS")]
-static PROCESS_FAULTS: PerCpuHashMap<u32, FaultCounters> =
-    PerCpuHashMap::with_max_entries(8192, 0);
+static PROCESS_FAULTS: PerCpuHashMap<u32, FaultCounters> = PerCpuHashMap::with_max_entries(8192, 0);
 
 /// tid -> CLOCK_MONOTONIC ns at which it became runnable (0 = not waiting).
 /// Shared across CPUs because the waker and the wakee's CPU differ. Keys are

@@ -9,7 +9,10 @@ use std::{
 };
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
 }
 
 /// These tests need the kernel. They fail (never skip) when not root, so CI
@@ -35,7 +38,11 @@ pub fn workload_bin() -> PathBuf {
             // Integration tests run from target/<profile>/deps/; cargo builds
             // the package's binaries into target/<profile>/ before them.
             let me = std::env::current_exe().unwrap();
-            me.parent().unwrap().parent().unwrap().join("vitals-workload")
+            me.parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .join("vitals-workload")
         });
     assert!(exe.exists(), "{} missing", exe.display());
     exe
@@ -65,7 +72,9 @@ impl Workload {
     /// Blocks until the workload prints `line`.
     pub fn expect(&mut self, line: &str) {
         let mut got = String::new();
-        self.stdout.read_line(&mut got).expect("reading workload stdout");
+        self.stdout
+            .read_line(&mut got)
+            .expect("reading workload stdout");
         assert_eq!(got.trim(), line, "workload said {got:?}, expected {line:?}");
     }
 

@@ -35,7 +35,12 @@ fn oncpu_time_matches_utime_plus_stime() {
     let bpf = task(&mut acc, w.pid());
     let kernel_ns = (k.utime_ticks + k.stime_ticks) as f64 * 1e9 / clk_tck() as f64;
     assert!(kernel_ns >= 0.8e9, "workload spun only {kernel_ns} ns");
-    assert_within_pct("eBPF on-CPU ns vs utime+stime", bpf.oncpu_ns as f64, kernel_ns, 10.0);
+    assert_within_pct(
+        "eBPF on-CPU ns vs utime+stime",
+        bpf.oncpu_ns as f64,
+        kernel_ns,
+        10.0,
+    );
     w.finish();
 }
 
@@ -51,7 +56,10 @@ fn fault_check(source: FaultSourceChoice, expect: FaultSource) {
     let (k1, b1) = (kernel_stat(w.pid()), task(&mut acc, w.pid()));
     let minflt = (k1.minflt - k0.minflt) as f64;
     let bpf = (expect.faults(&b1.faults) - expect.faults(&b0.faults)) as f64;
-    assert!(bpf >= PAGES as f64, "{expect:?}: {bpf} faults < {PAGES} pages touched");
+    assert!(
+        bpf >= PAGES as f64,
+        "{expect:?}: {bpf} faults < {PAGES} pages touched"
+    );
     assert!(minflt >= PAGES as f64, "kernel minflt {minflt} < {PAGES}");
     assert_within_pct(&format!("{expect:?} faults vs minflt"), bpf, minflt, 10.0);
     if expect == FaultSource::PerfEvent {
@@ -122,7 +130,10 @@ fn pinned_spinners_preempt_each_other_and_wait() {
         assert!(invol > 0, "spinner {name}: no involuntary switches");
         assert!(kernel_invol > 0, "spinner {name}: kernel saw no preemption");
         // Two spinners sharing one CPU: each waits while the other runs.
-        assert!(wait_ns > 100_000_000, "spinner {name}: runqueue wait only {wait_ns} ns");
+        assert!(
+            wait_ns > 100_000_000,
+            "spinner {name}: runqueue wait only {wait_ns} ns"
+        );
         assert_within_pct(
             &format!("spinner {name} involuntary switches vs nonvoluntary_ctxt_switches"),
             invol as f64,
@@ -162,14 +173,25 @@ fn exited_child_keeps_its_final_counters() {
         let rows = totals.update(&snap);
         if in_exited {
             assert!(!snap.tasks.contains_key(&pid), "freed tid still in TASKS");
-            break rows.into_iter().find(|r| r.tgid == pid).expect("process row");
+            break rows
+                .into_iter()
+                .find(|r| r.tgid == pid)
+                .expect("process row");
         }
         assert!(Instant::now() < deadline, "no exit record for {pid}");
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(row.ended, "the leader's free must end the process row");
-    assert_within_pct("final on-CPU vs wait4 rusage", row.oncpu_ns as f64, rusage_ns, 10.0);
-    assert!(row.faults.entries > 0, "startup faults of the exited child were lost");
+    assert_within_pct(
+        "final on-CPU vs wait4 rusage",
+        row.oncpu_ns as f64,
+        rusage_ns,
+        10.0,
+    );
+    assert!(
+        row.faults.entries > 0,
+        "startup faults of the exited child were lost"
+    );
 }
 
 #[test]
@@ -186,7 +208,11 @@ fn full_task_map_counts_drops_and_keeps_working() {
     let mut w = Workload::spawn(&["threads", "64", "200"]);
     w.expect("done");
     let snap = acc.read().expect("reading a full map still works");
-    assert!(snap.tasks.len() <= 16, "map bound not enforced: {}", snap.tasks.len());
+    assert!(
+        snap.tasks.len() <= 16,
+        "map bound not enforced: {}",
+        snap.tasks.len()
+    );
     assert!(
         snap.drops[drop_reason::TASK_MAP_FULL as usize] > 0,
         "no drops counted with 64 threads and 16 entries: {:?}",

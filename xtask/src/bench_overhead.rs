@@ -62,7 +62,10 @@ impl Tool {
                 .context("starting bpftrace")?,
         };
         let (reader, marker): (Box<dyn std::io::Read + Send>, &str) = match cfg {
-            Config::Vitalsd => (Box::new(child.stderr.take().unwrap()), "eBPF accounting attached"),
+            Config::Vitalsd => (
+                Box::new(child.stderr.take().unwrap()),
+                "eBPF accounting attached",
+            ),
             _ => (Box::new(child.stdout.take().unwrap()), "Attaching"),
         };
         let (tx, rx) = std::sync::mpsc::channel();
@@ -156,8 +159,11 @@ fn bpf_progs() -> Result<HashMap<u64, ProgStat>> {
 }
 
 fn set_bpf_stats(on: bool) -> Result<()> {
-    std::fs::write("/proc/sys/kernel/bpf_stats_enabled", if on { "1" } else { "0" })
-        .context("writing kernel.bpf_stats_enabled")
+    std::fs::write(
+        "/proc/sys/kernel/bpf_stats_enabled",
+        if on { "1" } else { "0" },
+    )
+    .context("writing kernel.bpf_stats_enabled")
 }
 
 pub fn run(rounds: usize, loops: u64) -> Result<()> {
@@ -201,8 +207,10 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
             perf_bench(loops)?;
             let after = bpf_progs()?;
             tool.stop()?;
-            let mut new: Vec<(u64, ProgStat)> =
-                after.into_iter().filter(|(id, _)| !before.contains(id)).collect();
+            let mut new: Vec<(u64, ProgStat)> = after
+                .into_iter()
+                .filter(|(id, _)| !before.contains(id))
+                .collect();
             new.sort_by_key(|(id, _)| *id);
             for (_, p) in &new {
                 if p.run_cnt == 0 {
@@ -225,7 +233,10 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
     })();
     set_bpf_stats(false)?;
     let switch_cost = result?;
-    if let (Some(v), Some(b)) = (switch_cost.get(&Config::Vitalsd), switch_cost.get(&Config::Bpftrace)) {
+    if let (Some(v), Some(b)) = (
+        switch_cost.get(&Config::Vitalsd),
+        switch_cost.get(&Config::Bpftrace),
+    ) {
         println!(
             "sched_switch program: vitalsd {v:.1} ns/event vs bpftrace {b:.1} ns/event, ratio {:.2} (target < 1)",
             v / b

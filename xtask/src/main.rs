@@ -64,9 +64,11 @@ fn main() -> Result<()> {
             setup::all()?;
             build_release()?;
             let out = out.unwrap_or_else(|| workspace_root().join("target/vitalsd-demo.pftrace"));
-            run(std::process::Command::new(workspace_root().join("target/release/vitalsd"))
-                .args(["record", "--duration", &duration, "--out"])
-                .arg(&out))
+            run(
+                std::process::Command::new(workspace_root().join("target/release/vitalsd"))
+                    .args(["record", "--duration", &duration, "--out"])
+                    .arg(&out),
+            )
         }
         Cmd::Test => test(),
         Cmd::Bench { which } => {
@@ -86,7 +88,14 @@ fn build_release() -> Result<()> {
 fn test() -> Result<()> {
     setup::all()?;
     // Unit, property and schema tests of every default member.
-    run(cargo().args(["test", "--workspace", "--exclude", "vitals-ebpf", "--exclude", "vitals-tests"]))?;
+    run(cargo().args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "vitals-ebpf",
+        "--exclude",
+        "vitals-tests",
+    ]))?;
     // Kernel integration tests: they spawn the daemon binary, and their
     // workloads must not compete with each other for the CPUs.
     run(cargo().args(["build", "-p", "vitalsd", "--bins"]))?;

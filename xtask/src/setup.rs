@@ -41,7 +41,11 @@ fn is_installed(pkg: &str) -> bool {
 }
 
 fn apt_packages() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES.iter().copied().filter(|p| !is_installed(p)).collect();
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !is_installed(p))
+        .collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -69,16 +73,18 @@ fn bpf_linker() -> Result<()> {
     }
     eprintln!("xtask setup: installing bpf-linker {BPF_LINKER_VERSION} against LLVM 22");
     // Without LLVM_PREFIX, bpf-linker's build finds /usr/bin/llvm-config (LLVM 14).
-    run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args([
-            "install",
-            &format!("bpf-linker@{BPF_LINKER_VERSION}"),
-            "--locked",
-            "--no-default-features",
-            "--features",
-            "llvm-22",
-        ])
-        .env("LLVM_PREFIX", "/usr/lib/llvm-22"))
+    run(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args([
+                "install",
+                &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+                "--locked",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ])
+            .env("LLVM_PREFIX", "/usr/lib/llvm-22"),
+    )
 }
 
 fn python_venv() -> Result<()> {
@@ -104,7 +110,10 @@ fn python_venv() -> Result<()> {
 }
 
 fn tracefs() -> Result<()> {
-    for p in ["/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events"] {
+    for p in [
+        "/sys/kernel/tracing/events",
+        "/sys/kernel/debug/tracing/events",
+    ] {
         if Path::new(p).is_dir() {
             return Ok(());
         }

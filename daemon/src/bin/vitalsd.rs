@@ -2,7 +2,10 @@
 
 use std::{
     path::PathBuf,
-    sync::{atomic::AtomicBool, Arc},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::Duration,
 };
 
@@ -14,7 +17,11 @@ use vitalsd::{
 };
 
 #[derive(Parser)]
-#[command(name = "vitalsd", version, about = "Always-on CPU, scheduling and page-fault vitals")]
+#[command(
+    name = "vitalsd",
+    version,
+    about = "Always-on CPU, scheduling and page-fault vitals"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -79,14 +86,27 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v * mult_ms / 1e3))
 }
 
-/// SIGINT/SIGTERM set `stop`; a second one exits at once.
+/// SIGINT/SIGTERM set `stop` and wake the main thread; a second one exits
+/// at once (exit status 130), for a user whose first Ctrl-C seems stuck.
 fn stop_flag() -> Result<Arc<AtomicBool>> {
+    use signal_hook::{consts::*, iterator::Signals};
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop))
-            .context("installing signal handler")?;
-        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
-    }
+    let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    let main = std::thread::current();
+    let flag = Arc::clone(&stop);
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                if flag.swap(true, Ordering::SeqCst) {
+                    log::warn!("second signal {sig}: exiting now");
+                    std::process::exit(130);
+                }
+                log::info!("signal {sig}: stopping after the current sample");
+                main.unpark();
+            }
+        })
+        .context("spawning the signal thread")?;
     Ok(stop)
 }
 

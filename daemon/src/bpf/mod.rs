@@ -4,8 +4,8 @@
 //! (summing per-CPU slots over *possible* CPUs) and drains the EXITED map of
 //! final counters of freed tasks. It never clears a live map.
 
-pub mod tracefs;
 pub mod totals;
+pub mod tracefs;
 
 use std::collections::HashMap;
 
@@ -18,7 +18,9 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
 };
 use thiserror::Error;
-use vitals_common::{drop_reason, names, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters};
+use vitals_common::{
+    drop_reason, names, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters,
+};
 
 use self::tracefs::{Tracefs, TracefsError};
 
@@ -80,7 +82,9 @@ impl std::str::FromStr for FaultSourceChoice {
             "tracepoint" => Ok(Self::Tracepoint),
             "perf" | "perf-event" => Ok(Self::PerfEvent),
             "off" => Ok(Self::Off),
-            _ => Err(format!("unknown fault source {s:?} (auto, tracepoint, perf, off)")),
+            _ => Err(format!(
+                "unknown fault source {s:?} (auto, tracepoint, perf, off)"
+            )),
         }
     }
 }
@@ -229,7 +233,10 @@ impl Accounting {
         let free = tracefs.format("sched", "sched_process_free")?;
         let offsets: [(&str, u32); 5] = [
             (names::G_SWITCH_PREV_PID, switch.offset_of("prev_pid", 4)?),
-            (names::G_SWITCH_PREV_STATE, switch.offset_of("prev_state", 8)?),
+            (
+                names::G_SWITCH_PREV_STATE,
+                switch.offset_of("prev_state", 8)?,
+            ),
             (names::G_SWITCH_NEXT_PID, switch.offset_of("next_pid", 4)?),
             (names::G_WAKEUP_PID, wakeup.offset_of("pid", 4)?),
             (names::G_FREE_PID, free.offset_of("pid", 4)?),
@@ -276,8 +283,18 @@ impl Accounting {
             )?,
             FaultSource::PerfEvent => {
                 let cpus = crate::system::online_cpus(std::path::Path::new("/sys"))?;
-                attach_perf_sw(&mut ebpf, names::PROG_PERF_MINFLT, SoftwareEvent::PageFaultsMin, &cpus)?;
-                attach_perf_sw(&mut ebpf, names::PROG_PERF_MAJFLT, SoftwareEvent::PageFaultsMaj, &cpus)?;
+                attach_perf_sw(
+                    &mut ebpf,
+                    names::PROG_PERF_MINFLT,
+                    SoftwareEvent::PageFaultsMin,
+                    &cpus,
+                )?;
+                attach_perf_sw(
+                    &mut ebpf,
+                    names::PROG_PERF_MAJFLT,
+                    SoftwareEvent::PageFaultsMaj,
+                    &cpus,
+                )?;
             }
             FaultSource::None => {}
         }
@@ -323,7 +340,12 @@ impl Accounting {
                 match exited.get(&key, 0) {
                     Ok(v) => snap.exited.push((key, v)),
                     Err(MapError::KeyNotFound) => continue,
-                    Err(e) => return Err(BpfError::Map { name: names::EXITED, source: e }),
+                    Err(e) => {
+                        return Err(BpfError::Map {
+                            name: names::EXITED,
+                            source: e,
+                        })
+                    }
                 }
                 // Drained records are final values, not live counters.
                 let _ = exited.remove(&key);
@@ -338,7 +360,12 @@ impl Accounting {
                     Ok(kv) => kv,
                     // Freed between get_next_key and lookup: normal.
                     Err(MapError::KeyNotFound) => continue,
-                    Err(e) => return Err(BpfError::Map { name: names::TASKS, source: e }),
+                    Err(e) => {
+                        return Err(BpfError::Map {
+                            name: names::TASKS,
+                            source: e,
+                        })
+                    }
                 };
                 let mut sum = TaskCounters::default();
                 for c in per_cpu.iter() {
@@ -420,12 +447,14 @@ fn attach_tracepoint(
         .ok_or(BpfError::Missing(name))?
         .try_into()
         .map_err(|source| BpfError::Program { name, source })?;
-    prog.load().map_err(|source| BpfError::Program { name, source })?;
-    prog.attach(category, event).map_err(|source| BpfError::Attach {
-        name,
-        target: format!("tracepoint {category}/{event}"),
-        source,
-    })?;
+    prog.load()
+        .map_err(|source| BpfError::Program { name, source })?;
+    prog.attach(category, event)
+        .map_err(|source| BpfError::Attach {
+            name,
+            target: format!("tracepoint {category}/{event}"),
+            source,
+        })?;
     Ok(())
 }
 
@@ -442,7 +471,8 @@ fn attach_perf_sw(
         .ok_or(BpfError::Missing(name))?
         .try_into()
         .map_err(|source| BpfError::Program { name, source })?;
-    prog.load().map_err(|source| BpfError::Program { name, source })?;
+    prog.load()
+        .map_err(|source| BpfError::Program { name, source })?;
     for &cpu in cpus {
         prog.attach(
             PerfEventConfig::Software(event),

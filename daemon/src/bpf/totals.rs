@@ -211,8 +211,15 @@ mod tests {
         let mut s = BpfSnapshot::default();
         s.tasks.insert(100, task(100, 1_500, 1));
         s.exited.push((
-            ExitKey { freed_ns: 5, tid: 101, _pad: 0 },
-            ExitedTask { counters: task(100, 2_500, 3), ..Default::default() },
+            ExitKey {
+                freed_ns: 5,
+                tid: 101,
+                _pad: 0,
+            },
+            ExitedTask {
+                counters: task(100, 2_500, 3),
+                ..Default::default()
+            },
         ));
         let rows = t.update(&s);
         assert_eq!(rows[0].oncpu_ns, 4_000);
@@ -223,14 +230,24 @@ mod tests {
         // Leader freed: final row, then forgotten.
         let mut s = BpfSnapshot::default();
         s.exited.push((
-            ExitKey { freed_ns: 9, tid: 100, _pad: 0 },
-            ExitedTask { counters: task(100, 1_600, 1), ..Default::default() },
+            ExitKey {
+                freed_ns: 9,
+                tid: 100,
+                _pad: 0,
+            },
+            ExitedTask {
+                counters: task(100, 1_600, 1),
+                ..Default::default()
+            },
         ));
         let rows = t.update(&s);
         assert_eq!(rows.len(), 1);
         assert!(rows[0].ended);
         assert_eq!(rows[0].oncpu_ns, 4_100);
-        assert!(t.update(&BpfSnapshot::default()).is_empty(), "reused tgid starts fresh");
+        assert!(
+            t.update(&BpfSnapshot::default()).is_empty(),
+            "reused tgid starts fresh"
+        );
     }
 
     #[test]

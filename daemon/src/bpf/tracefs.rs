@@ -78,7 +78,12 @@ impl Tracefs {
 
     /// The tracepoint's `format` file, parsed.
     pub fn format(&self, category: &str, name: &str) -> Result<EventFormat, TracefsError> {
-        let path = self.root.join("events").join(category).join(name).join("format");
+        let path = self
+            .root
+            .join("events")
+            .join(category)
+            .join(name)
+            .join("format");
         let text = std::fs::read_to_string(&path).map_err(|source| TracefsError::Read {
             path: path.clone(),
             source,
@@ -171,7 +176,10 @@ print fmt: \"comm=%s pid=%d prio=%d\", __get_str(comm), REC->pid, REC->prio
         let f = EventFormat::parse("free".into(), FREE_6_18);
         assert_eq!(f.offset_of("pid", 4).unwrap(), 12);
         assert_eq!(f.offset_of("comm", 4).unwrap(), 8);
-        assert!(f.offset_of("pid", 8).is_err(), "size mismatch must be an error");
+        assert!(
+            f.offset_of("pid", 8).is_err(),
+            "size mismatch must be an error"
+        );
         assert!(f.offset_of("missing", 4).is_err());
     }
 
@@ -195,7 +203,10 @@ print fmt: \"comm=%s pid=%d prio=%d\", __get_str(comm), REC->pid, REC->prio
         let t = Tracefs::at(dir.path());
         assert!(t.has_event("sched", "sched_process_free"));
         assert!(!t.has_event("exceptions", "page_fault_user"));
-        let off = t.format("sched", "sched_process_free").unwrap().offset_of("pid", 4);
+        let off = t
+            .format("sched", "sched_process_free")
+            .unwrap()
+            .offset_of("pid", 4);
         assert_eq!(off.unwrap(), 12);
         assert!(matches!(
             t.format("sched", "nope"),

@@ -18,19 +18,23 @@ pub enum CmdlineError {
     },
 }
 
-/// argv joined by spaces. A process may rewrite its argv area (setproctitle)
-/// so the bytes are not guaranteed UTF-8 or NUL-terminated; trailing NULs
-/// are dropped and invalid UTF-8 replaced.
+/// argv as the kernel holds it: NUL-separated. A process may rewrite its
+/// argv area (setproctitle), so the bytes are not guaranteed UTF-8 or
+/// NUL-terminated; trailing NULs are dropped and invalid UTF-8 replaced.
+/// ProcessTree.Process.cmdline wants this form (one string per argument).
+pub fn parse_argv(bytes: &[u8]) -> Vec<String> {
+    match bytes.iter().rposition(|&b| b != 0) {
+        Some(end) => bytes[..=end]
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect(),
+        None => Vec::new(),
+    }
+}
+
+/// argv joined by spaces, for tables.
 pub fn parse_cmdline(bytes: &[u8]) -> String {
-    let trimmed = match bytes.iter().rposition(|&b| b != 0) {
-        Some(end) => &bytes[..=end],
-        None => return String::new(),
-    };
-    let joined: Vec<u8> = trimmed
-        .iter()
-        .map(|&b| if b == 0 { b' ' } else { b })
-        .collect();
-    String::from_utf8_lossy(&joined).into_owned()
+    parse_argv(bytes).join(" ")
 }
 
 /// Android-style process name: argv[0]'s basename, as ProcessCpuTracker
@@ -53,6 +57,16 @@ pub fn read_cmdline(path: &Path, buf: &mut Vec<u8>) -> Result<String, CmdlineErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn splits_argv() {
+        assert_eq!(
+            parse_argv(b"/bin/sh\0-c\0echo a b\0"),
+            vec!["/bin/sh", "-c", "echo a b"]
+        );
+        assert_eq!(parse_argv(b"\0\0"), Vec::<String>::new());
+        assert_eq!(parse_argv(b"no-nul"), vec!["no-nul"]);
+    }
 
     #[test]
     fn joins_argv() {

@@ -80,7 +80,11 @@ pub fn scan_processes(proc_root: &Path) -> Vec<ProcessIdentity> {
     };
     let mut buf = Vec::new();
     for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         if let Some(p) = read_process_with(proc_root, pid, &mut buf) {

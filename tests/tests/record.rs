@@ -1,0 +1,202 @@
+//! `vitalsd record` end to end: the binary, the printed table, and the trace
+//! decoded with the official Perfetto schema.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use vitals_tests::*;
+
+struct Recorder {
+    child: Child,
+}
+
+impl Recorder {
+    /// Starts `vitalsd record` and returns once its programs are attached.
+    fn start(args: &[&str]) -> Self {
+        require_root();
+        let mut child = Command::new(vitalsd_bin())
+            .arg("record")
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                err.read_line(&mut line).unwrap() > 0,
+                "vitalsd exited before attaching"
+            );
+            if line.contains("eBPF accounting attached") {
+                break;
+            }
+        }
+        // Keep draining stderr so the daemon never blocks on it.
+        std::thread::spawn(move || {
+            let mut l = String::new();
+            while err.read_line(&mut l).unwrap_or(0) > 0 {
+                l.clear();
+            }
+        });
+        Self { child }
+    }
+
+    fn wait(self) -> String {
+        let out = self.child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "vitalsd record failed: {}",
+            out.status
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+/// The printed ONCPU_MS column for `pid`.
+fn printed_oncpu_ms(table: &str, pid: u32) -> String {
+    table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&pid.to_string()))
+        .unwrap_or_else(|| panic!("pid {pid} not in the table:\n{table}"))
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn trace_holds_system_info_process_tree_and_counters_equal_to_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.pftrace");
+    let rec = Recorder::start(&[
+        "--duration",
+        "3s",
+        "--interval",
+        "500ms",
+        "--top",
+        "0",
+        "--out",
+        trace.to_str().unwrap(),
+    ]);
+    let mut w = Workload::spawn(&["spin", "1200"]);
+    w.expect("ready");
+    w.expect("done");
+    let pid = w.pid();
+    let table = rec.wait();
+    w.finish();
+
+    let t = decode_trace(&trace);
+    let uname = nix::sys::utsname::uname().unwrap();
+    let si = &t["system_info"];
+    assert_eq!(si["utsname"]["release"], uname.release().to_str().unwrap());
+    assert_eq!(si["hz"].as_u64().unwrap(), clk_tck());
+    assert_eq!(
+        si["page_size"].as_u64().unwrap(),
+        unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
+    );
+    let clocks: Vec<u64> = t["clock_snapshots"][0]["clocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["clock_id"].as_u64().unwrap())
+        .collect();
+    assert!(
+        clocks.contains(&6) && clocks.contains(&3),
+        "BOOTTIME and MONOTONIC: {clocks:?}"
+    );
+    // The first two packets: clock snapshot, then system info.
+    assert_eq!(t["packets"][0]["kind"], "clock_snapshot");
+    assert_eq!(t["packets"][1]["kind"], "system_info");
+
+    let wl = workload_bin();
+    let entry = t["process_tree"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid as u64))
+        .unwrap_or_else(|| panic!("no ProcessTree entry for {pid}"));
+    let cmdline: Vec<&str> = entry["cmdline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(cmdline, vec![wl.to_str().unwrap(), "spin", "1200"]);
+
+    let track = t["track_descriptors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| {
+            d["name"] == "oncpu_ns"
+                && t["track_descriptors"].as_array().unwrap().iter().any(|p| {
+                    p["uuid"] == d["parent_uuid"]
+                        && p["process"]["pid"].as_u64() == Some(pid as u64)
+                })
+        })
+        .unwrap_or_else(|| panic!("no oncpu_ns counter track for {pid}"));
+    assert_eq!(track["counter"]["unit"], "UNIT_TIME_NS");
+    let series = t["counters"][track["uuid"].to_string()].as_array().unwrap();
+    let last_ns = series.last().unwrap()[1].as_f64().unwrap();
+    assert!(last_ns >= 1.0e9, "spinner on-CPU {last_ns} ns");
+    assert_eq!(
+        format!("{:.3}", last_ns / 1e6),
+        printed_oncpu_ms(&table, pid)
+    );
+    assert!(
+        table.contains("capabilities after attach: CAP_BPF\n"),
+        "{table}"
+    );
+}
+
+#[test]
+fn sigint_stops_early_and_leaves_a_valid_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.pftrace");
+    let rec = Recorder::start(&["--duration", "120s", "--out", trace.to_str().unwrap()]);
+    std::thread::sleep(Duration::from_millis(1500));
+    unsafe { libc::kill(rec.child.id() as i32, libc::SIGINT) };
+    let table = rec.wait();
+    assert!(table.contains("trace: "), "{table}");
+    let t = decode_trace(&trace);
+    assert!(t["packet_count"].as_u64().unwrap() > 3);
+    assert!(
+        !t["counters"].as_object().unwrap().is_empty(),
+        "no counter written before SIGINT"
+    );
+}
+
+#[test]
+fn tiny_map_bound_counts_drops_and_recording_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.pftrace");
+    let rec = Recorder::start(&[
+        "--duration",
+        "2s",
+        "--max-tasks",
+        "16",
+        "--out",
+        trace.to_str().unwrap(),
+    ]);
+    let mut w = Workload::spawn(&["threads", "64", "300"]);
+    w.expect("done");
+    let table = rec.wait();
+    w.finish();
+    let drops: u64 = table
+        .lines()
+        .find_map(|l| l.strip_prefix("map drops: "))
+        .and_then(|l| {
+            l.split_whitespace()
+                .find_map(|kv| kv.strip_prefix("task_map_full="))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no task_map_full in:\n{table}"));
+    assert!(drops > 0, "{table}");
+    decode_trace(&trace);
+}
