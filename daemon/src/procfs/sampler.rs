@@ -105,6 +105,35 @@ pub struct ScanStats {
     pub processes: usize,
     pub threads: usize,
     pub counts: ScanCounts,
+    /// This process's VmHWM after the scans. Not ru_maxrss: that carries the
+    /// parent's high-water mark across a vfork+exec.
+    pub peak_rss_kb: Option<u64>,
+}
+
+/// The one-line form `vitalsd scan` prints and `cargo xtask bench scan`
+/// parses.
+impl std::fmt::Display for ScanStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "processes={} threads={} read_failures={} vanished_pids={} vanished_tids={} peak_rss_kb={}",
+            self.processes,
+            self.threads,
+            self.counts.read_failures,
+            self.counts.vanished_pids,
+            self.counts.vanished_tids,
+            self.peak_rss_kb.map(|k| k.to_string()).unwrap_or_else(|| "-".into()),
+        )
+    }
+}
+
+/// VmHWM of the calling process, from the real /proc.
+fn own_peak_rss_kb(buf: &mut Vec<u8>) -> Option<u64> {
+    read_into(Path::new("/proc/self/status"), buf).ok()?;
+    let line = buf
+        .split(|&b| b == b'\n')
+        .find(|l| l.starts_with(b"VmHWM:"))?;
+    super::parse_u64("VmHWM", super::fields(&line[6..]).next()?).ok()
 }
 
 pub struct Sampler {
@@ -449,6 +478,7 @@ pub fn scan_repeat(
         processes: s.processes.len(),
         threads: s.threads.len(),
         counts: s.counts,
+        peak_rss_kb: own_peak_rss_kb(&mut sampler.buf),
     })
 }
 
@@ -457,4 +487,59 @@ pub fn scan_repeat(
 /// /proc/<pid>/stat (and /proc/<pid>/task/<tid>/stat with `with_threads`).
 pub fn scan_once(proc_root: &Path, with_threads: bool) -> Result<ScanStats, SamplerError> {
     scan_repeat(proc_root, with_threads, 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procfs::testutil::{FakeProc, Task};
+
+    #[test]
+    fn scan_counts_processes_and_threads_of_a_fake_tree() {
+        let fake = FakeProc::new();
+        let c = [1, 0, 1, 10, 0, 0, 0, 0, 0, 0];
+        fake.set_stat(c, &[(0, c)]);
+        for pid in [1, 2] {
+            let t = Task {
+                pid,
+                comm: "p",
+                minflt: 0,
+                majflt: 0,
+                utime: 0,
+                stime: 0,
+                starttime: 1,
+            };
+            fake.set_process(&t);
+        }
+        fake.set_thread(
+            2,
+            &Task {
+                pid: 3,
+                comm: "t",
+                minflt: 0,
+                majflt: 0,
+                utime: 0,
+                stime: 0,
+                starttime: 1,
+            },
+        );
+        fake.write("self", "not a pid");
+        let s = scan_once(fake.root(), true).unwrap();
+        assert_eq!((s.processes, s.threads), (2, 3));
+        assert!(s.peak_rss_kb.unwrap() > 0);
+        assert!(s
+            .to_string()
+            .starts_with("processes=2 threads=3 read_failures=0"));
+        let s = scan_once(fake.root(), false).unwrap();
+        assert_eq!((s.processes, s.threads), (2, 0));
+    }
+
+    #[test]
+    fn missing_root_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            scan_once(&dir.path().join("nope"), false),
+            Err(SamplerError::ReadDir { .. })
+        ));
+    }
 }
