@@ -13,6 +13,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_map_lookup_percpu_elem},
     macros::{map, perf_event, tracepoint},
@@ -20,7 +21,7 @@ use aya_ebpf::{
     programs::{PerfEventContext, TracePointContext},
 };
 use vitals_common::{
-    drop_reason, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters, MAX_CPUS,
+    drop_reason, fixed_layout, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters, MAX_CPUS,
     PREV_STATE_BLOCKED_MASK,
 };
 
@@ -125,23 +126,44 @@ fn mark_runnable(tid: u32, now: u64) {
     }
 }
 
+/// Portable variant: field offsets from the kernel's format file.
 #[tracepoint(category = "sched", name = "sched_switch")]
 pub fn sched_switch(ctx: TracePointContext) -> u32 {
-    let _ = try_sched_switch(&ctx);
+    let fields = unsafe {
+        (
+            ctx.read_at::<i32>(setting(&SWITCH_PREV_PID_OFF) as usize),
+            ctx.read_at::<i64>(setting(&SWITCH_PREV_STATE_OFF) as usize),
+            ctx.read_at::<i32>(setting(&SWITCH_NEXT_PID_OFF) as usize),
+        )
+    };
+    if let (Ok(prev), Ok(state), Ok(next)) = fields {
+        on_switch(prev as u32, state, next as u32);
+    }
+    0
+}
+
+/// Fast variant for the standard layout (`fixed_layout`): direct context
+/// loads instead of three bpf_probe_read_kernel calls per switch.
+#[tracepoint(category = "sched", name = "sched_switch")]
+pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
+    let base = ctx.as_ptr() as *const u8;
+    let (prev, state, next) = unsafe {
+        (
+            *(base.add(fixed_layout::SWITCH_PREV_PID as usize) as *const u32),
+            *(base.add(fixed_layout::SWITCH_PREV_STATE as usize) as *const i64),
+            *(base.add(fixed_layout::SWITCH_NEXT_PID as usize) as *const u32),
+        )
+    };
+    on_switch(prev, state, next);
     0
 }
 
 #[inline(always)]
-fn try_sched_switch(ctx: &TracePointContext) -> Result<(), i64> {
+fn on_switch(prev: u32, prev_state: i64, next: u32) {
     let now = unsafe { bpf_ktime_get_ns() };
-    let prev_pid: i32 = unsafe { ctx.read_at(setting(&SWITCH_PREV_PID_OFF) as usize) }?;
-    let prev_state: i64 = unsafe { ctx.read_at(setting(&SWITCH_PREV_STATE_OFF) as usize) }?;
-    let next_pid: i32 = unsafe { ctx.read_at(setting(&SWITCH_NEXT_PID_OFF) as usize) }?;
-    let (prev, next) = (prev_pid as u32, next_pid as u32);
-
     let cpu = match CPU_STATE.get_ptr_mut(0) {
         Some(p) => unsafe { &mut *p },
-        None => return Ok(()),
+        None => return,
     };
 
     // Switch-out of `prev`. The idle task (pid 0, one per CPU) keeps its
@@ -179,28 +201,45 @@ fn try_sched_switch(ctx: &TracePointContext) -> Result<(), i64> {
     cpu.running_tid = next;
     cpu.last_switch_ns = now;
     cpu.valid = 1;
-    Ok(())
 }
 
 #[inline(always)]
-fn on_wakeup(ctx: &TracePointContext) -> u32 {
-    if let Ok(pid) = unsafe { ctx.read_at::<i32>(setting(&WAKEUP_PID_OFF) as usize) } {
-        if pid > 0 {
-            mark_runnable(pid as u32, unsafe { bpf_ktime_get_ns() });
-        }
+fn on_wakeup(pid: i32) -> u32 {
+    if pid > 0 {
+        mark_runnable(pid as u32, unsafe { bpf_ktime_get_ns() });
     }
     0
+}
+
+#[inline(always)]
+fn wakeup_pid_portable(ctx: &TracePointContext) -> i32 {
+    unsafe { ctx.read_at::<i32>(setting(&WAKEUP_PID_OFF) as usize) }.unwrap_or(0)
+}
+
+#[inline(always)]
+fn wakeup_pid_fixed(ctx: &TracePointContext) -> i32 {
+    unsafe { *((ctx.as_ptr() as *const u8).add(fixed_layout::WAKEUP_PID as usize) as *const i32) }
 }
 
 /// sched_wakeup fires when the woken task is enqueued: runqueue wait starts.
 #[tracepoint(category = "sched", name = "sched_wakeup")]
 pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
-    on_wakeup(&ctx)
+    on_wakeup(wakeup_pid_portable(&ctx))
 }
 
 #[tracepoint(category = "sched", name = "sched_wakeup_new")]
 pub fn sched_wakeup_new(ctx: TracePointContext) -> u32 {
-    on_wakeup(&ctx)
+    on_wakeup(wakeup_pid_portable(&ctx))
+}
+
+#[tracepoint(category = "sched", name = "sched_wakeup")]
+pub fn sched_wakeup_fixed(ctx: TracePointContext) -> u32 {
+    on_wakeup(wakeup_pid_fixed(&ctx))
+}
+
+#[tracepoint(category = "sched", name = "sched_wakeup_new")]
+pub fn sched_wakeup_new_fixed(ctx: TracePointContext) -> u32 {
+    on_wakeup(wakeup_pid_fixed(&ctx))
 }
 
 /// The task's last reference is gone: it will never run or fault again, so

@@ -6,15 +6,20 @@ use std::time::{Duration, Instant};
 
 use vitals_common::{drop_reason, TaskCounters};
 use vitals_tests::*;
-use vitalsd::bpf::{Accounting, AccountingConfig, FaultSource, FaultSourceChoice, MapLimits};
+use vitalsd::bpf::{
+    Accounting, AccountingConfig, FaultSource, FaultSourceChoice, MapLimits, TracepointLayout,
+};
 
 fn load(source: FaultSourceChoice) -> Accounting {
     require_root();
-    Accounting::load(&AccountingConfig {
+    let acc = Accounting::load(&AccountingConfig {
         fault_source: source,
         ..Default::default()
     })
-    .expect("loading the accounting programs")
+    .expect("loading the accounting programs");
+    // This kernel has the mainline layout: the fast programs must be chosen.
+    assert_eq!(acc.layout(), TracepointLayout::Fixed);
+    acc
 }
 
 /// A blocked task's counters: summed over CPUs, nothing in flight.
@@ -86,8 +91,25 @@ fn faults_match_minflt_perf_source_forced() {
 
 #[test]
 fn sleeping_child_switches_voluntarily() {
+    sleep_check(load(FaultSourceChoice::Off));
+}
+
+/// The portable programs (offsets from tracefs, probe reads) count the same.
+#[test]
+fn portable_layout_programs_count_the_same() {
+    require_root();
+    let acc = Accounting::load(&AccountingConfig {
+        fault_source: FaultSourceChoice::Off,
+        force_portable_layout: true,
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(acc.layout(), TracepointLayout::Portable);
+    sleep_check(acc);
+}
+
+fn sleep_check(mut acc: Accounting) {
     const K: u64 = 200;
-    let mut acc = load(FaultSourceChoice::Off);
     let mut w = Workload::spawn(&["sleep", &K.to_string(), "1"]);
     w.expect("ready");
     let (k0, b0) = (kernel_stat(w.pid()), task(&mut acc, w.pid()));
@@ -203,6 +225,7 @@ fn full_task_map_counts_drops_and_keeps_working() {
             max_tasks: 16,
             ..MapLimits::default()
         },
+        ..Default::default()
     })
     .unwrap();
     let mut w = Workload::spawn(&["threads", "64", "200"]);

@@ -137,6 +137,7 @@ fn main() -> Result<()> {
                         max_processes,
                         ..MapLimits::default()
                     },
+                    force_portable_layout: false,
                 },
                 proc_root,
                 drop_privileges: !keep_privileges,

@@ -19,6 +19,7 @@ use aya::{
 };
 use thiserror::Error;
 use vitals_common::{
+    fixed_layout,
     drop_reason, names, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters,
 };
 
@@ -155,6 +156,19 @@ impl Default for MapLimits {
 pub struct AccountingConfig {
     pub fault_source: FaultSourceChoice,
     pub limits: MapLimits,
+    /// Use the portable (offsets-from-tracefs) scheduler programs even where
+    /// the fast fixed-layout ones would do; for tests of that path.
+    pub force_portable_layout: bool,
+}
+
+/// Which scheduler programs are attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TracepointLayout {
+    /// The kernel's fields sit where `vitals_common::fixed_layout` says:
+    /// programs read them with direct context loads.
+    Fixed,
+    /// Offsets from tracefs format files, read with bpf_probe_read_kernel.
+    Portable,
 }
 
 /// What the kernel offers, probed before loading.
@@ -201,6 +215,7 @@ pub struct Accounting {
     fault_source: FaultSource,
     features: Features,
     limits: MapLimits,
+    layout: TracepointLayout,
 }
 
 impl Accounting {
@@ -260,14 +275,32 @@ impl Accounting {
         }
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(BpfError::Load)?;
 
-        attach_tracepoint(&mut ebpf, names::PROG_SCHED_SWITCH, "sched", "sched_switch")?;
-        attach_tracepoint(&mut ebpf, names::PROG_SCHED_WAKEUP, "sched", "sched_wakeup")?;
-        attach_tracepoint(
-            &mut ebpf,
-            names::PROG_SCHED_WAKEUP_NEW,
-            "sched",
-            "sched_wakeup_new",
-        )?;
+        let wakeup_new = tracefs.format("sched", "sched_wakeup_new")?;
+        let fixed_matches = offsets[0].1 == fixed_layout::SWITCH_PREV_PID
+            && offsets[1].1 == fixed_layout::SWITCH_PREV_STATE
+            && offsets[2].1 == fixed_layout::SWITCH_NEXT_PID
+            && offsets[3].1 == fixed_layout::WAKEUP_PID
+            && wakeup_new.offset_of("pid", 4)? == fixed_layout::WAKEUP_PID;
+        let layout = if fixed_matches && !cfg.force_portable_layout {
+            TracepointLayout::Fixed
+        } else {
+            TracepointLayout::Portable
+        };
+        let (switch_prog, wakeup_prog, wakeup_new_prog) = match layout {
+            TracepointLayout::Fixed => (
+                names::PROG_SCHED_SWITCH_FIXED,
+                names::PROG_SCHED_WAKEUP_FIXED,
+                names::PROG_SCHED_WAKEUP_NEW_FIXED,
+            ),
+            TracepointLayout::Portable => (
+                names::PROG_SCHED_SWITCH,
+                names::PROG_SCHED_WAKEUP,
+                names::PROG_SCHED_WAKEUP_NEW,
+            ),
+        };
+        attach_tracepoint(&mut ebpf, switch_prog, "sched", "sched_switch")?;
+        attach_tracepoint(&mut ebpf, wakeup_prog, "sched", "sched_wakeup")?;
+        attach_tracepoint(&mut ebpf, wakeup_new_prog, "sched", "sched_wakeup_new")?;
         attach_tracepoint(
             &mut ebpf,
             names::PROG_SCHED_PROCESS_FREE,
@@ -299,8 +332,9 @@ impl Accounting {
             FaultSource::None => {}
         }
         log::info!(
-            "eBPF accounting attached: fault source {}; {} possible CPUs; BTF {}",
+            "eBPF accounting attached: fault source {}; {:?} tracepoint layout; {} possible CPUs; BTF {}",
             fault_source.describe(),
+            layout,
             nr_cpus,
             if features.btf_vmlinux { "yes" } else { "no" }
         );
@@ -309,7 +343,12 @@ impl Accounting {
             fault_source,
             features,
             limits: cfg.limits,
+            layout,
         })
+    }
+
+    pub fn layout(&self) -> TracepointLayout {
+        self.layout
     }
 
     pub fn fault_source(&self) -> FaultSource {

@@ -103,6 +103,19 @@ pub const MAX_CPUS: u32 = 1024;
 /// Any of the low TASK_REPORT bits (S, D, T, t, X, Z, P, I) means it blocked.
 pub const PREV_STATE_BLOCKED_MASK: i64 = 0xff;
 
+/// The tracepoint field layout of mainline kernels since 5.x (and Android
+/// GKI). When the running kernel's `format` files agree, the daemon attaches
+/// the `*_fixed` programs, which read these offsets straight from the
+/// context (a direct load); otherwise the portable programs, which take the
+/// offsets as globals and must use bpf_probe_read_kernel (the verifier
+/// rejects context loads at offsets it cannot see as instruction constants).
+pub mod fixed_layout {
+    pub const SWITCH_PREV_PID: u32 = 24;
+    pub const SWITCH_PREV_STATE: u32 = 32;
+    pub const SWITCH_NEXT_PID: u32 = 56;
+    pub const WAKEUP_PID: u32 = 24;
+}
+
 /// Names of maps and programs, shared so the two sides cannot drift.
 pub mod names {
     pub const TASKS: &str = "TASKS";
@@ -115,6 +128,9 @@ pub mod names {
     pub const PROG_SCHED_SWITCH: &str = "sched_switch";
     pub const PROG_SCHED_WAKEUP: &str = "sched_wakeup";
     pub const PROG_SCHED_WAKEUP_NEW: &str = "sched_wakeup_new";
+    pub const PROG_SCHED_SWITCH_FIXED: &str = "sched_switch_fixed";
+    pub const PROG_SCHED_WAKEUP_FIXED: &str = "sched_wakeup_fixed";
+    pub const PROG_SCHED_WAKEUP_NEW_FIXED: &str = "sched_wakeup_new_fixed";
     pub const PROG_SCHED_PROCESS_FREE: &str = "sched_process_free";
     pub const PROG_PAGE_FAULT_USER: &str = "page_fault_user";
     pub const PROG_PERF_MINFLT: &str = "perf_minflt";
