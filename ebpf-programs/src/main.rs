@@ -17,7 +17,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_map_lookup_percpu_elem},
     macros::{map, perf_event, tracepoint},
-    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
     programs::{PerfEventContext, TracePointContext},
 };
 use vitals_common::{
@@ -40,6 +40,10 @@ static SWITCH_NEXT_PID_OFF: u32 = 56;
 static WAKEUP_PID_OFF: u32 = 24;
 #[no_mangle]
 static FREE_PID_OFF: u32 = 24;
+/// 1: WAKE_TS_ARRAY (indexed by tid, sized pid_max) holds wakeup times;
+/// 0: the WAKE_TS hash does. The verifier prunes the branch not taken.
+#[no_mangle]
+static WAKE_ARRAY: u32 = 0;
 
 #[inline(always)]
 fn setting(v: &'static u32) -> u32 {
@@ -65,6 +69,13 @@ static WAKE_TS: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
 
 /// tid -> final counters of a freed task, drained (read then deleted) by
 /// user space each sample.
+/// Same as WAKE_TS, as an array indexed by tid, used when pid_max is small
+/// enough (the loader decides): array lookups are inlined by the verifier,
+/// hash lookups are helper calls with hashing, and this one runs on every
+/// wakeup and every switch-in.
+#[map(name = "WAKE_TS_ARRAY")]
+static WAKE_TS_ARRAY: Array<u64> = Array::with_max_entries(1, 0);
+
 #[map(name = "EXITED")]
 static EXITED: HashMap<ExitKey, ExitedTask> = HashMap::with_max_entries(4096, 0);
 
@@ -117,11 +128,22 @@ fn process_slot(tgid: u32) -> Option<&'static mut FaultCounters> {
     }
 }
 
+/// Where `tid`'s runnable-since time lives, if it has a slot yet.
+#[inline(always)]
+fn wake_slot(tid: u32) -> Option<*mut u64> {
+    if setting(&WAKE_ARRAY) != 0 {
+        WAKE_TS_ARRAY.get_ptr_mut(tid)
+    } else {
+        WAKE_TS.get_ptr_mut(tid)
+    }
+}
+
 #[inline(always)]
 fn mark_runnable(tid: u32, now: u64) {
-    if let Some(ts) = WAKE_TS.get_ptr_mut(tid) {
+    if let Some(ts) = wake_slot(tid) {
         unsafe { *ts = now };
-    } else if WAKE_TS.insert(tid, now, 0).is_err() {
+    } else if setting(&WAKE_ARRAY) != 0 || WAKE_TS.insert(tid, now, 0).is_err() {
+        // Array: tid >= pid_max cannot happen unless pid_max grew after load.
         count_drop(drop_reason::WAKE_MAP_FULL);
     }
 }
@@ -175,8 +197,12 @@ fn on_switch(prev: u32, prev_state: i64, next: u32) {
             t.runq_wait_ns += cpu.pending_wait_ns;
         }
         if prev != 0 {
-            // At sched_switch `current` is still `prev`.
-            t.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+            // At sched_switch `current` is still `prev`. A tid never changes
+            // thread group (exec by a non-leader takes over the leader's
+            // pid), so learn it once.
+            if t.tgid == 0 {
+                t.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+            }
             if prev_state & PREV_STATE_BLOCKED_MASK == 0 {
                 t.involuntary_switches += 1;
                 // Still runnable: its runqueue wait starts now.
@@ -190,7 +216,7 @@ fn on_switch(prev: u32, prev_state: i64, next: u32) {
     // Switch-in of `next`: its wait ends now; credited when it switches out.
     cpu.pending_wait_ns = 0;
     if next != 0 {
-        if let Some(ts) = WAKE_TS.get_ptr_mut(next) {
+        if let Some(ts) = wake_slot(next) {
             let since = unsafe { *ts };
             if since != 0 && now > since {
                 cpu.pending_wait_ns = now - since;
@@ -280,8 +306,8 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
             exited.counters.add(unsafe { &*p });
         }
     }
+    forget_wakeup(tid);
     if !seen {
-        let _ = WAKE_TS.remove(tid);
         return 0;
     }
     if exited.counters.tgid == tid {
@@ -306,8 +332,18 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
         count_drop(drop_reason::EXITED_MAP_FULL);
     }
     let _ = TASKS.remove(tid);
-    let _ = WAKE_TS.remove(tid);
     0
+}
+
+#[inline(always)]
+fn forget_wakeup(tid: u32) {
+    if setting(&WAKE_ARRAY) != 0 {
+        if let Some(ts) = WAKE_TS_ARRAY.get_ptr_mut(tid) {
+            unsafe { *ts = 0 };
+        }
+    } else {
+        let _ = WAKE_TS.remove(tid);
+    }
 }
 
 #[derive(Clone, Copy)]

@@ -108,6 +108,20 @@ fn portable_layout_programs_count_the_same() {
     sleep_check(acc);
 }
 
+/// Runqueue wait with wakeup times in the hash (hosts with a large pid_max).
+#[test]
+fn wake_hash_path_measures_runqueue_wait() {
+    spinners_check(|| {
+        require_root();
+        Accounting::load(&AccountingConfig {
+            fault_source: FaultSourceChoice::Off,
+            force_wake_hash: true,
+            ..Default::default()
+        })
+        .unwrap()
+    });
+}
+
 fn sleep_check(mut acc: Accounting) {
     const K: u64 = 200;
     let mut w = Workload::spawn(&["sleep", &K.to_string(), "1"]);
@@ -132,7 +146,11 @@ fn sleep_check(mut acc: Accounting) {
 
 #[test]
 fn pinned_spinners_preempt_each_other_and_wait() {
-    let mut acc = load(FaultSourceChoice::Off);
+    spinners_check(|| load(FaultSourceChoice::Off));
+}
+
+fn spinners_check(load: impl FnOnce() -> Accounting) {
+    let mut acc = load();
     let mut a = Workload::spawn(&["pinned-spin", "0", "1000"]);
     let mut b = Workload::spawn(&["pinned-spin", "0", "1000"]);
     a.expect("ready");

@@ -138,6 +138,7 @@ fn main() -> Result<()> {
                         ..MapLimits::default()
                     },
                     force_portable_layout: false,
+                    force_wake_hash: false,
                 },
                 proc_root,
                 drop_privileges: !keep_privileges,

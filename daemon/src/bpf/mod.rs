@@ -159,6 +159,24 @@ pub struct AccountingConfig {
     /// Use the portable (offsets-from-tracefs) scheduler programs even where
     /// the fast fixed-layout ones would do; for tests of that path.
     pub force_portable_layout: bool,
+    /// Keep wakeup times in the bounded hash even where pid_max would
+    /// allow the array; for tests of that path.
+    pub force_wake_hash: bool,
+}
+
+/// Above this pid_max the wakeup array would cost more than 2 MiB; use the
+/// bounded hash instead (systemd hosts set pid_max to 4194304).
+pub const WAKE_ARRAY_MAX_PIDS: u32 = 1 << 18;
+
+fn read_pid_max() -> Result<u32, BpfError> {
+    let path = "/proc/sys/kernel/pid_max";
+    let text = std::fs::read_to_string(path).map_err(|source| {
+        BpfError::System(crate::system::SystemError::Read {
+            path: path.into(),
+            source,
+        })
+    })?;
+    Ok(text.trim().parse().unwrap_or(u32::MAX))
 }
 
 /// Which scheduler programs are attached.
@@ -263,11 +281,23 @@ impl Accounting {
             })
         })? as u32;
 
+        // Wakeup times in an array indexed by tid when pid_max keeps it
+        // small (8 bytes a pid): its lookups are inlined, a hash's are not.
+        let pid_max = read_pid_max()?;
+        let wake_array = pid_max <= WAKE_ARRAY_MAX_PIDS && !cfg.force_wake_hash;
+        let (wake_array_len, wake_hash_len) = if wake_array {
+            (pid_max, 1)
+        } else {
+            (1, cfg.limits.max_tasks)
+        };
+        let wake_array_flag = u32::from(wake_array);
         let mut loader = EbpfLoader::new();
         loader
             .override_global(names::G_NR_CPUS, &nr_cpus, true)
+            .override_global(names::G_WAKE_ARRAY, &wake_array_flag, true)
             .map_max_entries(names::TASKS, cfg.limits.max_tasks)
-            .map_max_entries(names::WAKE_TS, cfg.limits.max_tasks)
+            .map_max_entries(names::WAKE_TS, wake_hash_len)
+            .map_max_entries(names::WAKE_TS_ARRAY, wake_array_len)
             .map_max_entries(names::PROCESS_FAULTS, cfg.limits.max_processes)
             .map_max_entries(names::EXITED, cfg.limits.max_exited);
         for (name, off) in &offsets {
@@ -332,9 +362,10 @@ impl Accounting {
             FaultSource::None => {}
         }
         log::info!(
-            "eBPF accounting attached: fault source {}; {:?} tracepoint layout; {} possible CPUs; BTF {}",
+            "eBPF accounting attached: fault source {}; {:?} tracepoint layout; wakeup times in {}; {} possible CPUs; BTF {}",
             fault_source.describe(),
             layout,
+            if wake_array { "an array (pid_max small)" } else { "a bounded hash" },
             nr_cpus,
             if features.btf_vmlinux { "yes" } else { "no" }
         );

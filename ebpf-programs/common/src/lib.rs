@@ -121,6 +121,7 @@ pub mod names {
     pub const TASKS: &str = "TASKS";
     pub const PROCESS_FAULTS: &str = "PROCESS_FAULTS";
     pub const WAKE_TS: &str = "WAKE_TS";
+    pub const WAKE_TS_ARRAY: &str = "WAKE_TS_ARRAY";
     pub const EXITED: &str = "EXITED";
     pub const CPU_STATE: &str = "CPU_STATE";
     pub const DROPS: &str = "DROPS";
@@ -145,6 +146,7 @@ pub mod names {
     pub const G_SWITCH_NEXT_PID: &str = "SWITCH_NEXT_PID_OFF";
     pub const G_WAKEUP_PID: &str = "WAKEUP_PID_OFF";
     pub const G_FREE_PID: &str = "FREE_PID_OFF";
+    pub const G_WAKE_ARRAY: &str = "WAKE_ARRAY";
 }
 
 #[cfg(feature = "user")]
