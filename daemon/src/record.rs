@@ -66,7 +66,8 @@ pub struct SummaryRow {
     pub core_equivalent_pct: f64,
     pub voluntary_switches: u64,
     pub involuntary_switches: u64,
-    pub runq_wait_ns: u64,
+    /// None when runqueue wait was not accounted (--no-runq-wait).
+    pub runq_wait_ns: Option<u64>,
     pub faults: u64,
     pub ended: bool,
 }
@@ -84,24 +85,79 @@ pub struct RecordSummary {
     pub samples: u64,
 }
 
-/// The counter tracks each process gets, in the order they are written.
-struct ProcessTracks {
-    key: ProcessKey,
-    oncpu: TrackUuid,
-    runq_wait: TrackUuid,
-    voluntary: TrackUuid,
-    involuntary: TrackUuid,
-    faults: TrackUuid,
-    /// Last values written, so unchanged counters cost nothing.
-    last: [i64; 5],
+/// One per-process counter track: its descriptor and where its value comes from.
+struct ProcessCounter {
+    spec: CounterSpec,
+    value: fn(&ProcessCounters) -> u64,
 }
 
-fn counter(name: &str, unit: CounterUnit, description: &str) -> CounterSpec {
+fn spec(name: &str, unit: CounterUnit, description: &str) -> CounterSpec {
     CounterSpec {
         name: name.into(),
         unit,
         description: Some(description.into()),
     }
+}
+
+/// The per-process counters of this recording; runqueue wait only when it
+/// is measured, so an absent track never reads as zero wait.
+fn process_counters(fault_source: FaultSource, runq_wait: bool) -> Vec<ProcessCounter> {
+    let mut v = vec![ProcessCounter {
+        spec: spec(
+            "oncpu_ns",
+            CounterUnit::TimeNs,
+            "on-CPU time since recording start (eBPF sched_switch)",
+        ),
+        value: |r| r.oncpu_ns,
+    }];
+    if runq_wait {
+        v.push(ProcessCounter {
+            spec: spec(
+                "runq_wait_ns",
+                CounterUnit::TimeNs,
+                "runnable-but-not-running time since recording start",
+            ),
+            value: |r| r.runq_wait_ns,
+        });
+    }
+    v.push(ProcessCounter {
+        spec: spec(
+            "voluntary_switches",
+            CounterUnit::Count,
+            "switch-outs while blocked",
+        ),
+        value: |r| r.voluntary_switches,
+    });
+    v.push(ProcessCounter {
+        spec: spec(
+            "involuntary_switches",
+            CounterUnit::Count,
+            "switch-outs while runnable (preempted)",
+        ),
+        value: |r| r.involuntary_switches,
+    });
+    let faults: fn(&ProcessCounters) -> u64 = match fault_source {
+        FaultSource::Tracepoint => |r| r.faults.entries,
+        FaultSource::PerfEvent => |r| r.faults.minflt + r.faults.majflt,
+        FaultSource::None => return v,
+    };
+    v.push(ProcessCounter {
+        spec: spec(
+            &format!("faults_{}", fault_source.name()),
+            CounterUnit::Count,
+            fault_source.describe(),
+        ),
+        value: faults,
+    });
+    v
+}
+
+/// A process's counter tracks, parallel to `process_counters()`.
+struct ProcessTracks {
+    key: ProcessKey,
+    uuids: Vec<TrackUuid>,
+    /// Last values written, so unchanged counters cost nothing.
+    last: Vec<i64>,
 }
 
 /// Runs until `duration` passes or `stop` is set; whoever sets `stop`
@@ -121,6 +177,8 @@ pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, 
         None
     };
     let fault_source = accounting.fault_source();
+    let runq_wait = accounting.runq_wait();
+    let counters = process_counters(fault_source, runq_wait);
 
     let mut writer = TraceWriter::new(BufWriter::new(file));
     let start = ClockPair::now();
@@ -186,76 +244,21 @@ pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, 
             let t = match tracks.get_mut(&r.tgid) {
                 Some(t) if t.key.starttime_ticks == key.starttime_ticks => t,
                 _ => {
-                    let name = id.name();
-                    let t = ProcessTracks {
-                        key,
-                        oncpu: writer.process_counter_track(
-                            key,
-                            name,
-                            &counter(
-                                "oncpu_ns",
-                                CounterUnit::TimeNs,
-                                "on-CPU time since recording start (eBPF sched_switch)",
-                            ),
-                        )?,
-                        runq_wait: writer.process_counter_track(
-                            key,
-                            name,
-                            &counter(
-                                "runq_wait_ns",
-                                CounterUnit::TimeNs,
-                                "runnable-but-not-running time since recording start",
-                            ),
-                        )?,
-                        voluntary: writer.process_counter_track(
-                            key,
-                            name,
-                            &counter(
-                                "voluntary_switches",
-                                CounterUnit::Count,
-                                "switch-outs while blocked",
-                            ),
-                        )?,
-                        involuntary: writer.process_counter_track(
-                            key,
-                            name,
-                            &counter(
-                                "involuntary_switches",
-                                CounterUnit::Count,
-                                "switch-outs while runnable (preempted)",
-                            ),
-                        )?,
-                        faults: writer.process_counter_track(
-                            key,
-                            name,
-                            &counter(
-                                &format!("faults_{}", fault_source.name()),
-                                CounterUnit::Count,
-                                fault_source.describe(),
-                            ),
-                        )?,
-                        last: [-1; 5],
-                    };
-                    tracks.insert(r.tgid, t);
+                    let mut uuids = Vec::with_capacity(counters.len());
+                    for c in &counters {
+                        uuids.push(writer.process_counter_track(key, id.name(), &c.spec)?);
+                    }
+                    let last = vec![-1; uuids.len()];
+                    tracks.insert(r.tgid, ProcessTracks { key, uuids, last });
                     tracks.get_mut(&r.tgid).unwrap()
                 }
             };
-            let values = [
-                r.oncpu_ns as i64,
-                r.runq_wait_ns as i64,
-                r.voluntary_switches as i64,
-                r.involuntary_switches as i64,
-                r.faults(fault_source) as i64,
-            ];
-            let uuids = [t.oncpu, t.runq_wait, t.voluntary, t.involuntary, t.faults];
-            for i in 0..5 {
-                if values[i] != t.last[i] {
-                    writer.write_counter(
-                        clocks.boottime_ns,
-                        uuids[i],
-                        CounterValue::Int(values[i]),
-                    )?;
-                    t.last[i] = values[i];
+            for (i, c) in counters.iter().enumerate() {
+                let v = (c.value)(r) as i64;
+                // Unchanged counters cost nothing in the trace.
+                if v != t.last[i] {
+                    writer.write_counter(clocks.boottime_ns, t.uuids[i], CounterValue::Int(v))?;
+                    t.last[i] = v;
                 }
             }
             final_rows.insert(r.tgid, *r);
@@ -283,7 +286,7 @@ pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, 
             core_equivalent_pct: r.oncpu_ns as f64 * 100.0 / wall as f64,
             voluntary_switches: r.voluntary_switches,
             involuntary_switches: r.involuntary_switches,
-            runq_wait_ns: r.runq_wait_ns,
+            runq_wait_ns: runq_wait.then_some(r.runq_wait_ns),
             faults: r.faults(fault_source),
             ended: r.ended,
         })
@@ -357,14 +360,16 @@ impl RecordSummary {
             }
             let _ = writeln!(
                 s,
-                "{:>7} {:<20} {:>12.3} {:>9.1} {:>9} {:>9} {:>11.3} {:>9}",
+                "{:>7} {:<20} {:>12.3} {:>9.1} {:>9} {:>9} {:>11} {:>9}",
                 r.pid,
                 name,
                 r.oncpu_ns as f64 / 1e6,
                 r.core_equivalent_pct,
                 r.voluntary_switches,
                 r.involuntary_switches,
-                r.runq_wait_ns as f64 / 1e6,
+                r.runq_wait_ns
+                    .map(|ns| format!("{:.3}", ns as f64 / 1e6))
+                    .unwrap_or_else(|| "-".into()),
                 r.faults
             );
         }

@@ -13,16 +13,16 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    EbpfContext,
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_map_lookup_percpu_elem},
     macros::{map, perf_event, tracepoint},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
     programs::{PerfEventContext, TracePointContext},
+    EbpfContext,
 };
 use vitals_common::{
-    drop_reason, fixed_layout, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters, MAX_CPUS,
-    PREV_STATE_BLOCKED_MASK,
+    drop_reason, fixed_layout, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters,
+    MAX_CPUS, PREV_STATE_BLOCKED_MASK,
 };
 
 // ---- load-time settings (.rodata, set by the loader; the verifier treats
@@ -40,6 +40,9 @@ static SWITCH_NEXT_PID_OFF: u32 = 56;
 static WAKEUP_PID_OFF: u32 = 24;
 #[no_mangle]
 static FREE_PID_OFF: u32 = 24;
+/// 0: runqueue-wait accounting off (no wakeup programs attached either).
+#[no_mangle]
+static TRACK_WAIT: u32 = 1;
 /// 1: WAKE_TS_ARRAY (indexed by tid, sized pid_max) holds wakeup times;
 /// 0: the WAKE_TS hash does. The verifier prunes the branch not taken.
 #[no_mangle]
@@ -192,9 +195,20 @@ fn on_switch(prev: u32, prev_state: i64, next: u32) {
     // on-CPU time under key 0 in this CPU's slot, i.e. per-CPU idle time;
     // it has no switches or runqueue wait worth counting.
     if let Some(t) = task_slot(prev) {
-        if cpu.valid != 0 && cpu.running_tid == prev && now > cpu.last_switch_ns {
+        if cpu.valid != 0 && now > cpu.last_switch_ns {
             t.oncpu_ns += now - cpu.last_switch_ns;
-            t.runq_wait_ns += cpu.pending_wait_ns;
+            if cpu.running_tid == prev {
+                t.runq_wait_ns += cpu.pending_wait_ns;
+            } else {
+                // A switch on this CPU was not seen: trace_call_bpf skips
+                // programs while bpf_prog_active is raised, e.g. when a task
+                // is preempted inside a bpf() map syscall. `prev` has run
+                // since some time after last_switch_ns; giving it the whole
+                // interval conserves CPU time (only the split with the task
+                // before it is approximate) where dropping it could lose a
+                // spinner's entire run. Counted so it is never silent.
+                count_drop(drop_reason::SWITCH_MISSED);
+            }
         }
         if prev != 0 {
             // At sched_switch `current` is still `prev`. A tid never changes
@@ -206,7 +220,9 @@ fn on_switch(prev: u32, prev_state: i64, next: u32) {
             if prev_state & PREV_STATE_BLOCKED_MASK == 0 {
                 t.involuntary_switches += 1;
                 // Still runnable: its runqueue wait starts now.
-                mark_runnable(prev, now);
+                if setting(&TRACK_WAIT) != 0 {
+                    mark_runnable(prev, now);
+                }
             } else {
                 t.voluntary_switches += 1;
             }
@@ -215,7 +231,7 @@ fn on_switch(prev: u32, prev_state: i64, next: u32) {
 
     // Switch-in of `next`: its wait ends now; credited when it switches out.
     cpu.pending_wait_ns = 0;
-    if next != 0 {
+    if next != 0 && setting(&TRACK_WAIT) != 0 {
         if let Some(ts) = wake_slot(next) {
             let since = unsafe { *ts };
             if since != 0 && now > since {

@@ -118,6 +118,38 @@ pub fn kernel_stat(pid: u32) -> KernelStat {
     }
 }
 
+/// The scheduler's own per-task figures from /proc/<pid>/schedstat:
+/// sum_exec_runtime and run_delay (ns). run_delay is only maintained while
+/// sched_info accounting is on: see [`DelayAcct`].
+pub fn schedstat(pid: u32) -> (u64, u64) {
+    let s = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.schedstat())
+        .expect("/proc/<pid>/schedstat");
+    (s.sum_exec_runtime, s.run_delay)
+}
+
+/// Turns on kernel.task_delayacct (which keeps sched_info.run_delay, our
+/// independent reference for runqueue wait) and restores it on drop.
+pub struct DelayAcct {
+    before: String,
+}
+
+const DELAYACCT: &str = "/proc/sys/kernel/task_delayacct";
+
+impl DelayAcct {
+    pub fn enable() -> Self {
+        let before = std::fs::read_to_string(DELAYACCT).expect("reading kernel.task_delayacct");
+        std::fs::write(DELAYACCT, "1").expect("enabling kernel.task_delayacct");
+        Self { before }
+    }
+}
+
+impl Drop for DelayAcct {
+    fn drop(&mut self) {
+        let _ = std::fs::write(DELAYACCT, self.before.trim());
+    }
+}
+
 pub fn clk_tck() -> u64 {
     let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     assert!(v > 0);
@@ -174,4 +206,53 @@ pub fn vitalsd_bin() -> PathBuf {
         p.display()
     );
     p
+}
+
+/// bpftrace running a script, as a second implementation to compare with.
+pub struct Bpftrace {
+    child: Child,
+    out: std::sync::mpsc::Receiver<String>,
+}
+
+impl Bpftrace {
+    /// Starts bpftrace and returns once its probes are attached.
+    pub fn start(script: &str) -> Self {
+        let mut child = Command::new("bpftrace")
+            .args(["-e", script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("bpftrace (cargo xtask setup installs it)");
+        let stdout = child.stdout.take().unwrap();
+        let (attached_tx, attached_rx) = std::sync::mpsc::channel();
+        let (out_tx, out) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut all = String::new();
+            let mut line = String::new();
+            while r.read_line(&mut line).unwrap_or(0) > 0 {
+                if line.starts_with("Attaching") {
+                    let _ = attached_tx.send(());
+                }
+                all.push_str(&line);
+                line.clear();
+            }
+            let _ = out_tx.send(all);
+        });
+        attached_rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("bpftrace did not attach");
+        // "Attaching N probes..." comes just before the attach itself.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        Self { child, out }
+    }
+
+    /// SIGINT, then everything it printed (END blocks included).
+    pub fn stop(mut self) -> String {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = self.child.wait();
+        self.out
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap_or_default()
+    }
 }

@@ -50,6 +50,9 @@ enum Command {
         /// Bound of the per-process fault map (entries).
         #[arg(long, default_value_t = MapLimits::default().max_processes)]
         max_processes: u32,
+        /// Do not account runqueue wait (saves the sched_wakeup programs).
+        #[arg(long)]
+        no_runq_wait: bool,
         /// Rows of the top table (0 = all).
         #[arg(long, default_value_t = 15)]
         top: usize,
@@ -121,6 +124,7 @@ fn main() -> Result<()> {
             fault_source,
             max_tasks,
             max_processes,
+            no_runq_wait,
             top,
             keep_privileges,
             proc_root,
@@ -137,8 +141,8 @@ fn main() -> Result<()> {
                         max_processes,
                         ..MapLimits::default()
                     },
-                    force_portable_layout: false,
-                    force_wake_hash: false,
+                    runq_wait: !no_runq_wait,
+                    ..AccountingConfig::default()
                 },
                 proc_root,
                 drop_privileges: !keep_privileges,

@@ -19,8 +19,7 @@ use aya::{
 };
 use thiserror::Error;
 use vitals_common::{
-    fixed_layout,
-    drop_reason, names, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters,
+    drop_reason, fixed_layout, names, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters,
 };
 
 use self::tracefs::{Tracefs, TracefsError};
@@ -152,16 +151,31 @@ impl Default for MapLimits {
     }
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct AccountingConfig {
     pub fault_source: FaultSourceChoice,
     pub limits: MapLimits,
+    /// Account runqueue wait. Needs the sched_wakeup programs, which cost
+    /// about as much again as sched_switch on wakeup-heavy loads.
+    pub runq_wait: bool,
     /// Use the portable (offsets-from-tracefs) scheduler programs even where
     /// the fast fixed-layout ones would do; for tests of that path.
     pub force_portable_layout: bool,
     /// Keep wakeup times in the bounded hash even where pid_max would
     /// allow the array; for tests of that path.
     pub force_wake_hash: bool,
+}
+
+impl Default for AccountingConfig {
+    fn default() -> Self {
+        Self {
+            fault_source: FaultSourceChoice::default(),
+            limits: MapLimits::default(),
+            runq_wait: true,
+            force_portable_layout: false,
+            force_wake_hash: false,
+        }
+    }
 }
 
 /// Above this pid_max the wakeup array would cost more than 2 MiB; use the
@@ -234,6 +248,7 @@ pub struct Accounting {
     features: Features,
     limits: MapLimits,
     layout: TracepointLayout,
+    runq_wait: bool,
 }
 
 impl Accounting {
@@ -291,10 +306,12 @@ impl Accounting {
             (1, cfg.limits.max_tasks)
         };
         let wake_array_flag = u32::from(wake_array);
+        let track_wait_flag = u32::from(cfg.runq_wait);
         let mut loader = EbpfLoader::new();
         loader
             .override_global(names::G_NR_CPUS, &nr_cpus, true)
             .override_global(names::G_WAKE_ARRAY, &wake_array_flag, true)
+            .override_global(names::G_TRACK_WAIT, &track_wait_flag, true)
             .map_max_entries(names::TASKS, cfg.limits.max_tasks)
             .map_max_entries(names::WAKE_TS, wake_hash_len)
             .map_max_entries(names::WAKE_TS_ARRAY, wake_array_len)
@@ -329,8 +346,10 @@ impl Accounting {
             ),
         };
         attach_tracepoint(&mut ebpf, switch_prog, "sched", "sched_switch")?;
-        attach_tracepoint(&mut ebpf, wakeup_prog, "sched", "sched_wakeup")?;
-        attach_tracepoint(&mut ebpf, wakeup_new_prog, "sched", "sched_wakeup_new")?;
+        if cfg.runq_wait {
+            attach_tracepoint(&mut ebpf, wakeup_prog, "sched", "sched_wakeup")?;
+            attach_tracepoint(&mut ebpf, wakeup_new_prog, "sched", "sched_wakeup_new")?;
+        }
         attach_tracepoint(
             &mut ebpf,
             names::PROG_SCHED_PROCESS_FREE,
@@ -375,7 +394,13 @@ impl Accounting {
             features,
             limits: cfg.limits,
             layout,
+            runq_wait: cfg.runq_wait,
         })
+    }
+
+    /// Is `runq_wait_ns` measured? When not, it is not zero but unknown.
+    pub fn runq_wait(&self) -> bool {
+        self.runq_wait
     }
 
     pub fn layout(&self) -> TracepointLayout {

@@ -84,12 +84,17 @@ pub mod drop_reason {
     pub const WAKE_MAP_FULL: u32 = 2;
     /// EXITED map full: a freed task's final counters were lost.
     pub const EXITED_MAP_FULL: u32 = 3;
-    pub const COUNT: u32 = 4;
+    /// A sched_switch on this CPU was not delivered to us (the previous
+    /// one's next_pid is not this one's prev_pid): on-CPU time of the
+    /// interval went to the task switching out. See sched_switch.
+    pub const SWITCH_MISSED: u32 = 4;
+    pub const COUNT: u32 = 5;
     pub const NAMES: [&str; COUNT as usize] = [
         "task_map_full",
         "process_map_full",
         "wake_map_full",
         "exited_map_full",
+        "switch_missed",
     ];
 }
 
@@ -147,6 +152,7 @@ pub mod names {
     pub const G_WAKEUP_PID: &str = "WAKEUP_PID_OFF";
     pub const G_FREE_PID: &str = "FREE_PID_OFF";
     pub const G_WAKE_ARRAY: &str = "WAKE_ARRAY";
+    pub const G_TRACK_WAIT: &str = "TRACK_WAIT";
 }
 
 #[cfg(feature = "user")]

@@ -122,6 +122,17 @@ fn main() {
             say("done");
             wait_eof();
         }
+        // pinned-sleep <cpu> <times> <ms>
+        Some("pinned-sleep") => {
+            pin_to(arg(&args, 2) as usize);
+            say("ready");
+            wait_line();
+            for _ in 0..arg(&args, 3) {
+                std::thread::sleep(Duration::from_millis(arg(&args, 4)));
+            }
+            say("done");
+            wait_eof();
+        }
         // threads <n> <ms>: n threads that each run briefly and stay alive.
         Some("threads") => {
             let n = arg(&args, 2);
