@@ -5,6 +5,7 @@
 
 pub mod bpf;
 pub mod clock;
+pub mod export;
 pub mod perfetto;
 pub mod privileges;
 pub mod procfs;

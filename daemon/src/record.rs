@@ -18,13 +18,18 @@ use crate::{
         Accounting, AccountingConfig, BpfError, FaultSource,
     },
     clock::ClockPair,
+    export,
     perfetto::{
         CounterSpec, CounterUnit, CounterValue, PerfettoError, ProcessKey, ProcessTreeEntry,
         SystemFacts, TraceWriter, TrackUuid,
     },
     privileges::{self, PrivilegeError},
-    procfs::identity::{self, ProcessIdentity},
+    procfs::{
+        identity::{self, ProcessIdentity},
+        sampler::{Sample, SampleOptions, Sampler, SamplerError},
+    },
     system::{self, SystemError},
+    tracker::Tracker,
 };
 
 #[derive(Debug, Error)]
@@ -37,6 +42,8 @@ pub enum RecordError {
     Privileges(#[from] PrivilegeError),
     #[error(transparent)]
     System(#[from] SystemError),
+    #[error(transparent)]
+    Procfs(#[from] SamplerError),
     #[error("creating trace file {path}: {source}")]
     Create {
         path: PathBuf,
@@ -201,6 +208,22 @@ pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, 
     }
     writer.flush()?;
 
+    // procfs alongside: system CPU, load, pressure, per-process CPU, memory
+    // and faults as the kernel accounts them.
+    let hz = system::clock_ticks_per_second()?;
+    let mut sampler = Sampler::new(
+        &opts.proc_root,
+        SampleOptions {
+            threads: false,
+            status: true,
+            cmdline: false,
+        },
+    );
+    let mut tracker = Tracker::new(hz);
+    let mut sample = Sample::default();
+    sampler.sample_into(&mut sample)?;
+    tracker.update(&sample);
+
     let mut totals = Totals::new();
     let mut tracks: HashMap<u32, ProcessTracks> = HashMap::new();
     let mut final_rows: HashMap<u32, ProcessCounters> = HashMap::new();
@@ -220,6 +243,11 @@ pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, 
         let clocks = ClockPair::now();
         samples += 1;
         let rows = totals.update(&snap);
+        sampler.sample_into(&mut sample)?;
+        export::write_sample(&mut writer, clocks.boottime_ns, &sample, hz)?;
+        if let Some(window) = tracker.update(&sample) {
+            export::write_window(&mut writer, clocks.boottime_ns, &window)?;
+        }
 
         // Name processes we have not seen yet before their first counter.
         let mut new_entries = Vec::new();

@@ -346,3 +346,36 @@ fn runq_wait_off_measures_no_wait() {
     a.finish();
     b.finish();
 }
+
+/// procfs and eBPF see the same spinner: over a 1 s window its
+/// core-equivalent % from /proc/<pid>/stat is 80-105% and agrees with the
+/// eBPF on-CPU time over the same window within 10%.
+#[test]
+fn procfs_core_equivalent_agrees_with_ebpf() {
+    use vitalsd::procfs::sampler::{SampleOptions, Sampler};
+    let mut acc = load(FaultSourceChoice::Off);
+    let hz = vitalsd::system::clock_ticks_per_second().unwrap();
+    let mut sampler = Sampler::new("/proc", SampleOptions::default());
+    let mut tracker = vitalsd::tracker::Tracker::new(hz);
+    let mut w = Workload::spawn(&["pinned-spin", "1", "2500"]);
+    w.expect("ready");
+    w.go();
+    std::thread::sleep(Duration::from_millis(300));
+    let b0 = task(&mut acc, w.pid());
+    tracker.update(&sampler.sample().unwrap());
+    std::thread::sleep(Duration::from_secs(1));
+    let b1 = task(&mut acc, w.pid());
+    let window = tracker.update(&sampler.sample().unwrap()).expect("a window");
+    let row = window
+        .processes
+        .iter()
+        .find(|p| p.pid == w.pid() as i32)
+        .expect("spinner in the window");
+    let core_eq = row.core_equivalent_pct.expect("core-equivalent %");
+    assert!((80.0..=105.0).contains(&core_eq), "core-equivalent {core_eq}%");
+    let wall_ns = window.clocks.monotonic_ns.expect("monotonic window") as f64;
+    let bpf_pct = (b1.oncpu_ns - b0.oncpu_ns) as f64 * 100.0 / wall_ns;
+    assert_within_pct("eBPF on-CPU % vs procfs core-equivalent %", bpf_pct, core_eq, 10.0);
+    w.expect("done");
+    w.finish();
+}

@@ -5,6 +5,7 @@
 //! the benchmark peers, and the official `perfetto` Python package.
 
 mod bench_overhead;
+mod bench_scan;
 mod setup;
 mod util;
 
@@ -53,6 +54,8 @@ enum Bench {
         #[arg(long, default_value_t = 200_000)]
         loops: u64,
     },
+    /// procfs scans with 1000 processes / 5000 threads: vitalsd vs top, top -H, pidstat -t.
+    Scan,
 }
 
 fn main() -> Result<()> {
@@ -76,6 +79,7 @@ fn main() -> Result<()> {
             build_release()?;
             match which {
                 Bench::Overhead { rounds, loops } => bench_overhead::run(rounds, loops),
+                Bench::Scan => bench_scan::run(&workspace_root().join("target/release/vitalsd")),
             }
         }
     }

@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use vitalsd::{
     bpf::{AccountingConfig, FaultSourceChoice, MapLimits},
     record::{record, RecordOptions},
+    snapshot::{run_snapshot, scan_repeat, SnapshotOptions},
 };
 
 #[derive(Parser)]
@@ -61,6 +62,27 @@ enum Command {
         #[arg(long)]
         keep_privileges: bool,
         #[arg(long, default_value = "/proc", hide = true)]
+        proc_root: PathBuf,
+    },
+    /// One window of procfs vitals, like `dumpsys cpuinfo`: load, per-process
+    /// CPU (% total = user + kernel) and faults, then the system line.
+    Snapshot {
+        /// Window length between the two samples.
+        #[arg(long, default_value = "1s", value_parser = parse_duration)]
+        interval: Duration,
+        /// Also list threads under each process.
+        #[arg(long)]
+        threads: bool,
+        #[arg(long, default_value = "/proc")]
+        proc_root: PathBuf,
+    },
+    /// Scan procfs N times and print what was read (for `cargo xtask bench scan`).
+    Scan {
+        #[arg(long)]
+        threads: bool,
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
+        #[arg(long, default_value = "/proc")]
         proc_root: PathBuf,
     },
 }
@@ -149,6 +171,29 @@ fn main() -> Result<()> {
             };
             let summary = record(&opts, &stop).context("vitalsd record")?;
             print!("{}", summary.render(top));
+        }
+        Command::Snapshot {
+            interval,
+            threads,
+            proc_root,
+        } => {
+            let opts = SnapshotOptions {
+                proc_root,
+                interval,
+                threads,
+                hz: None,
+            };
+            print!("{}", run_snapshot(&opts).context("vitalsd snapshot")?);
+        }
+        Command::Scan {
+            threads,
+            repeat,
+            proc_root,
+        } => {
+            println!(
+                "{}",
+                scan_repeat(&proc_root, threads, repeat).context("vitalsd scan")?
+            );
         }
     }
     Ok(())

@@ -1,0 +1,247 @@
+//! procfs samples and tracker windows as Perfetto packets.
+//!
+//! Native packets where Perfetto has them, so trace_processor's own tables
+//! fill in: SysStats.cpu_stat (cumulative per-CPU times, ns), SysStats.psi
+//! (cumulative stall totals, ns), ProcessStats (memory in kB,
+//! runtime_user_mode / runtime_kernel_mode in ns). TrackEvent counters for
+//! the rest: loadavg, PSI averages, the two CPU shares (each named by its
+//! formula), per-window fault deltas, and every drop counter.
+
+use std::io::Write;
+
+use crate::{
+    perfetto::{
+        CounterSpec, CounterUnit, CounterValue, CpuTimesNs, PerfettoError, ProcessKey,
+        ProcessStatsEntry, PsiResource, TraceWriter,
+    },
+    procfs::{pressure::PsiState, sampler::Sample, stat::CpuTimes},
+    tracker::{Window, CORE_EQUIVALENT_FORMULA, MACHINE_SHARE_FORMULA},
+};
+
+fn ticks_to_ns(ticks: u64, hz: u64) -> u64 {
+    // u128: ticks * 1e9 overflows u64 after ~213 days at HZ=1000.
+    (ticks as u128 * 1_000_000_000 / hz.max(1) as u128) as u64
+}
+
+fn cpu_times_ns(cpu_id: u32, t: &CpuTimes, hz: u64) -> CpuTimesNs {
+    CpuTimesNs {
+        cpu_id,
+        // /proc/stat user and nice already include guest and guest_nice.
+        user_ns: ticks_to_ns(t.user_ticks, hz),
+        user_nice_ns: ticks_to_ns(t.nice_ticks, hz),
+        system_mode_ns: ticks_to_ns(t.system_ticks, hz),
+        idle_ns: ticks_to_ns(t.idle_ticks, hz),
+        io_wait_ns: ticks_to_ns(t.iowait_ticks, hz),
+        irq_ns: ticks_to_ns(t.irq_ticks, hz),
+        softirq_ns: ticks_to_ns(t.softirq_ticks, hz),
+        steal_ns: ticks_to_ns(t.steal_ticks, hz),
+    }
+}
+
+fn spec(name: &str, unit: CounterUnit, description: &str) -> CounterSpec {
+    CounterSpec {
+        name: name.into(),
+        unit,
+        description: Some(description.into()),
+    }
+}
+
+fn pct(name: &str, formula: &str) -> CounterSpec {
+    spec(name, CounterUnit::Custom("%".into()), formula)
+}
+
+/// Native packets from one raw sample.
+pub fn write_sample<W: Write>(
+    w: &mut TraceWriter<W>,
+    ts_boot_ns: u64,
+    sample: &Sample,
+    hz: u64,
+) -> Result<(), PerfettoError> {
+    if let Some(sys) = &sample.system {
+        let cpus: Vec<CpuTimesNs> = sys
+            .per_cpu
+            .iter()
+            .map(|(id, t)| cpu_times_ns(*id, t, hz))
+            .collect();
+        w.write_cpu_stats(ts_boot_ns, &cpus)?;
+    }
+    let mut psi = Vec::new();
+    let kinds = [
+        (PsiResource::CpuSome, PsiResource::CpuFull),
+        (PsiResource::MemorySome, PsiResource::MemoryFull),
+        (PsiResource::IoSome, PsiResource::IoFull),
+    ];
+    for (state, (some, full)) in sample.pressure.iter().zip(kinds) {
+        if let Some(PsiState::Available(p)) = state {
+            // /proc/pressure totals are in microseconds.
+            psi.push((some, p.some.total_us.saturating_mul(1000)));
+            if let Some(f) = &p.full {
+                psi.push((full, f.total_us.saturating_mul(1000)));
+            }
+        }
+    }
+    w.write_psi(ts_boot_ns, &psi)?;
+    let procs: Vec<ProcessStatsEntry> = sample
+        .processes
+        .iter()
+        .map(|p| ProcessStatsEntry {
+            pid: p.stat.pid,
+            vm_size_kb: None,
+            vm_rss_kb: p.status.as_ref().and_then(|s| s.vm_rss_kb),
+            rss_anon_kb: p.status.as_ref().and_then(|s| s.rss_anon_kb),
+            rss_file_kb: p.status.as_ref().and_then(|s| s.rss_file_kb),
+            rss_shmem_kb: p.status.as_ref().and_then(|s| s.rss_shmem_kb),
+            vm_swap_kb: p.status.as_ref().and_then(|s| s.vm_swap_kb),
+            runtime_user_mode_ns: Some(ticks_to_ns(p.stat.utime_ticks, hz)),
+            runtime_kernel_mode_ns: Some(ticks_to_ns(p.stat.stime_ticks, hz)),
+        })
+        .collect();
+    w.write_process_stats(ts_boot_ns, &procs)
+}
+
+/// TrackEvent counters from one tracker window.
+pub fn write_window<W: Write>(
+    w: &mut TraceWriter<W>,
+    ts_boot_ns: u64,
+    win: &Window,
+) -> Result<(), PerfettoError> {
+    let global = |w: &mut TraceWriter<W>, s: CounterSpec, v: CounterValue| {
+        let t = w.global_counter_track(&s)?;
+        w.write_counter(ts_boot_ns, t, v)
+    };
+    if let Some(l) = &win.loadavg {
+        for (name, v) in [
+            ("loadavg.1m", l.load1),
+            ("loadavg.5m", l.load5),
+            ("loadavg.15m", l.load15),
+        ] {
+            global(
+                w,
+                spec(name, CounterUnit::Custom("tasks".into()), "/proc/loadavg"),
+                CounterValue::Double(v as f64),
+            )?;
+        }
+        global(
+            w,
+            spec(
+                "loadavg.runnable_tasks",
+                CounterUnit::Count,
+                "/proc/loadavg field 4: runnable threads",
+            ),
+            CounterValue::Int(l.runnable_tasks as i64),
+        )?;
+    }
+    if let Some(sys) = &win.system {
+        global(
+            w,
+            pct(
+                "cpu.local_busy_pct",
+                &format!("({}) / ({})", sys.local_busy_formula, sys.total_formula),
+            ),
+            CounterValue::Double(sys.local_busy_pct),
+        )?;
+    }
+    for (state, res) in win.pressure.iter().zip(["cpu", "memory", "io"]) {
+        if let Some(PsiState::Available(p)) = state {
+            global(
+                w,
+                pct(
+                    &format!("psi.{res}.some.avg10"),
+                    "/proc/pressure some avg10",
+                ),
+                CounterValue::Double(p.some.avg10_pct as f64),
+            )?;
+            if let Some(f) = &p.full {
+                global(
+                    w,
+                    pct(
+                        &format!("psi.{res}.full.avg10"),
+                        "/proc/pressure full avg10",
+                    ),
+                    CounterValue::Double(f.avg10_pct as f64),
+                )?;
+            }
+        }
+    }
+    let d = &win.drops;
+    for (name, v) in [
+        ("drops.procfs.read_failures", d.read_failures),
+        ("drops.procfs.vanished_pids", d.vanished_pids),
+        ("drops.procfs.vanished_tids", d.vanished_tids),
+        ("drops.procfs.negative_deltas", d.negative_deltas),
+        ("drops.procfs.clock_not_advancing", d.clock_not_advancing),
+        ("drops.procfs.starttime_changes", d.starttime_changes),
+    ] {
+        global(
+            w,
+            spec(
+                name,
+                CounterUnit::Count,
+                "deltas dropped in this window, by reason",
+            ),
+            CounterValue::Int(v as i64),
+        )?;
+    }
+
+    // Per process: only the working set (CPU or faults moved), as
+    // ProcessCpuTracker reports it.
+    for p in win.processes.iter().filter(|p| p.working) {
+        let Some(delta) = &p.delta else { continue };
+        let key = ProcessKey {
+            pid: p.pid,
+            starttime_ticks: p.starttime_ticks,
+        };
+        let name = p.name();
+        let put = |w: &mut TraceWriter<W>, s: CounterSpec, v: CounterValue| {
+            let t = w.process_counter_track(key, &name, &s)?;
+            w.write_counter(ts_boot_ns, t, v)
+        };
+        if let Some(v) = p.core_equivalent_pct {
+            put(
+                w,
+                pct("procfs.core_equivalent_pct", CORE_EQUIVALENT_FORMULA),
+                CounterValue::Double(v),
+            )?;
+        }
+        if let Some(v) = p.machine_share_pct {
+            put(
+                w,
+                pct("procfs.machine_share_pct", MACHINE_SHARE_FORMULA),
+                CounterValue::Double(v),
+            )?;
+        }
+        put(
+            w,
+            spec(
+                "procfs.minflt_delta",
+                CounterUnit::Count,
+                "/proc/<pid>/stat minflt, this window",
+            ),
+            CounterValue::Int(delta.minflt as i64),
+        )?;
+        put(
+            w,
+            spec(
+                "procfs.majflt_delta",
+                CounterUnit::Count,
+                "/proc/<pid>/stat majflt, this window",
+            ),
+            CounterValue::Int(delta.majflt as i64),
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tick_conversion_uses_hz_and_does_not_overflow() {
+        assert_eq!(ticks_to_ns(250, 250), 1_000_000_000);
+        assert_eq!(ticks_to_ns(100, 100), 1_000_000_000);
+        // 300 days at HZ=1000 would overflow u64 ns if multiplied first.
+        let ticks = 300 * 86_400 * 1000u64;
+        assert_eq!(ticks_to_ns(ticks, 1000), 300 * 86_400 * 1_000_000_000);
+    }
+}
