@@ -170,13 +170,14 @@ struct ProcessTracks {
 /// Runs until `duration` passes or `stop` is set; whoever sets `stop`
 /// should unpark the calling thread so it notices at once.
 pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, RecordError> {
-    // The file first: after the capability drop root may no longer be able
-    // to create it (no CAP_DAC_OVERRIDE).
+    let mut accounting = Accounting::load(&opts.accounting)?;
+    // Before the capability drop: afterwards root may no longer be able to
+    // create it (no CAP_DAC_OVERRIDE). After the load, so a failed load
+    // leaves no empty trace behind.
     let file = File::create(&opts.out).map_err(|source| RecordError::Create {
         path: opts.out.clone(),
         source,
     })?;
-    let mut accounting = Accounting::load(&opts.accounting)?;
     let capabilities_after_attach = if opts.drop_privileges {
         let left = privileges::drop_to(privileges::STEADY_STATE_CAPS)?;
         Some(privileges::describe(&left))

@@ -200,3 +200,29 @@ fn tiny_map_bound_counts_drops_and_recording_completes() {
     assert!(drops > 0, "{table}");
     decode_trace(&trace);
 }
+
+/// Without CAP_BPF the error names the capability, not a bare EPERM.
+#[test]
+fn unprivileged_load_names_the_missing_capability() {
+    use std::os::unix::process::CommandExt;
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let out = Command::new(vitalsd_bin())
+        .args(["record", "--duration", "1s", "--out"])
+        .arg(dir.path().join("t.pftrace"))
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("CAP_BPF") && err.contains("CAP_PERFMON"),
+        "{err}"
+    );
+}

@@ -30,6 +30,11 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("VITALS_EBPF_OBJ"))
 
 #[derive(Debug, Error)]
 pub enum BpfError {
+    #[error(
+        "loading eBPF needs {missing} (effective capabilities: {have}); run as root or grant them \
+         (on Android user builds only bpfloader may load programs)"
+    )]
+    MissingCapabilities { missing: String, have: String },
     #[error(transparent)]
     Tracefs(#[from] TracefsError),
     #[error("loading the eBPF object: {0} (loading BPF needs CAP_BPF and CAP_PERFMON, or root)")]
@@ -254,6 +259,7 @@ pub struct Accounting {
 impl Accounting {
     /// Mounts tracefs if needed, probes, loads and attaches everything.
     pub fn load(cfg: &AccountingConfig) -> Result<Self, BpfError> {
+        check_capabilities()?;
         let tracefs = Tracefs::find_or_mount()?;
         let features = Features::probe(&tracefs)?;
         let fault_source = match (cfg.fault_source, features.page_fault_user_tracepoint) {
@@ -525,6 +531,29 @@ impl Accounting {
     fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map, BpfError> {
         self.ebpf.map_mut(name).ok_or(BpfError::Missing(name))
     }
+}
+
+/// Names the missing capability up front instead of surfacing a bare EPERM
+/// from bpf(2) or perf_event_open(2). CAP_SYS_ADMIN implies both on kernels
+/// before 5.8, and still does for BPF.
+fn check_capabilities() -> Result<(), BpfError> {
+    use caps::{CapSet, Capability};
+    let have = caps::read(None, CapSet::Effective).unwrap_or_default();
+    let admin = have.contains(&Capability::CAP_SYS_ADMIN);
+    let mut missing = Vec::new();
+    if !admin && !have.contains(&Capability::CAP_BPF) {
+        missing.push("CAP_BPF");
+    }
+    if !admin && !have.contains(&Capability::CAP_PERFMON) {
+        missing.push("CAP_PERFMON");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(BpfError::MissingCapabilities {
+        missing: missing.join(" and "),
+        have: crate::privileges::describe(&have),
+    })
 }
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> BpfError {
