@@ -5,7 +5,9 @@
 
 pub mod bpf;
 pub mod clock;
+pub mod config;
 pub mod export;
+pub mod history;
 pub mod perfetto;
 pub mod privileges;
 pub mod procfs;
@@ -13,3 +15,4 @@ pub mod record;
 pub mod snapshot;
 pub mod system;
 pub mod tracker;
+pub mod triggers;

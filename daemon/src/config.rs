@@ -1,0 +1,516 @@
+//! The daemon's configuration: TOML, every key documented with its default,
+//! unknown keys and bad values rejected with the key named.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use thiserror::Error;
+
+use crate::bpf::FaultSourceChoice;
+
+/// Where the OEM puts it on Android, and on Linux hosts.
+pub const DEFAULT_PATH_ANDROID: &str = "/vendor/etc/vitalsd.toml";
+pub const DEFAULT_PATH_LINUX: &str = "/etc/vitalsd.toml";
+
+pub fn default_path() -> &'static Path {
+    Path::new(if cfg!(target_os = "android") {
+        DEFAULT_PATH_ANDROID
+    } else {
+        DEFAULT_PATH_LINUX
+    })
+}
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("reading config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config {path}: {key}: {message}")]
+    Invalid {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+}
+
+/// "10s", "500ms", "2m", "1h", "7d", or bare seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult_ms) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1e3)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60e3)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600e3)
+    } else if let Some(n) = s.strip_suffix('d') {
+        (n, 86400e3)
+    } else {
+        (s, 1e3)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad duration {s:?} (examples: 10s, 500ms, 2m, 7d)"))?;
+    if !v.is_finite() || v <= 0.0 {
+        return Err(format!("duration {s:?} must be positive"));
+    }
+    Ok(Duration::from_secs_f64(v * mult_ms / 1e3))
+}
+
+/// A duration written as a string in TOML ("30s").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_duration(&s)
+            .map(Dur)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for Dur {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let ms = self.0.as_millis();
+        if ms % 1000 == 0 {
+            s.serialize_str(&format!("{}s", ms / 1000))
+        } else {
+            s.serialize_str(&format!("{ms}ms"))
+        }
+    }
+}
+
+fn fault_source_de<'de, D: Deserializer<'de>>(d: D) -> Result<FaultSourceChoice, D::Error> {
+    String::deserialize(d)?
+        .parse()
+        .map_err(serde::de::Error::custom)
+}
+
+fn fault_source_ser<S: Serializer>(v: &FaultSourceChoice, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match v {
+        FaultSourceChoice::Auto => "auto",
+        FaultSourceChoice::Tracepoint => "tracepoint",
+        FaultSourceChoice::PerfEvent => "perf",
+        FaultSourceChoice::Off => "off",
+    })
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub sampling: Sampling,
+    pub store: StoreConfig,
+    pub control: Control,
+    pub budget: Budget,
+    pub conditions: Conditions,
+    #[serde(rename = "rule")]
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sampling {
+    /// Always-on sampling interval of the eBPF maps and procfs.
+    pub interval: Dur,
+    /// How much history is kept in memory (bounded: history / interval samples).
+    pub history: Dur,
+    #[serde(
+        deserialize_with = "fault_source_de",
+        serialize_with = "fault_source_ser"
+    )]
+    pub fault_source: FaultSourceChoice,
+    pub max_tasks: u32,
+    pub runq_wait: bool,
+    /// Processes kept per history sample (the busiest by CPU, faults, RSS).
+    pub history_processes: usize,
+    pub proc_root: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub dir: PathBuf,
+    pub quota_bytes: u64,
+    pub max_captures: usize,
+    pub max_age: Dur,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Control {
+    pub socket: PathBuf,
+    /// Peers (SO_PEERCRED uid) allowed to talk to the daemon.
+    pub allowed_uids: Vec<u32>,
+    pub max_request_bytes: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Budget {
+    pub captures_per_hour: u32,
+    pub captures_per_day: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Conditions {
+    /// Skip triggered captures while any thermal zone is above this (m°C).
+    pub max_thermal_millicelsius: Option<i64>,
+    /// Skip triggered captures unless a power supply reports charging/full.
+    pub require_charging: bool,
+    pub thermal_root: PathBuf,
+    pub power_supply_root: PathBuf,
+}
+
+/// What a rule watches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields, tag = "kind")]
+pub enum Metric {
+    /// (user+nice+system+irq+softirq) / total of /proc/stat, %.
+    SystemCpuBusyPct,
+    /// One process's core-equivalent % ((Δutime+Δstime)/Δwall); `process`
+    /// names it (argv[0] basename or comm); absent = any process.
+    ProcessCpuPct { process: Option<String> },
+    /// loadavg 1-minute average divided by online CPUs.
+    LoadavgPerCpu,
+    /// PSI avg10 of `resource` (cpu, memory, io), `some` or `full`, %.
+    PsiAvg10 { resource: String, full: bool },
+    /// Major faults per second of any (or the named) process.
+    MajorFaultRate { process: Option<String> },
+    /// RSS growth of a process over the rule's window, kB.
+    RssGrowthKb { process: Option<String> },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    pub name: String,
+    pub metric: Metric,
+    pub threshold: f64,
+    /// The metric must stay above the threshold for this long (RSS growth:
+    /// the span the growth is measured over).
+    pub window: Dur,
+    pub cooldown: Dur,
+    #[serde(default)]
+    pub capture: CaptureSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CaptureSpec {
+    pub duration: Dur,
+    /// Every sched_switch/sched_waking in the window (capture tier).
+    pub sched: bool,
+    /// Sampled page-fault call stacks (capture tier).
+    pub faults: bool,
+    /// heapprofd profile of the offending process when allowlisted.
+    pub heap_profile: bool,
+    /// Process names (normalised cmdline) a heap profile may target.
+    pub heap_allowlist: Vec<String>,
+    /// Installers (package installer names) allowed, empty = any.
+    pub heap_installers: Vec<String>,
+}
+
+impl Default for CaptureSpec {
+    fn default() -> Self {
+        Self {
+            duration: Dur(Duration::from_secs(10)),
+            sched: true,
+            faults: false,
+            heap_profile: false,
+            heap_allowlist: Vec::new(),
+            heap_installers: Vec::new(),
+        }
+    }
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self {
+            interval: Dur(Duration::from_secs(1)),
+            history: Dur(Duration::from_secs(600)),
+            fault_source: FaultSourceChoice::Auto,
+            max_tasks: crate::bpf::MapLimits::default().max_tasks,
+            runq_wait: true,
+            history_processes: 16,
+            proc_root: PathBuf::from("/proc"),
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from(if cfg!(target_os = "android") {
+                "/data/misc/vitalsd"
+            } else {
+                "/var/lib/vitalsd"
+            }),
+            quota_bytes: 256 << 20,
+            max_captures: 50,
+            max_age: Dur(Duration::from_secs(7 * 86400)),
+        }
+    }
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::from(if cfg!(target_os = "android") {
+                "/dev/socket/vitalsd"
+            } else {
+                "/run/vitalsd/vitalsd.sock"
+            }),
+            // root and system (AID_SYSTEM).
+            allowed_uids: vec![0, 1000],
+            max_request_bytes: 64 * 1024,
+        }
+    }
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self {
+            captures_per_hour: 4,
+            captures_per_day: 20,
+        }
+    }
+}
+
+impl Default for Conditions {
+    fn default() -> Self {
+        Self {
+            max_thermal_millicelsius: None,
+            require_charging: false,
+            thermal_root: PathBuf::from("/sys/class/thermal"),
+            power_supply_root: PathBuf::from("/sys/class/power_supply"),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            sampling: Sampling::default(),
+            store: StoreConfig::default(),
+            control: Control::default(),
+            budget: Budget::default(),
+            conditions: Conditions::default(),
+            rules: vec![Rule {
+                name: "system-cpu-busy".into(),
+                metric: Metric::SystemCpuBusyPct,
+                threshold: 90.0,
+                window: Dur(Duration::from_secs(30)),
+                cooldown: Dur(Duration::from_secs(30 * 60)),
+                capture: CaptureSpec::default(),
+            }],
+        }
+    }
+}
+
+impl Config {
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            // toml's message names the key and the line.
+            message: e.to_string().trim().replace('\n', " "),
+        })?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Checks what serde cannot: ranges and relations between keys.
+    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: String| {
+            Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                key: key.into(),
+                message,
+            })
+        };
+        let s = &self.sampling;
+        if s.interval.0 < Duration::from_millis(100) {
+            return bad("sampling.interval", "must be at least 100ms".into());
+        }
+        if s.history.0 < s.interval.0 {
+            return bad("sampling.history", "must be at least one interval".into());
+        }
+        if s.history.0.as_secs_f64() / s.interval.0.as_secs_f64() > 100_000.0 {
+            return bad(
+                "sampling.history",
+                "more than 100000 samples; raise the interval".into(),
+            );
+        }
+        if s.max_tasks < 16 {
+            return bad("sampling.max_tasks", "must be at least 16".into());
+        }
+        if self.store.quota_bytes < 1 << 20 {
+            return bad("store.quota_bytes", "must be at least 1 MiB".into());
+        }
+        if self.store.max_captures == 0 {
+            return bad("store.max_captures", "must be at least 1".into());
+        }
+        if self.control.max_request_bytes < 64 || self.control.max_request_bytes > 16 << 20 {
+            return bad(
+                "control.max_request_bytes",
+                "must be between 64 and 16 MiB".into(),
+            );
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, r) in self.rules.iter().enumerate() {
+            let key = |k: &str| format!("rule[{i}] ({}).{k}", r.name);
+            if r.name.is_empty() || !names.insert(r.name.clone()) {
+                return bad(&format!("rule[{i}].name"), "empty or duplicate".into());
+            }
+            if !r.threshold.is_finite() || r.threshold < 0.0 {
+                return bad(&key("threshold"), "must be a finite number >= 0".into());
+            }
+            if r.window.0 < s.interval.0 {
+                return bad(
+                    &key("window"),
+                    "must be at least one sampling interval".into(),
+                );
+            }
+            if r.window.0 > s.history.0 {
+                return bad(&key("window"), "longer than sampling.history".into());
+            }
+            if let Metric::PsiAvg10 { resource, .. } = &r.metric {
+                if !["cpu", "memory", "io"].contains(&resource.as_str()) {
+                    return bad(
+                        &key("metric.resource"),
+                        format!("{resource:?} is not cpu, memory or io"),
+                    );
+                }
+            }
+            if r.capture.heap_profile && r.capture.heap_allowlist.is_empty() {
+                return bad(
+                    &key("capture.heap_allowlist"),
+                    "heap_profile needs an allowlist".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The effective config, as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+
+    pub fn history_len(&self) -> usize {
+        (self.sampling.history.0.as_secs_f64() / self.sampling.interval.0.as_secs_f64()).ceil()
+            as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("test.toml"), text)
+    }
+
+    #[test]
+    fn empty_file_is_the_defaults() {
+        assert_eq!(parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn defaults_round_trip_through_toml() {
+        let d = Config::default();
+        assert_eq!(parse(&d.to_toml()).unwrap(), d);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = parse("[sampling]\nintervall = \"1s\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("intervall"), "{e}");
+        let e = parse("bogus = 1\n").unwrap_err().to_string();
+        assert!(e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let e = parse("[sampling]\ninterval = \"fast\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("interval") || e.contains("fast"), "{e}");
+        let e = parse("[sampling]\ninterval = \"10ms\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sampling.interval"), "{e}");
+        let e = parse("[store]\nquota_bytes = 5\n").unwrap_err().to_string();
+        assert!(e.contains("store.quota_bytes"), "{e}");
+        let e = parse(
+            "[[rule]]\nname = \"x\"\nmetric = { kind = \"psi_avg10\", resource = \"gpu\", full = false }\nthreshold = 5\nwindow = \"10s\"\ncooldown = \"1m\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("metric.resource"), "{e}");
+        let e = parse("[[rule]]\nname = \"x\"\nmetric = { kind = \"nope\" }\nthreshold = 5\nwindow = \"10s\"\ncooldown = \"1m\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nope"), "{e}");
+    }
+
+    #[test]
+    fn rules_parse() {
+        let c = parse(
+            r#"
+[sampling]
+interval = "200ms"
+history = "1m"
+
+[[rule]]
+name = "spinner"
+metric = { kind = "process_cpu_pct", process = "vitals-workload" }
+threshold = 50
+window = "1s"
+cooldown = "1h"
+capture = { duration = "2s", sched = false }
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.rules.len(), 1);
+        assert_eq!(c.rules[0].capture.duration.0, Duration::from_secs(2));
+        assert!(!c.rules[0].capture.sched);
+        assert_eq!(c.history_len(), 300);
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(
+            parse_duration("7d").unwrap(),
+            Duration::from_secs(7 * 86400)
+        );
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("abc").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+}
