@@ -16,3 +16,4 @@ pub mod snapshot;
 pub mod system;
 pub mod tracker;
 pub mod triggers;
+pub mod store;
