@@ -245,3 +245,45 @@ mod tests {
         assert_eq!(ticks_to_ns(ticks, 1000), 300 * 86_400 * 1_000_000_000);
     }
 }
+
+/// The in-memory history as counters at their own timestamps, so a
+/// triggered capture shows the minutes that led to the trigger.
+pub fn write_history<W: Write>(
+    w: &mut TraceWriter<W>,
+    samples: &[crate::history::VitalsSample],
+) -> Result<(), PerfettoError> {
+    let busy = w.global_counter_track(&pct(
+        "history.cpu.local_busy_pct",
+        "(user+nice+system+irq+softirq) / total of /proc/stat, before the trigger",
+    ))?;
+    let load = w.global_counter_track(&spec(
+        "history.loadavg.1m",
+        CounterUnit::Custom("tasks".into()),
+        "/proc/loadavg, before the trigger",
+    ))?;
+    for s in samples {
+        if let Some(v) = s.local_busy_pct {
+            w.write_counter(s.boottime_ns, busy, CounterValue::Double(v))?;
+        }
+        if let Some(v) = s.loadavg1 {
+            w.write_counter(s.boottime_ns, load, CounterValue::Double(v as f64))?;
+        }
+        for p in &s.processes {
+            let key = ProcessKey {
+                pid: p.pid,
+                starttime_ticks: p.starttime_ticks,
+            };
+            let t = w.process_counter_track(
+                key,
+                &p.name,
+                &pct("history.core_equivalent_pct", CORE_EQUIVALENT_FORMULA),
+            )?;
+            w.write_counter(
+                s.boottime_ns,
+                t,
+                CounterValue::Double(p.core_equivalent_pct),
+            )?;
+        }
+    }
+    Ok(())
+}

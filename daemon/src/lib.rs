@@ -6,14 +6,16 @@
 pub mod bpf;
 pub mod clock;
 pub mod config;
+pub mod control;
 pub mod export;
 pub mod history;
 pub mod perfetto;
 pub mod privileges;
 pub mod procfs;
 pub mod record;
+pub mod service;
 pub mod snapshot;
+pub mod store;
 pub mod system;
 pub mod tracker;
 pub mod triggers;
-pub mod store;

@@ -170,6 +170,19 @@ struct ProcessTracks {
 /// Runs until `duration` passes or `stop` is set; whoever sets `stop`
 /// should unpark the calling thread so it notices at once.
 pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, RecordError> {
+    record_with(opts, stop, |_| Ok(()))
+}
+
+/// The trace writer of a recording.
+pub type FileTraceWriter = TraceWriter<BufWriter<File>>;
+
+/// `record`, with `prelude` writing extra packets right after the trace's
+/// header (a triggered capture writes the history that led to it).
+pub fn record_with(
+    opts: &RecordOptions,
+    stop: &AtomicBool,
+    prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
+) -> Result<RecordSummary, RecordError> {
     let mut accounting = Accounting::load(&opts.accounting)?;
     // Before the capability drop: afterwards root may no longer be able to
     // create it (no CAP_DAC_OVERRIDE). After the load, so a failed load
@@ -204,6 +217,7 @@ pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, 
     let mut known: HashMap<u32, ProcessIdentity> = HashMap::new();
     let initial = identity::scan_processes(&opts.proc_root);
     writer.write_process_tree(start.boottime_ns, &tree_entries(&initial))?;
+    prelude(&mut writer)?;
     for p in initial {
         known.insert(p.pid, p);
     }

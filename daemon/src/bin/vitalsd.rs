@@ -1,19 +1,14 @@
 //! vitalsd: the daemon binary. anyhow lives here, at the edge, only.
 
-use std::{
-    path::PathBuf,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-    time::Duration,
-};
+use std::{path::PathBuf, sync::atomic::Ordering, time::Duration};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use vitalsd::{
     bpf::{AccountingConfig, FaultSourceChoice, MapLimits},
+    config::{parse_duration, Config},
     record::{record, RecordOptions},
+    service::{self, Signals},
     snapshot::{run_snapshot, scan_repeat, SnapshotOptions},
 };
 
@@ -30,6 +25,18 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the daemon: always-on sampling, health rules, captures, control socket.
+    Run {
+        /// Config file (TOML); default /etc/vitalsd.toml (Android:
+        /// /vendor/etc/vitalsd.toml) if it exists, else the built-in defaults.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Validate a config file and print the effective config.
+    CheckConfig {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Account CPU, switches, runqueue wait and faults with eBPF for a window
     /// and write a Perfetto trace.
     Record {
@@ -87,58 +94,67 @@ enum Command {
     },
 }
 
-/// "10s", "500ms", "2m", "1h", or bare seconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, mult_ms) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1e3)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60e3)
-    } else if let Some(n) = s.strip_suffix('h') {
-        (n, 3600e3)
-    } else {
-        (s, 1e3)
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("bad duration {s:?} (examples: 10s, 500ms, 2m)"))?;
-    if !v.is_finite() || v <= 0.0 {
-        return Err(format!("duration {s:?} must be positive"));
-    }
-    Ok(Duration::from_secs_f64(v * mult_ms / 1e3))
-}
-
-/// SIGINT/SIGTERM set `stop` and wake the main thread; a second one exits
-/// at once (exit status 130), for a user whose first Ctrl-C seems stuck.
-fn stop_flag() -> Result<Arc<AtomicBool>> {
-    use signal_hook::{consts::*, iterator::Signals};
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut signals = Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+/// SIGINT/SIGTERM set `stop`, SIGHUP sets `reload`; each wakes the main
+/// thread. A second stop signal exits at once (status 130), for a user whose
+/// first Ctrl-C seems stuck.
+fn signal_flags() -> Result<Signals> {
+    use signal_hook::{consts::*, iterator::Signals as SignalIter};
+    let flags = Signals::default();
+    let mut signals =
+        SignalIter::new([SIGINT, SIGTERM, SIGHUP]).context("installing signal handlers")?;
     let main = std::thread::current();
-    let flag = Arc::clone(&stop);
+    let f = flags.clone();
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             for sig in signals.forever() {
-                if flag.swap(true, Ordering::SeqCst) {
+                if sig == SIGHUP {
+                    log::info!("SIGHUP: reloading the config");
+                    f.reload.store(true, Ordering::SeqCst);
+                } else if f.stop.swap(true, Ordering::SeqCst) {
                     log::warn!("second signal {sig}: exiting now");
                     std::process::exit(130);
+                } else {
+                    log::info!("signal {sig}: stopping");
                 }
-                log::info!("signal {sig}: stopping after the current sample");
                 main.unpark();
             }
         })
         .context("spawning the signal thread")?;
-    Ok(stop)
+    Ok(flags)
+}
+
+/// The config to use: the named file (must exist), else the default path
+/// if present, else the built-in defaults.
+fn load_config(path: Option<PathBuf>) -> Result<(PathBuf, Config)> {
+    match path {
+        Some(p) => Ok((p.clone(), Config::load(&p)?)),
+        None => {
+            let p = vitalsd::config::default_path().to_owned();
+            if p.exists() {
+                Ok((p.clone(), Config::load(&p)?))
+            } else {
+                log::info!("no {}; using the built-in defaults", p.display());
+                Ok((p, Config::default()))
+            }
+        }
+    }
 }
 
 fn main() -> Result<()> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Run { config } => {
+            let signals = signal_flags()?;
+            let (path, cfg) = load_config(config)?;
+            service::run(path, cfg, signals).context("vitalsd run")?;
+        }
+        Command::CheckConfig { config } => {
+            let (path, cfg) = load_config(config)?;
+            println!("# effective config ({})", path.display());
+            print!("{}", cfg.to_toml());
+        }
         Command::Record {
             duration,
             out,
@@ -151,7 +167,7 @@ fn main() -> Result<()> {
             keep_privileges,
             proc_root,
         } => {
-            let stop = stop_flag()?;
+            let stop = signal_flags()?.stop;
             let opts = RecordOptions {
                 duration,
                 out,
@@ -197,20 +213,4 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("abc").is_err());
-        assert!(parse_duration("-1s").is_err());
-    }
 }

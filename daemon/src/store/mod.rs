@@ -181,7 +181,10 @@ pub fn truncate_to_whole_packets(path: &Path) -> Result<u64, StoreError> {
         good = pos;
     }
     if good < bytes.len() {
-        let f = OpenOptions::new().write(true).open(path).map_err(io("open", path))?;
+        let f = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(io("open", path))?;
         f.set_len(good as u64).map_err(io("truncate", path))?;
         f.sync_all().map_err(io("fsync", path))?;
     }
@@ -209,7 +212,10 @@ impl Store {
         let mut metas = Vec::new();
         let mut traces = Vec::new();
         let mut junk = Vec::new();
-        for e in fs::read_dir(&self.dir).map_err(io("list", &self.dir))?.flatten() {
+        for e in fs::read_dir(&self.dir)
+            .map_err(io("list", &self.dir))?
+            .flatten()
+        {
             let name = e.file_name().to_string_lossy().into_owned();
             if name == INDEX {
                 continue;
@@ -228,7 +234,10 @@ impl Store {
             match meta {
                 Some(m) if m.id == id && traces.contains(&id) => self.captures.push(m),
                 _ => {
-                    log::warn!("store: dropping unreadable or orphaned metadata {}", path.display());
+                    log::warn!(
+                        "store: dropping unreadable or orphaned metadata {}",
+                        path.display()
+                    );
                     junk.push(path);
                 }
             }
@@ -243,7 +252,8 @@ impl Store {
             let _ = fs::remove_file(p);
             self.counters.repaired_leftovers += 1;
         }
-        self.captures.sort_by_key(|c| (c.created_unix_ms, c.id.clone()));
+        self.captures
+            .sort_by_key(|c| (c.created_unix_ms, c.id.clone()));
         self.write_index()
     }
 
@@ -274,7 +284,13 @@ impl Store {
         self.seq += 1;
         let label: String = label
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .take(40)
             .collect();
         let id = format!("{}-{}-{}", now_unix_ms(), self.seq, label);
@@ -284,7 +300,11 @@ impl Store {
 
     /// Makes a written capture durable and listed, then enforces the limits
     /// (never evicting the capture just committed).
-    pub fn commit(&mut self, pending: Pending, mut meta: CaptureMeta) -> Result<CaptureMeta, StoreError> {
+    pub fn commit(
+        &mut self,
+        pending: Pending,
+        mut meta: CaptureMeta,
+    ) -> Result<CaptureMeta, StoreError> {
         let result = self.commit_inner(&pending, &mut meta);
         if result.is_err() {
             self.counters.write_failures += 1;
@@ -300,12 +320,19 @@ impl Store {
         Ok(meta)
     }
 
-    fn commit_inner(&mut self, pending: &Pending, meta: &mut CaptureMeta) -> Result<(), StoreError> {
+    fn commit_inner(
+        &mut self,
+        pending: &Pending,
+        meta: &mut CaptureMeta,
+    ) -> Result<(), StoreError> {
         let tmp = &pending.tmp_path;
         meta.id = pending.id.clone();
         meta.trace_bytes = truncate_to_whole_packets(tmp)?;
-        fs::set_permissions(tmp, fs::Permissions::from_mode(FILE_MODE)).map_err(io("chmod", tmp))?;
-        File::open(tmp).and_then(|f| f.sync_all()).map_err(io("fsync", tmp))?;
+        fs::set_permissions(tmp, fs::Permissions::from_mode(FILE_MODE))
+            .map_err(io("chmod", tmp))?;
+        File::open(tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(io("fsync", tmp))?;
         let trace = self.trace_path(&pending.id);
         fs::rename(tmp, &trace).map_err(io("rename", tmp))?;
         let bytes = serde_json::to_vec_pretty(meta).unwrap_or_default();
@@ -355,13 +382,18 @@ impl Store {
                 i += 1;
             }
         }
-        while self.captures.len() > self.limits.max_captures || self.total_bytes() > self.limits.quota_bytes {
+        while self.captures.len() > self.limits.max_captures
+            || self.total_bytes() > self.limits.quota_bytes
+        {
             let Some(pos) = self.captures.iter().position(|c| c.id != keep) else {
                 break;
             };
             let over_count = self.captures.len() > self.limits.max_captures;
             let id = self.captures[pos].id.clone();
-            log::info!("store: evicting {id} ({})", if over_count { "count" } else { "quota" });
+            log::info!(
+                "store: evicting {id} ({})",
+                if over_count { "count" } else { "quota" }
+            );
             self.remove_files(&id);
             self.captures.remove(pos);
             if over_count {
@@ -476,8 +508,12 @@ mod tests {
         let m = add(&mut s, "cpu", &packets(3, 10));
         assert_eq!(m.trace_bytes, 36);
         let (_, path) = s.get(&m.id).unwrap();
-        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o640);
-        let index: Vec<CaptureMeta> = serde_json::from_slice(&fs::read(d.path().join(INDEX)).unwrap()).unwrap();
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o640
+        );
+        let index: Vec<CaptureMeta> =
+            serde_json::from_slice(&fs::read(d.path().join(INDEX)).unwrap()).unwrap();
         assert_eq!(index, vec![m]);
     }
 
@@ -521,7 +557,10 @@ mod tests {
         let b = add(&mut s, "b", &packets(1, 10));
         let c = add(&mut s, "c", &packets(1, 10));
         assert_eq!(s.counters.evicted_over_count, 1);
-        assert_eq!(s.list().iter().map(|m| &m.id).collect::<Vec<_>>(), vec![&b.id, &c.id]);
+        assert_eq!(
+            s.list().iter().map(|m| &m.id).collect::<Vec<_>>(),
+            vec![&b.id, &c.id]
+        );
         s.expire(now_unix_ms() + 5000).unwrap();
         assert!(s.list().is_empty());
         assert_eq!(s.counters.expired, 2);
@@ -541,7 +580,11 @@ mod tests {
             // Killed while writing metadata: its temporary.
             fs::write(d.path().join("123-9-orphan.json.tmp"), b"{").unwrap();
             // Metadata whose trace is gone.
-            fs::write(d.path().join("55-1-ghost.json"), serde_json::to_vec(&meta("ghost")).unwrap()).unwrap();
+            fs::write(
+                d.path().join("55-1-ghost.json"),
+                serde_json::to_vec(&meta("ghost")).unwrap(),
+            )
+            .unwrap();
             kept
         };
         let s = Store::open(d.path(), LIMITS).unwrap();

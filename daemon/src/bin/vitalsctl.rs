@@ -1,0 +1,279 @@
+//! vitalsctl: the command-line client of vitalsd's control socket.
+//! Human tables by default, `--json` for tools.
+
+use std::{io::Write, path::PathBuf, time::Duration};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use serde_json::Value;
+use vitalsd::control::{Client, Request};
+
+#[derive(Parser)]
+#[command(name = "vitalsctl", version, about = "Talk to the vitalsd daemon")]
+struct Cli {
+    /// The daemon's control socket.
+    #[arg(long, global = true, default_value = default_socket())]
+    socket: PathBuf,
+    /// Machine-readable output.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+fn default_socket() -> &'static str {
+    if cfg!(target_os = "android") {
+        "/dev/socket/vitalsd"
+    } else {
+        "/run/vitalsd/vitalsd.sock"
+    }
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Daemon status: sampling, drops, triggers, store.
+    Status,
+    /// Busiest processes of the last window; refreshes in place.
+    Top {
+        #[arg(short, long, default_value_t = 15)]
+        n: usize,
+        /// Print once and exit.
+        #[arg(long)]
+        once: bool,
+        #[arg(long, default_value = "1s", value_parser = vitalsd::config::parse_duration)]
+        interval: Duration,
+    },
+    /// Record a capture now; waits until it is stored.
+    Capture {
+        #[arg(long, default_value = "10s", value_parser = vitalsd::config::parse_duration)]
+        duration: Duration,
+        #[arg(long)]
+        sched: bool,
+        #[arg(long)]
+        faults: bool,
+        /// Return as soon as the capture has started.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Stored captures.
+    List,
+    /// Write a capture's trace to a file (or stdout with `-`).
+    Export {
+        id: String,
+        out: PathBuf,
+    },
+    Delete {
+        id: String,
+    },
+    /// The daemon's effective config.
+    Config,
+    /// The bugreport section (for dumpstate).
+    Dump,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let mut c = Client::connect(&cli.socket)?;
+    match cli.command {
+        Cmd::Status => show(cli.json, c.call(&Request::Status)?, |v| {
+            let st = &v["store"];
+            format!(
+                "vitalsd {}: {} samples every {} ms, faults from {}\ncapabilities: {}\ncpu busy {}  loadavg {}\ntriggers fired {}, skipped {}\nbpf drops {}\nprocfs drops {}\nstore {}: {} captures, {} bytes; newest {}\n{}",
+                v["version"].as_str().unwrap_or("?"),
+                v["samples"],
+                v["interval_ms"],
+                v["fault_source"].as_str().unwrap_or("?"),
+                v["capabilities"].as_str().unwrap_or("?"),
+                v["local_busy_pct"].as_f64().map(|p| format!("{p:.1}%")).unwrap_or("-".into()),
+                loadavg(&v["loadavg"]),
+                v["triggers_fired"],
+                v["triggers_skipped"],
+                v["bpf_drops"],
+                v["procfs_drops"],
+                st["dir"].as_str().unwrap_or("?"),
+                st["captures"],
+                st["bytes"],
+                st["newest"].as_str().unwrap_or("-"),
+                match &v["capture"] {
+                    Value::Null => "no capture running".to_string(),
+                    cap => format!("capture running: {} ({})", cap["id"].as_str().unwrap_or("?"), cap["rule"].as_str().unwrap_or("?")),
+                }
+            )
+        }),
+        Cmd::Top { n, once, interval } => loop {
+            let v = c.call(&Request::Top { n })?;
+            if cli.json {
+                println!("{v}");
+            } else {
+                // Clear the screen and home the cursor: refresh in place.
+                if !once {
+                    print!("\x1b[2J\x1b[H");
+                }
+                println!(
+                    "cpu busy {}  loadavg {}",
+                    v["local_busy_pct"]
+                        .as_f64()
+                        .map(|p| format!("{p:.1}%"))
+                        .unwrap_or("-".into()),
+                    loadavg(&v["loadavg"])
+                );
+                println!(
+                    "{:>7} {:<24} {:>9} {:>9} {:>8} {:>8} {:>10}",
+                    "PID", "PROCESS", "CORE_EQ%", "MACHINE%", "MINFLT", "MAJFLT", "RSS_KB"
+                );
+                for p in v["processes"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:>7} {:<24} {:>9.1} {:>9.1} {:>8} {:>8} {:>10}",
+                        p["pid"],
+                        p["name"]
+                            .as_str()
+                            .unwrap_or("?")
+                            .chars()
+                            .take(24)
+                            .collect::<String>(),
+                        p["core_equivalent_pct"].as_f64().unwrap_or(0.0),
+                        p["machine_share_pct"].as_f64().unwrap_or(0.0),
+                        p["minflt"],
+                        p["majflt"],
+                        p["rss_kb"]
+                            .as_u64()
+                            .map(|k| k.to_string())
+                            .unwrap_or("-".into())
+                    );
+                }
+            }
+            std::io::stdout().flush()?;
+            if once {
+                break;
+            }
+            std::thread::sleep(interval);
+        },
+        Cmd::Capture {
+            duration,
+            sched,
+            faults,
+            no_wait,
+        } => {
+            let v = c.call(&Request::Capture {
+                duration_s: duration.as_secs_f64(),
+                sched,
+                faults,
+            })?;
+            let id = v["id"].as_str().context("no capture id")?.to_owned();
+            if !cli.json {
+                eprintln!("capture {id} started ({duration:?})");
+            }
+            if !no_wait {
+                let deadline = std::time::Instant::now() + duration + Duration::from_secs(60);
+                loop {
+                    let list = c.call(&Request::List)?;
+                    if let Some(m) = list
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|m| m["id"] == id.as_str())
+                    {
+                        if cli.json {
+                            println!("{m}");
+                        } else {
+                            eprintln!();
+                            println!(
+                                "stored {id}: {} bytes, {}",
+                                m["trace_bytes"],
+                                m["status"].as_str().unwrap_or("?")
+                            );
+                        }
+                        break;
+                    }
+                    let st = c.call(&Request::Status)?;
+                    if st["capture"]["id"] != id.as_str() {
+                        // Not running and not listed: it failed.
+                        let why = st["recent_triggers"]
+                            .as_array()
+                            .and_then(|t| t.iter().rev().find(|t| t["rule"] == "manual"))
+                            .and_then(|t| t["outcome"].as_str())
+                            .unwrap_or("unknown");
+                        bail!("capture {id} was not stored: {why}");
+                    }
+                    if std::time::Instant::now() > deadline {
+                        bail!("capture {id} still not stored");
+                    }
+                    if !cli.json {
+                        eprint!(".");
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            } else if cli.json {
+                println!("{v}");
+            }
+        }
+        Cmd::List => show(cli.json, c.call(&Request::List)?, |v| {
+            let mut s = format!(
+                "{:<40} {:<18} {:>10} {:>9}  {}\n",
+                "ID", "RULE", "BYTES", "SECONDS", "STATUS"
+            );
+            for m in v.as_array().into_iter().flatten() {
+                s += &format!(
+                    "{:<40} {:<18} {:>10} {:>9.1}  {}\n",
+                    m["id"].as_str().unwrap_or("?"),
+                    m["trigger"]["rule"].as_str().unwrap_or("?"),
+                    m["trace_bytes"],
+                    m["duration_ms"].as_f64().unwrap_or(0.0) / 1000.0,
+                    m["status"].as_str().unwrap_or("?")
+                );
+            }
+            s
+        }),
+        Cmd::Export { id, out } => {
+            let n = if out.as_os_str() == "-" {
+                c.export(&id, &mut std::io::stdout().lock())?
+            } else {
+                let mut f = std::fs::File::create(&out)
+                    .with_context(|| format!("creating {}", out.display()))?;
+                let n = c.export(&id, &mut f)?;
+                f.sync_all()?;
+                n
+            };
+            if out.as_os_str() != "-" {
+                eprintln!("wrote {n} bytes to {}", out.display());
+            }
+        }
+        Cmd::Delete { id } => show(cli.json, c.call(&Request::Delete { id })?, |v| {
+            format!("deleted {}\n", v["deleted"].as_str().unwrap_or("?"))
+        }),
+        Cmd::Config => show(cli.json, c.call(&Request::Config)?, |v| {
+            format!(
+                "# {}\n{}",
+                v["path"].as_str().unwrap_or("?"),
+                v["toml"].as_str().unwrap_or("")
+            )
+        }),
+        Cmd::Dump => show(cli.json, c.call(&Request::Dump)?, |v| {
+            v["text"].as_str().unwrap_or("").to_string()
+        }),
+    }
+    Ok(())
+}
+
+fn show(json: bool, v: Value, human: impl Fn(&Value) -> String) {
+    if json {
+        println!("{v}");
+    } else {
+        let s = human(&v);
+        print!("{s}");
+        if !s.ends_with('\n') {
+            println!();
+        }
+    }
+}
+
+fn loadavg(v: &Value) -> String {
+    match v.as_array() {
+        Some(a) => a
+            .iter()
+            .map(|x| format!("{:.2}", x.as_f64().unwrap_or(0.0)))
+            .collect::<Vec<_>>()
+            .join(" "),
+        None => "-".into(),
+    }
+}

@@ -1,0 +1,206 @@
+//! The control socket protocol, shared by the daemon and `vitalsctl`.
+//!
+//! A frame is a 4-byte big-endian length and that many bytes of JSON.
+//! Requests are `{"cmd": ...}` objects; every request gets one response
+//! frame `{"ok": true, "result": ...}` or `{"ok": false, "error": "..."}`.
+//! `export` is followed, after its response, by exactly `result.bytes` raw
+//! bytes of the trace. Requests longer than the daemon's limit are refused
+//! and the connection closed (the stream cannot be resynchronised).
+
+pub mod server;
+
+use std::{
+    io::{Read, Write},
+    os::unix::net::UnixStream,
+    path::Path,
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Status,
+    Top {
+        #[serde(default = "default_top")]
+        n: usize,
+    },
+    /// Start a capture now.
+    Capture {
+        #[serde(default = "default_capture_s")]
+        duration_s: f64,
+        #[serde(default)]
+        sched: bool,
+        #[serde(default)]
+        faults: bool,
+    },
+    List,
+    Export {
+        id: String,
+    },
+    Delete {
+        id: String,
+    },
+    Config,
+    /// A bugreport section: status, recent triggers, store summary.
+    Dump,
+}
+
+fn default_top() -> usize {
+    15
+}
+
+fn default_capture_s() -> f64 {
+    10.0
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Response {
+    pub fn ok(result: serde_json::Value) -> Self {
+        Self {
+            ok: true,
+            result: Some(result),
+            error: None,
+        }
+    }
+
+    pub fn err(e: impl std::fmt::Display) -> Self {
+        Self {
+            ok: false,
+            result: None,
+            error: Some(e.to_string()),
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error("connecting to {path}: {source}")]
+    Connect {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("control socket i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("daemon sent malformed JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("vitalsd: {0}")]
+    Daemon(String),
+}
+
+/// Writes one frame.
+pub fn write_frame(w: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
+    w.write_all(&(body.len() as u32).to_be_bytes())?;
+    w.write_all(body)?;
+    w.flush()
+}
+
+/// Reads one frame of at most `max` bytes.
+pub fn read_frame(r: &mut impl Read, max: u32) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_be_bytes(len);
+    if len > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes exceeds {max}"),
+        ));
+    }
+    let mut body = vec![0u8; len as usize];
+    r.read_exact(&mut body)?;
+    Ok(body)
+}
+
+/// Responses can carry a whole capture list or dump.
+const MAX_RESPONSE: u32 = 64 << 20;
+
+/// A blocking client, for vitalsctl and tests.
+pub struct Client {
+    stream: UnixStream,
+}
+
+impl Client {
+    pub fn connect(path: &Path) -> Result<Self, ClientError> {
+        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+            path: path.display().to_string(),
+            source,
+        })?;
+        stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+        Ok(Self { stream })
+    }
+
+    /// Sends a request; returns `result` or the daemon's error.
+    pub fn call(&mut self, req: &Request) -> Result<serde_json::Value, ClientError> {
+        write_frame(&mut self.stream, &serde_json::to_vec(req)?)?;
+        let resp: Response = serde_json::from_slice(&read_frame(&mut self.stream, MAX_RESPONSE)?)?;
+        if resp.ok {
+            Ok(resp.result.unwrap_or(serde_json::Value::Null))
+        } else {
+            Err(ClientError::Daemon(resp.error.unwrap_or_default()))
+        }
+    }
+
+    /// Streams a capture's trace into `out`; returns the byte count.
+    pub fn export(&mut self, id: &str, out: &mut impl Write) -> Result<u64, ClientError> {
+        let head = self.call(&Request::Export { id: id.into() })?;
+        let bytes = head["bytes"].as_u64().unwrap_or(0);
+        let copied = std::io::copy(&mut (&mut self.stream).take(bytes), out)?;
+        if copied != bytes {
+            return Err(ClientError::Daemon(format!(
+                "export cut short: {copied} of {bytes} bytes"
+            )));
+        }
+        Ok(copied)
+    }
+
+    pub fn stream(&mut self) -> &mut UnixStream {
+        &mut self.stream
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_and_reject_unknown() {
+        let r: Request =
+            serde_json::from_str(r#"{"cmd":"capture","duration_s":2,"sched":true}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::Capture {
+                duration_s: 2.0,
+                sched: true,
+                faults: false
+            }
+        );
+        assert!(serde_json::from_str::<Request>(r#"{"cmd":"reboot"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"cmd":"list","x":1}"#).is_err());
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"cmd":"top"}"#).unwrap(),
+            Request::Top { n: 15 }
+        );
+    }
+
+    #[test]
+    fn frames_are_length_checked() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, b"{}").unwrap();
+        assert_eq!(read_frame(&mut buf.as_slice(), 10).unwrap(), b"{}");
+        let mut big = Vec::new();
+        write_frame(&mut big, &[b' '; 100]).unwrap();
+        assert!(read_frame(&mut big.as_slice(), 10).is_err());
+        assert!(read_frame(&mut &b"\x00\x00"[..], 10).is_err());
+    }
+}

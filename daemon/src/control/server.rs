@@ -1,0 +1,443 @@
+//! The control socket server: one tokio task per connection, so a slow or
+//! hostile client never holds up another; every peer checked with
+//! SO_PEERCRED against the uid allowlist; requests length-limited.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use serde::Serialize;
+use thiserror::Error;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{UnixListener, UnixStream},
+    sync::{oneshot, Semaphore},
+};
+
+use super::{Request, Response};
+use crate::store::Store;
+
+#[derive(Debug, Error)]
+pub enum ServerError {
+    #[error("control socket {path}: {op}: {source}")]
+    Socket {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One row of `top`: eBPF and procfs figures of a process over the last window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TopRow {
+    pub pid: i32,
+    pub name: String,
+    pub core_equivalent_pct: f64,
+    pub machine_share_pct: f64,
+    pub minflt: u64,
+    pub majflt: u64,
+    pub rss_kb: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CaptureProgress {
+    pub id: String,
+    pub rule: String,
+    pub started_unix_ms: u64,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TriggerRecord {
+    pub unix_ms: u64,
+    pub rule: String,
+    pub value: Option<f64>,
+    pub threshold: Option<f64>,
+    pub offender: Option<String>,
+    /// "captured <id>", "failed: …", or a skip reason.
+    pub outcome: String,
+}
+
+/// What the main loop publishes for the socket to serve.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DaemonState {
+    pub version: &'static str,
+    pub started_unix_ms: u64,
+    pub samples: u64,
+    pub interval_ms: u64,
+    pub fault_source: String,
+    pub capabilities: String,
+    pub local_busy_pct: Option<f64>,
+    pub loadavg: Option<[f32; 3]>,
+    pub top: Vec<TopRow>,
+    pub capture: Option<CaptureProgress>,
+    pub recent_triggers: VecDeque<TriggerRecord>,
+    pub triggers_fired: u64,
+    pub triggers_skipped: BTreeMap<String, u64>,
+    pub bpf_drops: BTreeMap<String, u64>,
+    pub procfs_drops: BTreeMap<String, u64>,
+    pub history_samples: usize,
+    pub config_path: String,
+    #[serde(skip)]
+    pub config_toml: String,
+    pub last_reload_error: Option<String>,
+}
+
+/// Requests only the main loop can serve.
+#[derive(Debug)]
+pub enum Command {
+    Capture {
+        duration: Duration,
+        sched: bool,
+        faults: bool,
+        reply: oneshot::Sender<Result<String, String>>,
+    },
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct ControlCounters {
+    pub connections: AtomicU64,
+    pub refused_uid: AtomicU64,
+    pub bad_requests: AtomicU64,
+    pub oversized_requests: AtomicU64,
+}
+
+pub struct Shared {
+    pub state: Mutex<DaemonState>,
+    pub store: Arc<Mutex<Store>>,
+    pub commands: std::sync::mpsc::Sender<Command>,
+    pub allowed_uids: Mutex<Vec<u32>>,
+    pub max_request_bytes: AtomicU64,
+    pub counters: ControlCounters,
+}
+
+/// Connections served at once; more wait for a slot.
+const MAX_CONNECTIONS: usize = 32;
+/// A client must deliver a whole request within this.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Binds the socket (replacing a stale one) with mode 0660.
+pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ServerError> {
+    let err = |op| {
+        move |source| ServerError::Socket {
+            op,
+            path: path.to_owned(),
+            source,
+        }
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err("create directory"))?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => log::info!("removed stale control socket {}", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err("remove stale")(e)),
+    }
+    let l = std::os::unix::net::UnixListener::bind(path).map_err(err("bind"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err("chmod"))?;
+    l.set_nonblocking(true).map_err(err("set_nonblocking"))?;
+    Ok(l)
+}
+
+/// Serves forever on a dedicated thread with its own runtime.
+pub fn spawn(
+    listener: std::os::unix::net::UnixListener,
+    shared: Arc<Shared>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    log::error!("control socket runtime: {e}");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let listener = match UnixListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        log::error!("control socket: {e}");
+                        return;
+                    }
+                };
+                let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+                loop {
+                    let (stream, _) = match listener.accept().await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            log::warn!("control socket accept: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    };
+                    let Ok(permit) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
+                    let shared = Arc::clone(&shared);
+                    tokio::spawn(async move {
+                        if let Err(e) = serve(stream, &shared).await {
+                            log::debug!("control connection: {e}");
+                        }
+                        drop(permit);
+                    });
+                }
+            });
+        })?;
+    Ok(())
+}
+
+async fn send(stream: &mut UnixStream, resp: &Response) -> std::io::Result<()> {
+    let body = serde_json::to_vec(resp).unwrap_or_default();
+    stream.write_all(&(body.len() as u32).to_be_bytes()).await?;
+    stream.write_all(&body).await?;
+    stream.flush().await
+}
+
+async fn serve(mut stream: UnixStream, shared: &Shared) -> std::io::Result<()> {
+    shared.counters.connections.fetch_add(1, Ordering::Relaxed);
+    let uid = stream.peer_cred()?.uid();
+    if !shared.allowed_uids.lock().unwrap().contains(&uid) {
+        shared.counters.refused_uid.fetch_add(1, Ordering::Relaxed);
+        log::warn!("control socket: refused uid {uid}");
+        return send(
+            &mut stream,
+            &Response::err(format!("uid {uid} is not allowed")),
+        )
+        .await;
+    }
+    loop {
+        let mut len = [0u8; 4];
+        match stream.read_exact(&mut len).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let len = u32::from_be_bytes(len);
+        let max = shared.max_request_bytes.load(Ordering::Relaxed) as u32;
+        if len > max {
+            shared
+                .counters
+                .oversized_requests
+                .fetch_add(1, Ordering::Relaxed);
+            return send(
+                &mut stream,
+                &Response::err(format!("request of {len} bytes exceeds the limit of {max}")),
+            )
+            .await;
+        }
+        let mut body = vec![0u8; len as usize];
+        match tokio::time::timeout(REQUEST_TIMEOUT, stream.read_exact(&mut body)).await {
+            Ok(r) => r?,
+            Err(_) => return send(&mut stream, &Response::err("request timed out")).await,
+        };
+        let req: Request = match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                shared.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
+                send(
+                    &mut stream,
+                    &Response::err(format!("malformed request: {e}")),
+                )
+                .await?;
+                continue;
+            }
+        };
+        if let Request::Export { id } = &req {
+            export(&mut stream, shared, id).await?;
+            continue;
+        }
+        let resp = handle(req, shared).await;
+        send(&mut stream, &resp).await?;
+    }
+}
+
+async fn export(stream: &mut UnixStream, shared: &Shared, id: &str) -> std::io::Result<()> {
+    let found = shared
+        .store
+        .lock()
+        .unwrap()
+        .get(id)
+        .map(|(m, p)| (m.clone(), p));
+    let (meta, path) = match found {
+        Ok(x) => x,
+        Err(e) => return send(stream, &Response::err(e)).await,
+    };
+    // Opened before the header: an eviction racing us cannot cut the
+    // stream short, the open file stays readable.
+    let mut file = match tokio::fs::File::open(&path).await {
+        Ok(f) => f,
+        Err(e) => return send(stream, &Response::err(format!("{}: {e}", path.display()))).await,
+    };
+    let bytes = file.metadata().await?.len();
+    send(
+        stream,
+        &Response::ok(serde_json::json!({ "id": meta.id, "bytes": bytes })),
+    )
+    .await?;
+    let copied = tokio::io::copy(&mut (&mut file).take(bytes), stream).await?;
+    if copied != bytes {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "capture shrank during export",
+        ));
+    }
+    stream.flush().await
+}
+
+async fn handle(req: Request, shared: &Shared) -> Response {
+    match req {
+        Request::Status => {
+            let st = shared.state.lock().unwrap();
+            let mut v = serde_json::to_value(&*st).unwrap_or_default();
+            v["control"] = serde_json::to_value(&shared.counters).unwrap_or_default();
+            let store = shared.store.lock().unwrap();
+            v["store"] = store_summary(&store);
+            Response::ok(v)
+        }
+        Request::Top { n } => {
+            let st = shared.state.lock().unwrap();
+            let top: Vec<&TopRow> = st.top.iter().take(n).collect();
+            Response::ok(serde_json::json!({
+                "local_busy_pct": st.local_busy_pct,
+                "loadavg": st.loadavg,
+                "processes": top,
+            }))
+        }
+        Request::Capture {
+            duration_s,
+            sched,
+            faults,
+        } => {
+            if !(duration_s.is_finite() && duration_s > 0.0 && duration_s <= 3600.0) {
+                return Response::err("duration_s must be in (0, 3600]");
+            }
+            let (reply, rx) = oneshot::channel();
+            let cmd = Command::Capture {
+                duration: Duration::from_secs_f64(duration_s),
+                sched,
+                faults,
+                reply,
+            };
+            if shared.commands.send(cmd).is_err() {
+                return Response::err("daemon is shutting down");
+            }
+            match rx.await {
+                Ok(Ok(id)) => Response::ok(serde_json::json!({ "id": id })),
+                Ok(Err(e)) => Response::err(e),
+                Err(_) => Response::err("daemon is shutting down"),
+            }
+        }
+        Request::List => {
+            let store = shared.store.lock().unwrap();
+            Response::ok(serde_json::to_value(store.list()).unwrap_or_default())
+        }
+        Request::Delete { id } => match shared.store.lock().unwrap().delete(&id) {
+            Ok(()) => Response::ok(serde_json::json!({ "deleted": id })),
+            Err(e) => Response::err(e),
+        },
+        Request::Config => {
+            let st = shared.state.lock().unwrap();
+            Response::ok(serde_json::json!({ "path": st.config_path, "toml": st.config_toml }))
+        }
+        Request::Dump => Response::ok(serde_json::json!({ "text": dump_text(shared) })),
+        Request::Export { .. } => Response::err("export is streamed"),
+    }
+}
+
+fn store_summary(store: &Store) -> serde_json::Value {
+    serde_json::json!({
+        "dir": store.dir(),
+        "captures": store.list().len(),
+        "bytes": store.total_trace_bytes(),
+        "newest": store.newest().map(|m| m.id.clone()),
+        "newest_path": store.newest().and_then(|m| store.get(&m.id).ok().map(|(_, p)| p)),
+        "counters": store.counters,
+    })
+}
+
+/// The bugreport section (`vitalsctl dump`): plain text, stable headings.
+pub fn dump_text(shared: &Shared) -> String {
+    use std::fmt::Write;
+    let st = shared.state.lock().unwrap().clone();
+    let store = shared.store.lock().unwrap();
+    let mut s = String::new();
+    let _ = writeln!(s, "------ VITALSD (vitalsctl dump) ------");
+    let _ =
+        writeln!(
+        s,
+        "version {} up since {} ms (unix), {} samples at {} ms, faults from {}, capabilities {}",
+        st.version, st.started_unix_ms, st.samples, st.interval_ms, st.fault_source, st.capabilities
+    );
+    let _ = writeln!(
+        s,
+        "cpu local busy {:.1}%  loadavg {:?}",
+        st.local_busy_pct.unwrap_or(f64::NAN),
+        st.loadavg
+    );
+    if let Some(c) = &st.capture {
+        let _ = writeln!(
+            s,
+            "capture running: {} (rule {}, {} ms)",
+            c.id, c.rule, c.duration_ms
+        );
+    }
+    let _ = writeln!(
+        s,
+        "triggers: fired {}, skipped {:?}",
+        st.triggers_fired, st.triggers_skipped
+    );
+    let _ = writeln!(s, "recent triggers:");
+    for t in &st.recent_triggers {
+        let _ = writeln!(
+            s,
+            "  {} {} value={:?} threshold={:?} offender={} -> {}",
+            t.unix_ms,
+            t.rule,
+            t.value,
+            t.threshold,
+            t.offender.as_deref().unwrap_or("-"),
+            t.outcome
+        );
+    }
+    let _ = writeln!(
+        s,
+        "drops: bpf {:?} procfs {:?}",
+        st.bpf_drops, st.procfs_drops
+    );
+    let _ = writeln!(
+        s,
+        "store {}: {} captures, {} bytes, counters {:?}",
+        store.dir().display(),
+        store.list().len(),
+        store.total_trace_bytes(),
+        store.counters
+    );
+    if let Some(m) = store.newest() {
+        if let Ok((_, p)) = store.get(&m.id) {
+            let _ = writeln!(
+                s,
+                "newest capture: {} ({} bytes, rule {})",
+                p.display(),
+                m.trace_bytes,
+                m.trigger.rule
+            );
+        }
+    }
+    if let Some(e) = &st.last_reload_error {
+        let _ = writeln!(s, "last config reload failed: {e}");
+    }
+    s
+}

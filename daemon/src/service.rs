@@ -1,0 +1,483 @@
+//! `vitalsd run`: the long-running daemon.
+//!
+//! The main thread samples eBPF maps and procfs every interval into the
+//! history, evaluates the health rules and runs at most one capture at a
+//! time on its own thread (a bounded `record` into the store). The control
+//! socket runs on its own thread and reads what the main thread publishes.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc, Arc, Mutex,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use thiserror::Error;
+
+use crate::{
+    bpf::{totals::Totals, Accounting, AccountingConfig, BpfError, MapLimits},
+    config::{CaptureSpec, Config},
+    control::server::{
+        self, CaptureProgress, Command, DaemonState, ServerError, Shared, TopRow, TriggerRecord,
+    },
+    export,
+    history::{self, History},
+    privileges::{self, PrivilegeError},
+    procfs::sampler::{Sample, SampleOptions, Sampler, SamplerError},
+    record::{record_with, RecordError, RecordOptions, RecordSummary},
+    store::{self, CaptureMeta, Limits, Pending, Store, StoreError, TriggerInfo},
+    system::{self, SystemError},
+    tracker::Tracker,
+    triggers::{Engine, Fired, SysfsProbe},
+};
+
+#[derive(Debug, Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Bpf(#[from] BpfError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Control(#[from] ServerError),
+    #[error(transparent)]
+    Privileges(#[from] PrivilegeError),
+    #[error(transparent)]
+    Procfs(#[from] SamplerError),
+    #[error(transparent)]
+    System(#[from] SystemError),
+    #[error("starting a thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// Capabilities the daemon keeps: CAP_BPF for map reads, CAP_PERFMON so a
+/// capture can attach its programs. init/vitalsd.rc lists the same set.
+pub const DAEMON_CAPS: &[caps::Capability] =
+    &[caps::Capability::CAP_BPF, caps::Capability::CAP_PERFMON];
+
+/// Recent triggers kept for `status` and `dump`.
+const RECENT_TRIGGERS: usize = 32;
+
+fn limits(cfg: &Config) -> Limits {
+    Limits {
+        quota_bytes: cfg.store.quota_bytes,
+        max_captures: cfg.store.max_captures,
+        max_age_ms: cfg.store.max_age.0.as_millis() as u64,
+    }
+}
+
+struct RunningCapture {
+    pending: Pending,
+    trigger: TriggerInfo,
+    started_unix_ms: u64,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Result<RecordSummary, RecordError>>,
+}
+
+/// Signals the binary forwards: stop and reload.
+#[derive(Clone, Default)]
+pub struct Signals {
+    pub stop: Arc<AtomicBool>,
+    pub reload: Arc<AtomicBool>,
+}
+
+pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<(), ServiceError> {
+    let accounting_cfg = AccountingConfig {
+        fault_source: cfg.sampling.fault_source,
+        limits: MapLimits {
+            max_tasks: cfg.sampling.max_tasks,
+            ..MapLimits::default()
+        },
+        runq_wait: cfg.sampling.runq_wait,
+        ..AccountingConfig::default()
+    };
+    let mut accounting = Accounting::load(&accounting_cfg)?;
+    let store = Arc::new(Mutex::new(Store::open(&cfg.store.dir, limits(&cfg))?));
+    let listener = server::bind(&cfg.control.socket)?;
+    let kept = privileges::drop_to(DAEMON_CAPS)?;
+    let capabilities = privileges::describe(&kept);
+    log::info!(
+        "vitalsd running; capabilities {capabilities}; store {}",
+        cfg.store.dir.display()
+    );
+
+    let (tx, commands) = mpsc::channel::<Command>();
+    let shared = Arc::new(Shared {
+        state: Mutex::new(DaemonState {
+            version: env!("CARGO_PKG_VERSION"),
+            started_unix_ms: store::now_unix_ms(),
+            interval_ms: cfg.sampling.interval.0.as_millis() as u64,
+            fault_source: accounting.fault_source().describe().into(),
+            capabilities,
+            config_path: config_path.display().to_string(),
+            config_toml: cfg.to_toml(),
+            ..DaemonState::default()
+        }),
+        store: Arc::clone(&store),
+        commands: tx,
+        allowed_uids: Mutex::new(cfg.control.allowed_uids.clone()),
+        max_request_bytes: AtomicU64::new(u64::from(cfg.control.max_request_bytes)),
+        counters: Default::default(),
+    });
+    server::spawn(listener, Arc::clone(&shared)).map_err(ServiceError::Thread)?;
+
+    let hz = system::clock_ticks_per_second()?;
+    let mut sampler = Sampler::new(
+        &cfg.sampling.proc_root,
+        SampleOptions {
+            threads: false,
+            status: true,
+            cmdline: true,
+        },
+    );
+    let mut tracker = Tracker::new(hz);
+    let mut totals = Totals::new();
+    let mut history = History::new(cfg.history_len());
+    let mut engine = Engine::new(
+        cfg.rules.clone(),
+        cfg.budget.clone(),
+        cfg.conditions.clone(),
+    );
+    let mut sample = Sample::default();
+    let mut capture: Option<RunningCapture> = None;
+    let mut next_tick = Instant::now();
+    let mut last_expiry = Instant::now();
+
+    loop {
+        let now = Instant::now();
+        if !signals.stop.load(Ordering::SeqCst) && now < next_tick {
+            // Signals unpark us; control commands wait at most one interval.
+            std::thread::park_timeout(next_tick - now);
+        }
+        let stopping = signals.stop.load(Ordering::SeqCst);
+        if stopping {
+            if let Some(c) = capture.take() {
+                log::info!(
+                    "stopping: cutting capture {} at a packet boundary",
+                    c.pending.id
+                );
+                c.stop.store(true, Ordering::SeqCst);
+                c.thread.thread().unpark();
+                finish_capture(c, &store, &shared, "stopped by daemon shutdown");
+            }
+            log::info!("vitalsd stopped");
+            return Ok(());
+        }
+
+        if signals.reload.swap(false, Ordering::SeqCst) {
+            match Config::load(&config_path) {
+                Ok(new) => {
+                    log::info!("config reloaded from {}", config_path.display());
+                    if new.sampling.fault_source != cfg.sampling.fault_source
+                        || new.sampling.max_tasks != cfg.sampling.max_tasks
+                        || new.sampling.runq_wait != cfg.sampling.runq_wait
+                        || new.store.dir != cfg.store.dir
+                        || new.control.socket != cfg.control.socket
+                    {
+                        log::warn!(
+                            "eBPF, store dir and socket settings take effect at the next start"
+                        );
+                    }
+                    engine.reconfigure(
+                        new.rules.clone(),
+                        new.budget.clone(),
+                        new.conditions.clone(),
+                    );
+                    history.set_capacity(new.history_len());
+                    store.lock().unwrap().set_limits(limits(&new));
+                    *shared.allowed_uids.lock().unwrap() = new.control.allowed_uids.clone();
+                    shared
+                        .max_request_bytes
+                        .store(u64::from(new.control.max_request_bytes), Ordering::Relaxed);
+                    let mut st = shared.state.lock().unwrap();
+                    st.config_toml = new.to_toml();
+                    st.interval_ms = new.sampling.interval.0.as_millis() as u64;
+                    st.last_reload_error = None;
+                    cfg = new;
+                }
+                Err(e) => {
+                    log::error!("config reload failed, keeping the running config: {e}");
+                    shared.state.lock().unwrap().last_reload_error = Some(e.to_string());
+                }
+            }
+        }
+
+        if capture.as_ref().is_some_and(|c| c.thread.is_finished()) {
+            let c = capture.take().unwrap();
+            finish_capture(c, &store, &shared, "complete");
+        }
+
+        // Manual captures from the control socket.
+        while let Ok(cmd) = commands.try_recv() {
+            match cmd {
+                Command::Capture {
+                    duration,
+                    sched,
+                    faults,
+                    reply,
+                } => {
+                    if capture.is_some() {
+                        let _ =
+                            reply.send(Err("a capture is already running (one at a time)".into()));
+                        continue;
+                    }
+                    let spec = CaptureSpec {
+                        duration: crate::config::Dur(duration),
+                        sched,
+                        faults,
+                        ..CaptureSpec::default()
+                    };
+                    let trigger = TriggerInfo {
+                        rule: "manual".into(),
+                        value: None,
+                        threshold: None,
+                        offender_pid: None,
+                        offender_name: None,
+                    };
+                    let c = start_capture(
+                        &cfg,
+                        &accounting_cfg,
+                        &store,
+                        &history,
+                        &spec,
+                        trigger,
+                        &shared,
+                    );
+                    let _ = reply.send(Ok(c.pending.id.clone()));
+                    capture = Some(c);
+                }
+            }
+        }
+
+        if Instant::now() < next_tick {
+            continue;
+        }
+        next_tick += cfg.sampling.interval.0;
+        if next_tick < Instant::now() {
+            // Overran (suspend, a stall): resynchronise instead of bursting.
+            next_tick = Instant::now() + cfg.sampling.interval.0;
+        }
+
+        // Always-on sample.
+        let snap = accounting.read()?;
+        // Folding drains the EXITED map and keeps the drop counters current.
+        totals.update(&snap);
+        sampler.sample_into(&mut sample)?;
+        let window = tracker.update(&sample);
+        let mut st_top = Vec::new();
+        if let Some(w) = &window {
+            history.push(history::summarize(
+                w,
+                cfg.sampling.history_processes,
+                &engine.watched_processes(),
+            ));
+            let mut procs: Vec<&crate::tracker::TaskWindow> =
+                w.processes.iter().filter(|p| p.working).collect();
+            procs.sort_by(|a, b| {
+                b.core_equivalent_pct
+                    .unwrap_or(0.0)
+                    .total_cmp(&a.core_equivalent_pct.unwrap_or(0.0))
+            });
+            st_top = procs
+                .iter()
+                .take(50)
+                .map(|p| TopRow {
+                    pid: p.pid,
+                    name: p.name(),
+                    core_equivalent_pct: p.core_equivalent_pct.unwrap_or(0.0),
+                    machine_share_pct: p.machine_share_pct.unwrap_or(0.0),
+                    minflt: p.delta.map(|d| d.minflt).unwrap_or(0),
+                    majflt: p.delta.map(|d| d.majflt).unwrap_or(0),
+                    rss_kb: p.status.as_ref().and_then(|s| s.vm_rss_kb),
+                })
+                .collect();
+        }
+
+        // Health rules.
+        let boottime = crate::clock::boottime_ns();
+        let conditions = engine.conditions().clone();
+        if let Some(fired) = engine.evaluate(
+            &history,
+            boottime,
+            capture.is_some(),
+            &SysfsProbe(&conditions),
+        ) {
+            let trigger = trigger_info(&fired);
+            capture = Some(start_capture(
+                &cfg,
+                &accounting_cfg,
+                &store,
+                &history,
+                &fired.capture,
+                trigger,
+                &shared,
+            ));
+        }
+
+        if last_expiry.elapsed() > Duration::from_secs(60) {
+            last_expiry = Instant::now();
+            if let Err(e) = store.lock().unwrap().expire(store::now_unix_ms()) {
+                log::warn!("store expiry: {e}");
+            }
+        }
+
+        // Publish for the control socket.
+        let mut st = shared.state.lock().unwrap();
+        st.samples += 1;
+        st.history_samples = history.len();
+        if let Some(w) = &window {
+            st.top = st_top;
+            st.local_busy_pct = w.system.as_ref().map(|s| s.local_busy_pct);
+            st.loadavg = w.loadavg.as_ref().map(|l| [l.load1, l.load5, l.load15]);
+            let d = tracker.drop_totals();
+            st.procfs_drops = BTreeMap::from([
+                ("read_failures".into(), d.read_failures),
+                ("vanished_pids".into(), d.vanished_pids),
+                ("vanished_tids".into(), d.vanished_tids),
+                ("negative_deltas".into(), d.negative_deltas),
+                ("clock_not_advancing".into(), d.clock_not_advancing),
+                ("starttime_changes".into(), d.starttime_changes),
+            ]);
+        }
+        st.bpf_drops = vitals_common::drop_reason::NAMES
+            .iter()
+            .zip(totals.drops)
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        st.triggers_fired = engine.fired_total;
+        st.triggers_skipped = engine
+            .skipped
+            .iter()
+            .map(|(k, v)| (k.name().to_string(), *v))
+            .collect();
+    }
+}
+
+fn trigger_info(f: &Fired) -> TriggerInfo {
+    TriggerInfo {
+        rule: f.rule.clone(),
+        value: Some(f.value),
+        threshold: Some(f.threshold),
+        offender_pid: f.offender.as_ref().map(|o| o.pid),
+        offender_name: f.offender.as_ref().map(|o| o.name.clone()),
+    }
+}
+
+fn start_capture(
+    cfg: &Config,
+    accounting: &AccountingConfig,
+    store: &Arc<Mutex<Store>>,
+    history: &History,
+    spec: &CaptureSpec,
+    trigger: TriggerInfo,
+    shared: &Shared,
+) -> RunningCapture {
+    let pending = store.lock().unwrap().begin(&trigger.rule);
+    let opts = RecordOptions {
+        duration: spec.duration.0,
+        out: pending.tmp_path.clone(),
+        interval: cfg.sampling.interval.0.min(Duration::from_secs(1)),
+        accounting: accounting.clone(),
+        proc_root: cfg.sampling.proc_root.clone(),
+        drop_privileges: false,
+    };
+    let samples: Vec<history::VitalsSample> = history.iter().cloned().collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread_stop = Arc::clone(&stop);
+    log::info!(
+        "capture {} started ({} for {:?})",
+        pending.id,
+        trigger.rule,
+        spec.duration.0
+    );
+    let started_unix_ms = store::now_unix_ms();
+    shared.state.lock().unwrap().capture = Some(CaptureProgress {
+        id: pending.id.clone(),
+        rule: trigger.rule.clone(),
+        started_unix_ms,
+        duration_ms: spec.duration.0.as_millis() as u64,
+    });
+    let thread = std::thread::Builder::new()
+        .name("capture".into())
+        .spawn(move || record_with(&opts, &thread_stop, |w| export::write_history(w, &samples)))
+        .expect("spawning the capture thread");
+    RunningCapture {
+        pending,
+        trigger,
+        started_unix_ms,
+        stop,
+        thread,
+    }
+}
+
+/// Commits a finished (or cut) capture; a failure is recorded, never fatal.
+fn finish_capture(c: RunningCapture, store: &Arc<Mutex<Store>>, shared: &Shared, how: &str) {
+    let result = c.thread.join();
+    let mut store = store.lock().unwrap();
+    let outcome = match result {
+        Ok(Ok(summary)) => {
+            let meta = CaptureMeta {
+                id: String::new(),
+                created_unix_ms: c.started_unix_ms,
+                trigger: c.trigger.clone(),
+                duration_ms: summary.wall_monotonic_ns / 1_000_000,
+                trace_bytes: 0,
+                status: how.into(),
+                heapprofd: None,
+            };
+            match store.commit(c.pending, meta) {
+                Ok(m) => {
+                    log::info!("capture {} stored ({} bytes)", m.id, m.trace_bytes);
+                    format!("captured {}", m.id)
+                }
+                Err(e) => {
+                    log::error!("capture could not be stored: {e}");
+                    format!("failed: {e}")
+                }
+            }
+        }
+        Ok(Err(e)) => {
+            log::error!("capture failed: {e}");
+            // Whatever whole packets reached the disk are still worth keeping.
+            let meta = CaptureMeta {
+                id: String::new(),
+                created_unix_ms: c.started_unix_ms,
+                trigger: c.trigger.clone(),
+                duration_ms: store::now_unix_ms().saturating_sub(c.started_unix_ms),
+                trace_bytes: 0,
+                status: format!("cut short: {e}"),
+                heapprofd: None,
+            };
+            if c.pending.tmp_path.exists() {
+                match store.commit(c.pending, meta) {
+                    Ok(m) => format!("captured {} (cut short: {e})", m.id),
+                    Err(e2) => format!("failed: {e}; {e2}"),
+                }
+            } else {
+                store.abort(c.pending);
+                format!("failed: {e}")
+            }
+        }
+        Err(_) => {
+            store.abort(c.pending);
+            "failed: capture thread panicked".into()
+        }
+    };
+    drop(store);
+    let mut st = shared.state.lock().unwrap();
+    st.capture = None;
+    st.recent_triggers.push_back(TriggerRecord {
+        unix_ms: c.started_unix_ms,
+        rule: c.trigger.rule,
+        value: c.trigger.value,
+        threshold: c.trigger.threshold,
+        offender: c.trigger.offender_name,
+        outcome,
+    });
+    while st.recent_triggers.len() > RECENT_TRIGGERS {
+        st.recent_triggers.pop_front();
+    }
+}
