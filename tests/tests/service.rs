@@ -1,0 +1,452 @@
+//! `vitalsd run` as a service: health-triggered captures, the store across
+//! a kill -9, the control socket's authentication and robustness, SIGHUP.
+
+use std::{
+    io::{Read, Write},
+    os::unix::{fs::PermissionsExt, net::UnixStream, process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use vitals_tests::*;
+use vitalsd::control::{read_frame, write_frame, Client, Request};
+
+struct Daemon {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+fn config(dir: &Path, extra: &str) -> String {
+    format!(
+        r#"
+[sampling]
+interval = "250ms"
+history = "1m"
+[store]
+dir = "{store}"
+[control]
+socket = "{sock}"
+{extra}
+"#,
+        store = dir.join("store").display(),
+        sock = dir.join("vitalsd.sock").display(),
+    )
+}
+
+impl Daemon {
+    fn start(extra_config: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("vitalsd.toml"),
+            config(dir.path(), extra_config),
+        )
+        .unwrap();
+        let mut d = Self { child: None, dir };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        require_root();
+        let _ = std::fs::remove_file(self.socket());
+        let child = Command::new(vitalsd_bin())
+            .args(["run", "--config"])
+            .arg(self.config_path())
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(self.dir.path().join("log")).unwrap())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Client::connect(&self.socket()).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not start: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.dir.path().join("vitalsd.toml")
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("vitalsd.sock")
+    }
+
+    fn store(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    fn call(&self, req: &Request) -> Value {
+        Client::connect(&self.socket())
+            .unwrap()
+            .call(req)
+            .unwrap_or_else(|e| panic!("{req:?}: {e}\n{}", self.log()))
+    }
+
+    fn list(&self) -> Vec<Value> {
+        self.call(&Request::List).as_array().unwrap().clone()
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// Waits for `cond` on the daemon's status, polling.
+    fn wait_status(&self, what: &str, timeout: Duration, cond: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let st = self.call(&Request::Status);
+            if cond(&st) {
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {st}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let st = c.wait().unwrap();
+            assert!(st.success(), "daemon exited with {st}: {}", self.log());
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+const SPINNER_RULE: &str = r#"
+[[rule]]
+name = "spinner"
+metric = { kind = "process_cpu_pct", process = "vitals-workload" }
+threshold = 50
+window = "1s"
+cooldown = "1h"
+capture = { duration = "1s", sched = false }
+"#;
+
+#[test]
+fn rule_fires_once_on_a_spinner_then_respects_its_cooldown() {
+    let d = Daemon::start(SPINNER_RULE);
+    let mut w = Workload::spawn(&["spin", "4000"]);
+    w.expect("ready");
+    let st = d.wait_status("the capture to be stored", Duration::from_secs(20), |st| {
+        st["store"]["captures"] == 1 && st["capture"].is_null()
+    });
+    w.expect("done");
+    // The spinner kept matching after the capture: skipped for cooldown.
+    let st = d.wait_status("a cooldown skip", Duration::from_secs(10), |st| {
+        st["triggers_skipped"]["cooldown"].as_u64().unwrap_or(0) > 0
+    });
+    assert_eq!(st["triggers_fired"], 1, "{st}");
+    let list = d.list();
+    assert_eq!(list.len(), 1, "exactly one capture: {list:?}");
+    let m = &list[0];
+    assert_eq!(m["trigger"]["rule"], "spinner");
+    assert_eq!(m["trigger"]["offender_pid"].as_u64(), Some(w.pid() as u64));
+    assert!(m["trigger"]["value"].as_f64().unwrap() > 50.0);
+    assert_eq!(m["status"], "complete");
+    let _ = st;
+
+    // The stored trace: mode 0640, decodes with the official schema, and
+    // export streams exactly its bytes.
+    let id = m["id"].as_str().unwrap();
+    let path = d.store().join(format!("{id}.pftrace"));
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    let t = decode_trace(&path);
+    assert!(t["packet_count"].as_u64().unwrap() > 3);
+    let names: Vec<&str> = t["track_descriptors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|x| x["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"history.cpu.local_busy_pct"),
+        "history prelude missing: {names:?}"
+    );
+    let mut exported = Vec::new();
+    Client::connect(&d.socket())
+        .unwrap()
+        .export(id, &mut exported)
+        .unwrap();
+    assert_eq!(exported, std::fs::read(&path).unwrap());
+    w.finish();
+    // The index on disk lists the same capture.
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(d.store().join("index.json")).unwrap()).unwrap();
+    assert_eq!(index.as_array().unwrap().len(), 1);
+    let dump = d.call(&Request::Dump);
+    let text = dump["text"].as_str().unwrap();
+    assert!(
+        text.contains("spinner") && text.contains("newest capture:"),
+        "{text}"
+    );
+}
+
+#[test]
+fn kill_9_during_a_capture_leaves_no_partial_capture_listed() {
+    let mut d = Daemon::start("");
+    let v = d.call(&Request::Capture {
+        duration_s: 30.0,
+        sched: false,
+        faults: false,
+    });
+    let id = v["id"].as_str().unwrap().to_owned();
+    d.wait_status("the capture to run", Duration::from_secs(10), |st| {
+        st["capture"]["id"] == id.as_str()
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    let tmp: Vec<String> = std::fs::read_dir(d.store())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert_eq!(tmp.len(), 1, "the capture is being written: {tmp:?}");
+    let mut child = d.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    d.spawn();
+    assert!(
+        d.list().is_empty(),
+        "a half-written capture is listed: {:?}",
+        d.list()
+    );
+    let st = d.call(&Request::Status);
+    assert!(
+        st["store"]["counters"]["repaired_leftovers"]
+            .as_u64()
+            .unwrap()
+            >= 1,
+        "{st}"
+    );
+    let names: Vec<String> = std::fs::read_dir(d.store())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["index.json".to_string()],
+        "leftovers: {names:?}"
+    );
+    // And the store still works: a short capture is stored.
+    let v = d.call(&Request::Capture {
+        duration_s: 0.5,
+        sched: false,
+        faults: false,
+    });
+    let id = v["id"].as_str().unwrap().to_owned();
+    d.wait_status("the new capture", Duration::from_secs(15), |st| {
+        st["store"]["newest"] == id.as_str()
+    });
+    d.stop();
+}
+
+#[test]
+fn sigterm_cuts_a_running_capture_and_stores_it() {
+    let mut d = Daemon::start("");
+    let v = d.call(&Request::Capture {
+        duration_s: 60.0,
+        sched: false,
+        faults: false,
+    });
+    let id = v["id"].as_str().unwrap().to_owned();
+    std::thread::sleep(Duration::from_millis(1500));
+    d.stop();
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(d.store().join("index.json")).unwrap()).unwrap();
+    let m = &index.as_array().unwrap()[0];
+    assert_eq!(m["id"], id.as_str());
+    assert!(m["status"].as_str().unwrap().contains("stopped"), "{m}");
+    decode_trace(&d.store().join(format!("{id}.pftrace")));
+}
+
+#[test]
+fn a_uid_not_allowed_is_refused() {
+    let d = Daemon::start("");
+    // Let anyone reach the socket so the daemon's own check is what refuses.
+    std::fs::set_permissions(d.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = Command::new(vitalsd_bin().with_file_name("vitalsctl"))
+        .args(["--socket"])
+        .arg(d.socket())
+        .arg("status")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("uid 65534 is not allowed"), "{err}");
+    let st = d.call(&Request::Status);
+    assert_eq!(st["control"]["refused_uid"], 1, "{st}");
+}
+
+#[test]
+fn garbage_and_oversized_requests_get_errors_while_others_are_served() {
+    let d = Daemon::start("");
+    let mut good = Client::connect(&d.socket()).unwrap();
+    assert!(good.call(&Request::Status).is_ok());
+
+    // Random bytes inside a valid frame: an error, and the connection lives.
+    let mut bad = UnixStream::connect(d.socket()).unwrap();
+    let mut seed = 0x9e3779b97f4a7c15u64;
+    let junk: Vec<u8> = (0..512)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed as u8
+        })
+        .collect();
+    write_frame(&mut bad, &junk).unwrap();
+    let resp: Value = serde_json::from_slice(&read_frame(&mut bad, 1 << 20).unwrap()).unwrap();
+    assert_eq!(resp["ok"], false);
+    assert!(
+        resp["error"].as_str().unwrap().contains("malformed"),
+        "{resp}"
+    );
+    write_frame(&mut bad, br#"{"cmd":"reboot"}"#).unwrap();
+    let resp: Value = serde_json::from_slice(&read_frame(&mut bad, 1 << 20).unwrap()).unwrap();
+    assert_eq!(resp["ok"], false);
+    write_frame(&mut bad, br#"{"cmd":"list"}"#).unwrap();
+    let resp: Value = serde_json::from_slice(&read_frame(&mut bad, 1 << 20).unwrap()).unwrap();
+    assert_eq!(resp["ok"], true, "the same connection still works");
+
+    // An oversized frame: refused, connection closed.
+    let mut big = UnixStream::connect(d.socket()).unwrap();
+    big.write_all(&(100u32 << 20).to_be_bytes()).unwrap();
+    let resp: Value = serde_json::from_slice(&read_frame(&mut big, 1 << 20).unwrap()).unwrap();
+    assert!(
+        resp["error"]
+            .as_str()
+            .unwrap()
+            .contains("exceeds the limit"),
+        "{resp}"
+    );
+    let mut rest = Vec::new();
+    assert_eq!(
+        big.read_to_end(&mut rest).unwrap_or(0),
+        0,
+        "connection closed"
+    );
+
+    // Raw random bytes with no framing at all, then a client that stalls.
+    let mut raw = UnixStream::connect(d.socket()).unwrap();
+    raw.write_all(&junk).unwrap();
+    let _stalled = {
+        let mut s = UnixStream::connect(d.socket()).unwrap();
+        s.write_all(&10u32.to_be_bytes()).unwrap();
+        s
+    };
+
+    // The well-behaved client is served throughout.
+    let st = good.call(&Request::Status).unwrap();
+    assert!(st["control"]["bad_requests"].as_u64().unwrap() >= 2, "{st}");
+    assert!(
+        st["control"]["oversized_requests"].as_u64().unwrap() >= 1,
+        "{st}"
+    );
+    assert!(good.call(&Request::Top { n: 5 }).is_ok());
+}
+
+#[test]
+fn sighup_with_a_bad_config_keeps_the_running_one() {
+    let d = Daemon::start("[budget]\ncaptures_per_hour = 3\n");
+    let before = d.call(&Request::Config)["toml"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(before.contains("captures_per_hour = 3"));
+
+    std::fs::write(
+        d.config_path(),
+        "[budget]\ncaptures_per_hour = \"many\"\nbogus_key = 1\n",
+    )
+    .unwrap();
+    d.signal(libc::SIGHUP);
+    let st = d.wait_status("the reload error", Duration::from_secs(10), |st| {
+        !st["last_reload_error"].is_null()
+    });
+    assert!(
+        st["last_reload_error"]
+            .as_str()
+            .unwrap()
+            .contains("vitalsd.toml"),
+        "{st}"
+    );
+    assert_eq!(
+        d.call(&Request::Config)["toml"].as_str().unwrap(),
+        before,
+        "old config kept"
+    );
+    assert!(
+        d.call(&Request::Status)["samples"].as_u64().unwrap() > 0,
+        "still sampling"
+    );
+
+    std::fs::write(
+        d.config_path(),
+        config(d.dir.path(), "[budget]\ncaptures_per_hour = 7\n"),
+    )
+    .unwrap();
+    d.signal(libc::SIGHUP);
+    d.wait_status("the good reload", Duration::from_secs(10), |st| {
+        st["last_reload_error"].is_null()
+    });
+    assert!(d.call(&Request::Config)["toml"]
+        .as_str()
+        .unwrap()
+        .contains("captures_per_hour = 7"));
+}
+
+#[test]
+fn check_config_names_bad_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.toml");
+    std::fs::write(&p, "[store]\nquota = 5\n").unwrap();
+    let out = Command::new(vitalsd_bin())
+        .args(["check-config", "--config"])
+        .arg(&p)
+        .stdout(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("quota"));
+    std::fs::write(&p, "[store]\nquota_bytes = 10485760\n").unwrap();
+    let out = Command::new(vitalsd_bin())
+        .args(["check-config", "--config"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("quota_bytes = 10485760"));
+}
