@@ -4,6 +4,7 @@
 //! installs the Debian packages and bpf-linker that shared/TOOLCHAIN.md lists,
 //! the benchmark peers, and the official `perfetto` Python package.
 
+mod bench_idle;
 mod bench_overhead;
 mod bench_scan;
 mod setup;
@@ -56,6 +57,11 @@ enum Bench {
     },
     /// procfs scans with 1000 processes / 5000 threads: vitalsd vs top, top -H, pidstat -t.
     Scan,
+    /// vitalsd run's own CPU and RSS over a minute of 1 s sampling, beside top and pidstat.
+    Idle {
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
 }
 
 fn main() -> Result<()> {
@@ -79,6 +85,7 @@ fn main() -> Result<()> {
             build_release()?;
             match which {
                 Bench::Overhead { rounds, loops } => bench_overhead::run(rounds, loops),
+                Bench::Idle { seconds } => bench_idle::run(seconds),
                 Bench::Scan => bench_scan::run(&workspace_root().join("target/release/vitalsd")),
             }
         }
