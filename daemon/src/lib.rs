@@ -6,6 +6,7 @@
 pub mod bpf;
 pub mod clock;
 pub mod export;
+pub mod heapprofd;
 pub mod perfetto;
 pub mod privileges;
 pub mod procfs;
