@@ -48,16 +48,25 @@ pub enum Window {
     Day,
 }
 
+impl std::fmt::Display for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Window::Hour => "hour",
+            Window::Day => "day",
+        })
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum RateLimitError {
-    #[error("system-wide heap profile limit reached: {used} of {limit} sessions in the last {window:?}; next slot in {retry_after:?}")]
+    #[error("system-wide heap profile limit reached: {used} of {limit} sessions in the last {window}; next slot in {retry_after:?}")]
     System {
         window: Window,
         used: u32,
         limit: u32,
         retry_after: Duration,
     },
-    #[error("heap profile limit for {target} reached: {used} of {limit} sessions in the last {window:?}; next slot in {retry_after:?}")]
+    #[error("heap profile limit for {target} reached: {used} of {limit} sessions in the last {window}; next slot in {retry_after:?}")]
     Target {
         target: String,
         window: Window,

@@ -74,7 +74,7 @@ impl RunnerConfig {
 
 #[derive(Debug, Error)]
 pub enum RunError {
-    #[error("invalid heap profile request: {0}")]
+    #[error("invalid heap profile request")]
     Config(#[from] ConfigError),
     #[error("a heap profile session is already running")]
     Busy,
