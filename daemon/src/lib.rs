@@ -8,6 +8,7 @@ pub mod clock;
 pub mod config;
 pub mod control;
 pub mod export;
+pub mod heapprofd;
 pub mod history;
 pub mod perfetto;
 pub mod privileges;

@@ -48,6 +48,19 @@ pub fn workload_bin() -> PathBuf {
     exe
 }
 
+/// The `fake-perfetto` test double of the perfetto command-line client
+/// (tests/src/bin/fake-perfetto.rs), built next to `vitals-workload`.
+pub fn fake_perfetto_bin() -> PathBuf {
+    let exe = std::env::var_os("VITALS_FAKE_PERFETTO_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let me = std::env::current_exe().unwrap();
+            me.parent().unwrap().parent().unwrap().join("fake-perfetto")
+        });
+    assert!(exe.exists(), "{} missing", exe.display());
+    exe
+}
+
 impl Workload {
     pub fn spawn(args: &[&str]) -> Self {
         let mut child = Command::new(workload_bin())

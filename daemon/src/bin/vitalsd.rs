@@ -7,6 +7,10 @@ use clap::{Parser, Subcommand};
 use vitalsd::{
     bpf::{AccountingConfig, FaultSourceChoice, MapLimits},
     config::{parse_duration, Config},
+    heapprofd::{
+        self, ContinuousDump, HeapProfileRequest, Heaps, RateLimiter, RateLimits, RequestLimits,
+        RunnerConfig, SessionRunner, TargetStatus,
+    },
     record::{record, RecordOptions},
     service::{self, Signals},
     snapshot::{run_snapshot, scan_repeat, SnapshotOptions},
@@ -82,6 +86,62 @@ enum Command {
         threads: bool,
         #[arg(long, default_value = "/proc")]
         proc_root: PathBuf,
+    },
+    /// Native-heap profile of a process through Perfetto's heapprofd, started
+    /// via the perfetto client (as a trusted initiator when run as uid 1000).
+    /// Writes the trace and `<out>.meta.json` with heapprofd's outcome.
+    Heap {
+        /// Process name as heapprofd matches it (normalised cmdline:
+        /// basename of argv[0], cut at '@'); repeatable.
+        #[arg(long = "name")]
+        names: Vec<String>,
+        /// Process id; repeatable.
+        #[arg(long = "pid")]
+        pids: Vec<u64>,
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        duration: Duration,
+        #[arg(long, default_value = "heap.pftrace")]
+        out: PathBuf,
+        /// The perfetto command-line client.
+        #[arg(long, default_value = heapprofd::DEFAULT_PERFETTO_BIN)]
+        perfetto_bin: PathBuf,
+        /// Persisted rate-limit history.
+        #[arg(long, default_value_os_t = heapprofd::default_state_file())]
+        state_file: PathBuf,
+        #[arg(long, default_value_t = heapprofd::config::DEFAULT_SAMPLING_INTERVAL_BYTES)]
+        sampling_interval_bytes: u64,
+        #[arg(long, default_value_t = heapprofd::config::DEFAULT_SHMEM_SIZE_BYTES)]
+        shmem_size_bytes: u64,
+        /// Stall the target's malloc instead of dropping the profile when
+        /// the shared buffer fills.
+        #[arg(long)]
+        block_client: bool,
+        /// Record every registered heap, not just libc.malloc.
+        #[arg(long, conflicts_with = "heaps")]
+        all_heaps: bool,
+        /// Heap to record; repeatable.
+        #[arg(long = "heap")]
+        heaps: Vec<String>,
+        /// Dump every interval during the session (leak windows).
+        #[arg(long, value_parser = parse_duration)]
+        dump_interval: Option<Duration>,
+        #[arg(long)]
+        max_heapprofd_memory_kb: Option<u32>,
+        #[arg(long)]
+        max_heapprofd_cpu_secs: Option<u64>,
+        #[arg(long)]
+        bugreport_score: Option<i32>,
+        /// Longest session accepted.
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        max_duration: Duration,
+        #[arg(long, default_value_t = RateLimits::default().target_per_hour)]
+        target_per_hour: u32,
+        #[arg(long, default_value_t = RateLimits::default().target_per_day)]
+        target_per_day: u32,
+        #[arg(long, default_value_t = RateLimits::default().system_per_hour)]
+        system_per_hour: u32,
+        #[arg(long, default_value_t = RateLimits::default().system_per_day)]
+        system_per_day: u32,
     },
     /// Scan procfs N times and print what was read (for `cargo xtask bench scan`).
     Scan {
@@ -200,6 +260,111 @@ fn main() -> Result<()> {
                 hz: None,
             };
             print!("{}", run_snapshot(&opts).context("vitalsd snapshot")?);
+        }
+        Command::Heap {
+            names,
+            pids,
+            duration,
+            out,
+            perfetto_bin,
+            state_file,
+            sampling_interval_bytes,
+            shmem_size_bytes,
+            block_client,
+            all_heaps,
+            heaps,
+            dump_interval,
+            max_heapprofd_memory_kb,
+            max_heapprofd_cpu_secs,
+            bugreport_score,
+            max_duration,
+            target_per_hour,
+            target_per_day,
+            system_per_hour,
+            system_per_day,
+        } => {
+            let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
+            let request = HeapProfileRequest {
+                process_names: names,
+                pids,
+                duration_ms: ms(duration),
+                sampling_interval_bytes,
+                shmem_size_bytes,
+                block_client,
+                heaps: if all_heaps {
+                    Heaps::All
+                } else if heaps.is_empty() {
+                    Heaps::Malloc
+                } else {
+                    Heaps::Named(heaps)
+                },
+                continuous_dump: dump_interval.map(|d| ContinuousDump {
+                    phase_ms: ms(d),
+                    interval_ms: ms(d),
+                }),
+                max_heapprofd_memory_kb,
+                max_heapprofd_cpu_secs,
+                bugreport_score,
+                ..HeapProfileRequest::default()
+            };
+            let limits = RateLimits {
+                system_per_hour,
+                system_per_day,
+                target_per_hour,
+                target_per_day,
+            };
+            let limiter = RateLimiter::load(&state_file, limits)?;
+            let runner = SessionRunner::new(
+                RunnerConfig {
+                    perfetto_bin,
+                    limits: RequestLimits {
+                        max_duration_ms: ms(max_duration),
+                    },
+                    ..RunnerConfig::default()
+                },
+                limiter,
+            );
+            for w in request.normalisation_warnings() {
+                eprintln!("warning: {w}");
+            }
+            let stop = signal_flags()?.stop;
+            let report = runner.run(&request, &out, &stop).context("vitalsd heap")?;
+            println!("session: {:?}", report.status);
+            match &report.outcome {
+                None => println!(
+                    "no trace: {}",
+                    report.outcome_error.as_deref().unwrap_or("unknown")
+                ),
+                Some(o) => {
+                    for p in &o.processes {
+                        println!(
+                            "pid {} {}: {} dump(s), {} sample(s), interval {:?} B, issues {:?}",
+                            p.pid,
+                            p.name.as_deref().unwrap_or("?"),
+                            p.dumps,
+                            p.samples,
+                            p.sampling_interval_bytes,
+                            p.issues
+                        );
+                    }
+                    for t in &o.targets {
+                        if let TargetStatus::NoProfile { likely_causes } = &t.status {
+                            println!("{}: no profile; likely:", t.target);
+                            for c in likely_causes {
+                                println!("  - {c}");
+                            }
+                        }
+                    }
+                }
+            }
+            println!(
+                "trace {} metadata {}",
+                out.display(),
+                heapprofd::metadata_path(&out).display()
+            );
+            if !report.success() {
+                anyhow::bail!("heap profile incomplete (see above)");
+            }
         }
         Command::Scan {
             threads,

@@ -1,0 +1,46 @@
+//! Native-heap profiles of a named process through Perfetto's heapprofd,
+//! started the way a trusted platform component does.
+//!
+//! - [`config`]: the typed request, its validation, and the TraceConfig it
+//!   becomes (android.heapprofd + linux.process_stats);
+//! - [`runner`]: runs `perfetto --config - --out <file>` with the binary
+//!   config on stdin, one session at a time, with timeout and cancellation;
+//! - [`ratelimit`]: persisted per-target and system-wide limits;
+//! - [`outcome`]: heapprofd's per-process verdict read back from the trace,
+//!   stored with the config in `<trace>.meta.json`.
+//!
+//! Trust: traced sets DataSourceConfig.session_initiator to
+//! SESSION_INITIATOR_TRUSTED_SYSTEM only for consumers running as uid 1000
+//! (system) or statsd; root is not enough and a consumer cannot set the field
+//! itself. vitalsd therefore runs as `user system` and execs the client, which
+//! keeps uid 1000.
+
+pub mod config;
+pub mod outcome;
+pub mod ratelimit;
+pub mod runner;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::{
+    normalize_cmdline, AdaptiveSampling, ConfigError, ContinuousDump, HeapProfileRequest, Heaps,
+    RequestLimits,
+};
+pub use outcome::{
+    metadata_path, read_outcome, write_metadata, Issue, OutcomeError, ProcessOutcome,
+    TargetOutcome, TargetStatus, TraceOutcome,
+};
+pub use ratelimit::{RateLimitError, RateLimiter, RateLimits};
+pub use runner::{
+    RunError, RunnerConfig, SessionReport, SessionRunner, SessionStatus, DEFAULT_PERFETTO_BIN,
+};
+
+/// Where the rate-limit history lives by default.
+pub fn default_state_file() -> std::path::PathBuf {
+    if cfg!(target_os = "android") {
+        "/data/misc/vitalsd/heapprofd_ratelimit.json".into()
+    } else {
+        "/var/lib/vitalsd/heapprofd_ratelimit.json".into()
+    }
+}

@@ -1,0 +1,181 @@
+//! A test double of the `perfetto` command-line client for the heapprofd
+//! runner tests.
+//!
+//! Accepts exactly `--config - --out <file>`, reads a binary TraceConfig from
+//! stdin, checks that it decodes, names android.heapprofd with a target, and
+//! leaves session_initiator unset (traced sets it; a consumer cannot). Then,
+//! depending on FAKE_PERFETTO_MODE:
+//!
+//! - `success`: sleeps duration_ms, writes a trace with the config, a
+//!   ProcessTree and a ProfilePacket per target, exits 0;
+//! - `overrun`: the same with buffer_overran set;
+//! - `no-profile`: config and ProcessTree but no ProfilePacket, exits 0;
+//! - `exit1`: prints an error like the real client's, exits 1;
+//! - `hang`: waits for SIGTERM, then writes the success trace and exits 0,
+//!   as the real client stops the session and flushes on SIGTERM;
+//! - `hang-hard`: ignores SIGTERM and sleeps (needs SIGKILL).
+//!
+//! FAKE_PERFETTO_CONFIG_OUT, if set, receives the raw stdin bytes. Named
+//! targets get pids from 4242 up.
+
+use std::{io::Read, path::PathBuf, process::exit, time::Duration};
+
+use nix::sys::signal::{signal, SigHandler, SigSet, Signal};
+use prost::Message;
+use vitalsd::heapprofd::config::{heapprofd_config, HEAPPROFD_DATA_SOURCE};
+use vitalsd::perfetto::protos::{
+    self, profile_packet::ProcessHeapSamples, trace_packet::Data, TraceConfig, TracePacket,
+};
+
+const FIRST_FAKE_PID: u64 = 4242;
+
+fn fail(msg: &str) -> ! {
+    eprintln!("fake-perfetto: {msg}");
+    exit(2)
+}
+
+fn parse_args() -> PathBuf {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [c, dash, o, out] if c == "--config" && dash == "-" && o == "--out" => PathBuf::from(out),
+        _ => fail(&format!("expected `--config - --out FILE`, got {args:?}")),
+    }
+}
+
+fn read_config() -> TraceConfig {
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut bytes)
+        .unwrap_or_else(|e| fail(&format!("reading stdin: {e}")));
+    if let Some(p) = std::env::var_os("FAKE_PERFETTO_CONFIG_OUT") {
+        std::fs::write(&p, &bytes).unwrap_or_else(|e| fail(&format!("writing {p:?}: {e}")));
+    }
+    let cfg = TraceConfig::decode(bytes.as_slice())
+        .unwrap_or_else(|e| fail(&format!("stdin is not a TraceConfig: {e}")));
+    let Some(h) = heapprofd_config(&cfg) else {
+        fail(&format!("no {HEAPPROFD_DATA_SOURCE} data source"))
+    };
+    if h.process_cmdline.is_empty() && h.pid.is_empty() {
+        fail("heapprofd config has no target");
+    }
+    for ds in &cfg.data_sources {
+        if ds
+            .config
+            .as_ref()
+            .and_then(|c| c.session_initiator)
+            .is_some()
+        {
+            fail("session_initiator is set by traced, not by the consumer");
+        }
+    }
+    cfg
+}
+
+/// (pid, name) of every target: named ones get fake pids.
+fn targets(cfg: &TraceConfig) -> Vec<(u64, String)> {
+    let h = heapprofd_config(cfg).unwrap();
+    let mut out: Vec<(u64, String)> = h
+        .process_cmdline
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (FIRST_FAKE_PID + i as u64, n.clone()))
+        .collect();
+    out.extend(h.pid.iter().map(|&p| (p, format!("proc{p}"))));
+    out
+}
+
+fn packet(data: Data) -> TracePacket {
+    TracePacket {
+        data: Some(data),
+        trusted_packet_sequence_id: Some(1),
+        ..Default::default()
+    }
+}
+
+fn write_trace(out: &PathBuf, cfg: &TraceConfig, mode: &str) {
+    let t = targets(cfg);
+    let interval = heapprofd_config(cfg).unwrap().sampling_interval_bytes;
+    let mut packets = vec![
+        packet(Data::TraceConfig(cfg.clone())),
+        packet(Data::ProcessTree(protos::ProcessTree {
+            processes: t
+                .iter()
+                .map(|(pid, name)| protos::process_tree::Process {
+                    pid: Some(*pid as i32),
+                    ppid: Some(1),
+                    cmdline: vec![format!("/system/bin/{name}"), "--flag".into()],
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })),
+    ];
+    if mode != "no-profile" {
+        let dumps = t
+            .iter()
+            .map(|(pid, _)| ProcessHeapSamples {
+                pid: Some(*pid),
+                heap_name: Some("libc.malloc".into()),
+                sampling_interval_bytes: interval,
+                orig_sampling_interval_bytes: interval,
+                buffer_overran: (mode == "overrun").then_some(true),
+                samples: vec![
+                    protos::profile_packet::HeapSample {
+                        callstack_id: Some(1),
+                        self_allocated: Some(4096),
+                        alloc_count: Some(1),
+                        ..Default::default()
+                    };
+                    2
+                ],
+                stats: Some(protos::profile_packet::ProcessStats {
+                    unwinding_errors: Some(0),
+                    heap_samples: Some(2),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect();
+        packets.push(packet(Data::ProfilePacket(protos::ProfilePacket {
+            process_dumps: dumps,
+            index: Some(0),
+            ..Default::default()
+        })));
+    }
+    let bytes = protos::Trace { packet: packets }.encode_to_vec();
+    std::fs::write(out, bytes).unwrap_or_else(|e| fail(&format!("writing {out:?}: {e}")));
+}
+
+fn main() {
+    let out = parse_args();
+    let mode = std::env::var("FAKE_PERFETTO_MODE").unwrap_or_else(|_| "success".into());
+    // Block SIGTERM before anything else so `hang` can sigwait for it.
+    let mut term = SigSet::empty();
+    term.add(Signal::SIGTERM);
+    if mode == "hang" {
+        term.thread_block().unwrap();
+    }
+    let cfg = read_config();
+    match mode.as_str() {
+        "success" | "overrun" | "no-profile" => {
+            std::thread::sleep(Duration::from_millis(cfg.duration_ms().into()));
+            write_trace(&out, &cfg, &mode);
+        }
+        "exit1" => {
+            eprintln!("[perfetto_cmd] Could not connect to traced (fake)");
+            exit(1);
+        }
+        "hang" => {
+            term.wait().unwrap();
+            write_trace(&out, &cfg, "success");
+        }
+        "hang-hard" => {
+            // SAFETY: SIG_IGN installs no handler code.
+            unsafe { signal(Signal::SIGTERM, SigHandler::SigIgn) }.unwrap();
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        other => fail(&format!("unknown FAKE_PERFETTO_MODE {other:?}")),
+    }
+}
