@@ -114,6 +114,7 @@ pub struct Config {
     pub control: Control,
     pub budget: Budget,
     pub conditions: Conditions,
+    pub heapprofd: HeapprofdSettings,
     #[serde(rename = "rule")]
     pub rules: Vec<Rule>,
 }
@@ -171,6 +172,36 @@ pub struct Conditions {
     pub require_charging: bool,
     pub thermal_root: PathBuf,
     pub power_supply_root: PathBuf,
+}
+
+/// heapprofd sessions, started through the perfetto client as the trusted
+/// system initiator (see `heapprofd`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HeapprofdSettings {
+    pub perfetto_bin: PathBuf,
+    pub sampling_interval_bytes: u64,
+    /// Longest session a request may ask for.
+    pub max_duration: Dur,
+    pub system_per_hour: u32,
+    pub system_per_day: u32,
+    pub target_per_hour: u32,
+    pub target_per_day: u32,
+}
+
+impl Default for HeapprofdSettings {
+    fn default() -> Self {
+        let r = crate::heapprofd::RateLimits::default();
+        Self {
+            perfetto_bin: PathBuf::from(crate::heapprofd::DEFAULT_PERFETTO_BIN),
+            sampling_interval_bytes: 4096,
+            max_duration: Dur(Duration::from_secs(600)),
+            system_per_hour: r.system_per_hour,
+            system_per_day: r.system_per_day,
+            target_per_hour: r.target_per_hour,
+            target_per_day: r.target_per_day,
+        }
+    }
 }
 
 /// What a rule watches.
@@ -307,6 +338,7 @@ impl Default for Config {
             control: Control::default(),
             budget: Budget::default(),
             conditions: Conditions::default(),
+            heapprofd: HeapprofdSettings::default(),
             rules: vec![Rule {
                 name: "system-cpu-busy".into(),
                 metric: Metric::SystemCpuBusyPct,
@@ -374,6 +406,9 @@ impl Config {
                 "control.max_request_bytes",
                 "must be between 64 and 16 MiB".into(),
             );
+        }
+        if self.heapprofd.sampling_interval_bytes == 0 {
+            return bad("heapprofd.sampling_interval_bytes", "must be > 0".into());
         }
         let mut names = std::collections::HashSet::new();
         for (i, r) in self.rules.iter().enumerate() {

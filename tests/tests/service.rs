@@ -52,6 +52,7 @@ impl Daemon {
         require_root();
         let _ = std::fs::remove_file(self.socket());
         let child = Command::new(vitalsd_bin())
+            .env("FAKE_PERFETTO_MODE", "success")
             .args(["run", "--config"])
             .arg(self.config_path())
             .env("RUST_LOG", "info")
@@ -94,7 +95,7 @@ impl Daemon {
     }
 
     fn list(&self) -> Vec<Value> {
-        self.call(&Request::List).as_array().unwrap().clone()
+        self.call(&Request::List {}).as_array().unwrap().clone()
     }
 
     fn pid(&self) -> i32 {
@@ -109,7 +110,7 @@ impl Daemon {
     fn wait_status(&self, what: &str, timeout: Duration, cond: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
-            let st = self.call(&Request::Status);
+            let st = self.call(&Request::Status {});
             if cond(&st) {
                 return st;
             }
@@ -204,7 +205,7 @@ fn rule_fires_once_on_a_spinner_then_respects_its_cooldown() {
     let index: Value =
         serde_json::from_slice(&std::fs::read(d.store().join("index.json")).unwrap()).unwrap();
     assert_eq!(index.as_array().unwrap().len(), 1);
-    let dump = d.call(&Request::Dump);
+    let dump = d.call(&Request::Dump {});
     let text = dump["text"].as_str().unwrap();
     assert!(
         text.contains("spinner") && text.contains("newest capture:"),
@@ -241,7 +242,7 @@ fn kill_9_during_a_capture_leaves_no_partial_capture_listed() {
         "a half-written capture is listed: {:?}",
         d.list()
     );
-    let st = d.call(&Request::Status);
+    let st = d.call(&Request::Status {});
     assert!(
         st["store"]["counters"]["repaired_leftovers"]
             .as_u64()
@@ -249,9 +250,12 @@ fn kill_9_during_a_capture_leaves_no_partial_capture_listed() {
             >= 1,
         "{st}"
     );
+    // Files only: state/ holds the heapprofd rate-limit history.
     let names: Vec<String> = std::fs::read_dir(d.store())
         .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(
         names,
@@ -306,7 +310,7 @@ fn a_uid_not_allowed_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("uid 65534 is not allowed"), "{err}");
-    let st = d.call(&Request::Status);
+    let st = d.call(&Request::Status {});
     assert_eq!(st["control"]["refused_uid"], 1, "{st}");
 }
 
@@ -314,7 +318,7 @@ fn a_uid_not_allowed_is_refused() {
 fn garbage_and_oversized_requests_get_errors_while_others_are_served() {
     let d = Daemon::start("");
     let mut good = Client::connect(&d.socket()).unwrap();
-    assert!(good.call(&Request::Status).is_ok());
+    assert!(good.call(&Request::Status {}).is_ok());
 
     // Random bytes inside a valid frame: an error, and the connection lives.
     let mut bad = UnixStream::connect(d.socket()).unwrap();
@@ -369,7 +373,7 @@ fn garbage_and_oversized_requests_get_errors_while_others_are_served() {
     };
 
     // The well-behaved client is served throughout.
-    let st = good.call(&Request::Status).unwrap();
+    let st = good.call(&Request::Status {}).unwrap();
     assert!(st["control"]["bad_requests"].as_u64().unwrap() >= 2, "{st}");
     assert!(
         st["control"]["oversized_requests"].as_u64().unwrap() >= 1,
@@ -381,7 +385,7 @@ fn garbage_and_oversized_requests_get_errors_while_others_are_served() {
 #[test]
 fn sighup_with_a_bad_config_keeps_the_running_one() {
     let d = Daemon::start("[budget]\ncaptures_per_hour = 3\n");
-    let before = d.call(&Request::Config)["toml"]
+    let before = d.call(&Request::Config {})["toml"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -404,12 +408,12 @@ fn sighup_with_a_bad_config_keeps_the_running_one() {
         "{st}"
     );
     assert_eq!(
-        d.call(&Request::Config)["toml"].as_str().unwrap(),
+        d.call(&Request::Config {})["toml"].as_str().unwrap(),
         before,
         "old config kept"
     );
     assert!(
-        d.call(&Request::Status)["samples"].as_u64().unwrap() > 0,
+        d.call(&Request::Status {})["samples"].as_u64().unwrap() > 0,
         "still sampling"
     );
 
@@ -422,7 +426,7 @@ fn sighup_with_a_bad_config_keeps_the_running_one() {
     d.wait_status("the good reload", Duration::from_secs(10), |st| {
         st["last_reload_error"].is_null()
     });
-    assert!(d.call(&Request::Config)["toml"]
+    assert!(d.call(&Request::Config {})["toml"]
         .as_str()
         .unwrap()
         .contains("captures_per_hour = 7"));
@@ -449,4 +453,106 @@ fn check_config_names_bad_keys() {
         .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("quota_bytes = 10485760"));
+}
+
+fn heap_config(extra: &str) -> String {
+    format!(
+        "[heapprofd]\nperfetto_bin = \"{}\"\n{extra}",
+        fake_perfetto_bin().display()
+    )
+}
+
+#[test]
+fn vitalsctl_heap_stores_the_profile_with_heapprofds_outcome() {
+    let mut d = Daemon::start(&heap_config(""));
+    let out = Command::new(vitalsd_bin().with_file_name("vitalsctl"))
+        .args(["--socket"])
+        .arg(d.socket())
+        .args(["heap", "--name", "surfaceflinger", "--duration", "300ms"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    let list = d.list();
+    assert_eq!(list.len(), 1, "{list:?}");
+    let m = &list[0];
+    assert_eq!(m["trigger"]["rule"], "manual-heap");
+    assert_eq!(m["status"], "complete", "{m}");
+    let h = &m["heapprofd"];
+    assert_eq!(h["status"]["kind"], "completed", "{h}");
+    assert_eq!(h["request"]["process_names"][0], "surfaceflinger");
+    assert!(!h["trace_config_hex"].as_str().unwrap().is_empty());
+    let targets = h["outcome"]["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 1, "{h}");
+    // The profile itself decodes with the official schema.
+    let id = m["id"].as_str().unwrap();
+    let t = decode_trace(&d.store().join(format!("{id}.pftrace")));
+    assert!(t["profile_packets"].as_u64().unwrap() >= 1, "{t}");
+    // No stray sidecar next to it; the rate-limit history persists under state/.
+    let names: Vec<String> = std::fs::read_dir(d.store())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains(".meta.json")), "{names:?}");
+    assert!(d.store().join("state/heapprofd_ratelimit.json").exists());
+
+    // Across a restart the per-target limit (2 an hour by default) holds:
+    // one more is allowed, the third is refused.
+    d.stop();
+    d.spawn();
+    assert_eq!(d.list().len(), 1, "restart kept the profile");
+    let heap = |d: &Daemon| {
+        Command::new(vitalsd_bin().with_file_name("vitalsctl"))
+            .args(["--socket"])
+            .arg(d.socket())
+            .args(["heap", "--name", "surfaceflinger", "--duration", "200ms"])
+            .output()
+            .unwrap()
+    };
+    assert!(heap(&d).status.success(), "{}", d.log());
+    let third = heap(&d);
+    assert!(!third.status.success());
+    let err = String::from_utf8_lossy(&third.stderr);
+    assert!(
+        err.to_lowercase().contains("rate") || err.contains("limit"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_rule_heap_profiles_its_allowlisted_offender_beside_the_capture() {
+    let rule = SPINNER_RULE.replace(
+        "capture = { duration = \"1s\", sched = false }",
+        "capture = { duration = \"1s\", sched = false, heap_profile = true, heap_allowlist = [\"vitals-workload\"] }",
+    );
+    let d = Daemon::start(&format!("{}\n{rule}", heap_config("")));
+    let mut w = Workload::spawn(&["spin", "4000"]);
+    w.expect("ready");
+    d.wait_status(
+        "the capture and the heap profile",
+        Duration::from_secs(30),
+        |st| {
+            st["store"]["captures"] == 2 && st["capture"].is_null() && st["heap_session"].is_null()
+        },
+    );
+    w.expect("done");
+    let pid = w.pid();
+    w.finish();
+    let list = d.list();
+    let heap = list
+        .iter()
+        .find(|m| !m["heapprofd"].is_null())
+        .unwrap_or_else(|| panic!("no heap profile: {list:?}"));
+    assert_eq!(heap["trigger"]["rule"], "spinner");
+    assert_eq!(
+        heap["heapprofd"]["request"]["pids"][0].as_u64(),
+        Some(pid as u64)
+    );
+    assert!(list
+        .iter()
+        .any(|m| m["heapprofd"].is_null() && m["trigger"]["rule"] == "spinner"));
 }

@@ -55,6 +55,17 @@ enum Cmd {
         #[arg(long)]
         no_wait: bool,
     },
+    /// Profile a process's native heap with heapprofd (through the perfetto
+    /// client, as the trusted system initiator); waits until it is stored.
+    Heap {
+        /// Process name as heapprofd matches it (normalised cmdline).
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        pid: Option<u64>,
+        #[arg(long, default_value = "30s", value_parser = vitalsd::config::parse_duration)]
+        duration: Duration,
+    },
     /// Stored captures.
     List,
     /// Write a capture's trace to a file (or stdout with `-`).
@@ -75,7 +86,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let mut c = Client::connect(&cli.socket)?;
     match cli.command {
-        Cmd::Status => show(cli.json, c.call(&Request::Status)?, |v| {
+        Cmd::Status => show(cli.json, c.call(&Request::Status {})?, |v| {
             let st = &v["store"];
             format!(
                 "vitalsd {}: {} samples every {} ms, faults from {}\ncapabilities: {}\ncpu busy {}  loadavg {}\ntriggers fired {}, skipped {}\nbpf drops {}\nprocfs drops {}\nstore {}: {} captures, {} bytes; newest {}\n{}",
@@ -166,7 +177,7 @@ fn main() -> Result<()> {
             if !no_wait {
                 let deadline = std::time::Instant::now() + duration + Duration::from_secs(60);
                 loop {
-                    let list = c.call(&Request::List)?;
+                    let list = c.call(&Request::List {})?;
                     if let Some(m) = list
                         .as_array()
                         .into_iter()
@@ -185,7 +196,7 @@ fn main() -> Result<()> {
                         }
                         break;
                     }
-                    let st = c.call(&Request::Status)?;
+                    let st = c.call(&Request::Status {})?;
                     if st["capture"]["id"] != id.as_str() {
                         // Not running and not listed: it failed.
                         let why = st["recent_triggers"]
@@ -207,7 +218,70 @@ fn main() -> Result<()> {
                 println!("{v}");
             }
         }
-        Cmd::List => show(cli.json, c.call(&Request::List)?, |v| {
+        Cmd::Heap {
+            name,
+            pid,
+            duration,
+        } => {
+            if name.is_none() && pid.is_none() {
+                bail!("give --name or --pid");
+            }
+            let v = c.call(&Request::Heap {
+                name,
+                pid,
+                duration_s: duration.as_secs_f64(),
+            })?;
+            let id = v["id"].as_str().context("no session id")?.to_owned();
+            if !cli.json {
+                eprintln!("heapprofd session {id} started ({duration:?})");
+            }
+            let deadline = std::time::Instant::now() + duration + Duration::from_secs(120);
+            loop {
+                let list = c.call(&Request::List {})?;
+                if let Some(m) = list
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|m| m["id"] == id.as_str())
+                {
+                    if cli.json {
+                        println!("{m}");
+                    } else {
+                        eprintln!();
+                        println!(
+                            "stored {id}: {} bytes, {}",
+                            m["trace_bytes"],
+                            m["status"].as_str().unwrap_or("?")
+                        );
+                        for t in m["heapprofd"]["outcome"]["targets"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                        {
+                            println!("  target {t}");
+                        }
+                    }
+                    break;
+                }
+                let st = c.call(&Request::Status {})?;
+                if st["heap_session"]["id"] != id.as_str() {
+                    let why = st["recent_triggers"]
+                        .as_array()
+                        .and_then(|t| t.iter().rev().find(|t| t["rule"] == "manual-heap"))
+                        .and_then(|t| t["outcome"].as_str())
+                        .unwrap_or("unknown");
+                    bail!("heap profile {id} was not stored: {why}");
+                }
+                if std::time::Instant::now() > deadline {
+                    bail!("heap profile {id} still not stored");
+                }
+                if !cli.json {
+                    eprint!(".");
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+        Cmd::List => show(cli.json, c.call(&Request::List {})?, |v| {
             let mut s = format!(
                 "{:<40} {:<18} {:>10} {:>9}  {}\n",
                 "ID", "RULE", "BYTES", "SECONDS", "STATUS"
@@ -241,14 +315,14 @@ fn main() -> Result<()> {
         Cmd::Delete { id } => show(cli.json, c.call(&Request::Delete { id })?, |v| {
             format!("deleted {}\n", v["deleted"].as_str().unwrap_or("?"))
         }),
-        Cmd::Config => show(cli.json, c.call(&Request::Config)?, |v| {
+        Cmd::Config => show(cli.json, c.call(&Request::Config {})?, |v| {
             format!(
                 "# {}\n{}",
                 v["path"].as_str().unwrap_or("?"),
                 v["toml"].as_str().unwrap_or("")
             )
         }),
-        Cmd::Dump => show(cli.json, c.call(&Request::Dump)?, |v| {
+        Cmd::Dump => show(cli.json, c.call(&Request::Dump {})?, |v| {
             v["text"].as_str().unwrap_or("").to_string()
         }),
     }

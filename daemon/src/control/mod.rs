@@ -22,7 +22,10 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    Status,
+    // Empty-brace variants, not unit ones: serde ignores unknown fields of
+    // unit variants in an internally tagged enum, and a request with a
+    // stray key must be an error.
+    Status {},
     Top {
         #[serde(default = "default_top")]
         n: usize,
@@ -36,20 +39,33 @@ pub enum Request {
         #[serde(default)]
         faults: bool,
     },
-    List,
+    /// A heapprofd profile of a process (by name and/or pid), stored as a capture.
+    Heap {
+        #[serde(default)]
+        name: Option<String>,
+        #[serde(default)]
+        pid: Option<u64>,
+        #[serde(default = "default_heap_s")]
+        duration_s: f64,
+    },
+    List {},
     Export {
         id: String,
     },
     Delete {
         id: String,
     },
-    Config,
+    Config {},
     /// A bugreport section: status, recent triggers, store summary.
-    Dump,
+    Dump {},
 }
 
 fn default_top() -> usize {
     15
+}
+
+fn default_heap_s() -> f64 {
+    30.0
 }
 
 fn default_capture_s() -> f64 {
@@ -142,8 +158,14 @@ impl Client {
 
     /// Sends a request; returns `result` or the daemon's error.
     pub fn call(&mut self, req: &Request) -> Result<serde_json::Value, ClientError> {
-        write_frame(&mut self.stream, &serde_json::to_vec(req)?)?;
-        let resp: Response = serde_json::from_slice(&read_frame(&mut self.stream, MAX_RESPONSE)?)?;
+        let sent = write_frame(&mut self.stream, &serde_json::to_vec(req)?);
+        // A daemon that refuses a peer answers before reading the request;
+        // read its answer even when our write failed.
+        let frame = match read_frame(&mut self.stream, MAX_RESPONSE) {
+            Ok(f) => f,
+            Err(e) => return Err(sent.err().unwrap_or(e).into()),
+        };
+        let resp: Response = serde_json::from_slice(&frame)?;
         if resp.ok {
             Ok(resp.result.unwrap_or(serde_json::Value::Null))
         } else {

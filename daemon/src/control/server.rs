@@ -79,6 +79,7 @@ pub struct DaemonState {
     pub loadavg: Option<[f32; 3]>,
     pub top: Vec<TopRow>,
     pub capture: Option<CaptureProgress>,
+    pub heap_session: Option<CaptureProgress>,
     pub recent_triggers: VecDeque<TriggerRecord>,
     pub triggers_fired: u64,
     pub triggers_skipped: BTreeMap<String, u64>,
@@ -98,6 +99,12 @@ pub enum Command {
         duration: Duration,
         sched: bool,
         faults: bool,
+        reply: oneshot::Sender<Result<String, String>>,
+    },
+    Heap {
+        name: Option<String>,
+        pid: Option<u64>,
+        duration: Duration,
         reply: oneshot::Sender<Result<String, String>>,
     },
 }
@@ -299,7 +306,7 @@ async fn export(stream: &mut UnixStream, shared: &Shared, id: &str) -> std::io::
 
 async fn handle(req: Request, shared: &Shared) -> Response {
     match req {
-        Request::Status => {
+        Request::Status {} => {
             let st = shared.state.lock().unwrap();
             let mut v = serde_json::to_value(&*st).unwrap_or_default();
             v["control"] = serde_json::to_value(&shared.counters).unwrap_or_default();
@@ -340,7 +347,31 @@ async fn handle(req: Request, shared: &Shared) -> Response {
                 Err(_) => Response::err("daemon is shutting down"),
             }
         }
-        Request::List => {
+        Request::Heap {
+            name,
+            pid,
+            duration_s,
+        } => {
+            if !(duration_s.is_finite() && duration_s > 0.0 && duration_s <= 86400.0) {
+                return Response::err("duration_s must be in (0, 86400]");
+            }
+            let (reply, rx) = oneshot::channel();
+            let cmd = Command::Heap {
+                name,
+                pid,
+                duration: Duration::from_secs_f64(duration_s),
+                reply,
+            };
+            if shared.commands.send(cmd).is_err() {
+                return Response::err("daemon is shutting down");
+            }
+            match rx.await {
+                Ok(Ok(id)) => Response::ok(serde_json::json!({ "id": id })),
+                Ok(Err(e)) => Response::err(e),
+                Err(_) => Response::err("daemon is shutting down"),
+            }
+        }
+        Request::List {} => {
             let store = shared.store.lock().unwrap();
             Response::ok(serde_json::to_value(store.list()).unwrap_or_default())
         }
@@ -348,11 +379,11 @@ async fn handle(req: Request, shared: &Shared) -> Response {
             Ok(()) => Response::ok(serde_json::json!({ "deleted": id })),
             Err(e) => Response::err(e),
         },
-        Request::Config => {
+        Request::Config {} => {
             let st = shared.state.lock().unwrap();
             Response::ok(serde_json::json!({ "path": st.config_path, "toml": st.config_toml }))
         }
-        Request::Dump => Response::ok(serde_json::json!({ "text": dump_text(shared) })),
+        Request::Dump {} => Response::ok(serde_json::json!({ "text": dump_text(shared) })),
         Request::Export { .. } => Response::err("export is streamed"),
     }
 }

@@ -39,8 +39,8 @@ pub use runner::{
 /// Where the rate-limit history lives by default.
 pub fn default_state_file() -> std::path::PathBuf {
     if cfg!(target_os = "android") {
-        "/data/misc/vitalsd/heapprofd_ratelimit.json".into()
+        "/data/misc/vitalsd/state/heapprofd_ratelimit.json".into()
     } else {
-        "/var/lib/vitalsd/heapprofd_ratelimit.json".into()
+        "/var/lib/vitalsd/state/heapprofd_ratelimit.json".into()
     }
 }

@@ -142,6 +142,16 @@ impl RateLimiter {
         })
     }
 
+    /// An empty history that will be written to `path` (used when the
+    /// existing file cannot be read at all).
+    pub fn empty(path: impl Into<PathBuf>, limits: RateLimits) -> Self {
+        Self {
+            path: path.into(),
+            limits,
+            state: State::default(),
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
