@@ -175,44 +175,15 @@ fn main() -> Result<()> {
                 eprintln!("capture {id} started ({duration:?})");
             }
             if !no_wait {
-                let deadline = std::time::Instant::now() + duration + Duration::from_secs(60);
-                loop {
-                    let list = c.call(&Request::List {})?;
-                    if let Some(m) = list
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .find(|m| m["id"] == id.as_str())
-                    {
-                        if cli.json {
-                            println!("{m}");
-                        } else {
-                            eprintln!();
-                            println!(
-                                "stored {id}: {} bytes, {}",
-                                m["trace_bytes"],
-                                m["status"].as_str().unwrap_or("?")
-                            );
-                        }
-                        break;
-                    }
-                    let st = c.call(&Request::Status {})?;
-                    if st["capture"]["id"] != id.as_str() {
-                        // Not running and not listed: it failed.
-                        let why = st["recent_triggers"]
-                            .as_array()
-                            .and_then(|t| t.iter().rev().find(|t| t["rule"] == "manual"))
-                            .and_then(|t| t["outcome"].as_str())
-                            .unwrap_or("unknown");
-                        bail!("capture {id} was not stored: {why}");
-                    }
-                    if std::time::Instant::now() > deadline {
-                        bail!("capture {id} still not stored");
-                    }
-                    if !cli.json {
-                        eprint!(".");
-                    }
-                    std::thread::sleep(Duration::from_millis(500));
+                let m = wait_stored(&mut c, &id, "capture", "manual", duration, cli.json)?;
+                if cli.json {
+                    println!("{m}");
+                } else {
+                    println!(
+                        "stored {id}: {} bytes, {}",
+                        m["trace_bytes"],
+                        m["status"].as_str().unwrap_or("?")
+                    );
                 }
             } else if cli.json {
                 println!("{v}");
@@ -235,50 +206,29 @@ fn main() -> Result<()> {
             if !cli.json {
                 eprintln!("heapprofd session {id} started ({duration:?})");
             }
-            let deadline = std::time::Instant::now() + duration + Duration::from_secs(120);
-            loop {
-                let list = c.call(&Request::List {})?;
-                if let Some(m) = list
+            let m = wait_stored(
+                &mut c,
+                &id,
+                "heap_session",
+                "manual-heap",
+                duration,
+                cli.json,
+            )?;
+            if cli.json {
+                println!("{m}");
+            } else {
+                println!(
+                    "stored {id}: {} bytes, {}",
+                    m["trace_bytes"],
+                    m["status"].as_str().unwrap_or("?")
+                );
+                for t in m["heapprofd"]["outcome"]["targets"]
                     .as_array()
                     .into_iter()
                     .flatten()
-                    .find(|m| m["id"] == id.as_str())
                 {
-                    if cli.json {
-                        println!("{m}");
-                    } else {
-                        eprintln!();
-                        println!(
-                            "stored {id}: {} bytes, {}",
-                            m["trace_bytes"],
-                            m["status"].as_str().unwrap_or("?")
-                        );
-                        for t in m["heapprofd"]["outcome"]["targets"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                        {
-                            println!("  target {t}");
-                        }
-                    }
-                    break;
+                    println!("  target {t}");
                 }
-                let st = c.call(&Request::Status {})?;
-                if st["heap_session"]["id"] != id.as_str() {
-                    let why = st["recent_triggers"]
-                        .as_array()
-                        .and_then(|t| t.iter().rev().find(|t| t["rule"] == "manual-heap"))
-                        .and_then(|t| t["outcome"].as_str())
-                        .unwrap_or("unknown");
-                    bail!("heap profile {id} was not stored: {why}");
-                }
-                if std::time::Instant::now() > deadline {
-                    bail!("heap profile {id} still not stored");
-                }
-                if !cli.json {
-                    eprint!(".");
-                }
-                std::thread::sleep(Duration::from_millis(500));
             }
         }
         Cmd::List => show(cli.json, c.call(&Request::List {})?, |v| {
@@ -327,6 +277,51 @@ fn main() -> Result<()> {
         }),
     }
     Ok(())
+}
+
+/// Polls until capture `id` is listed (returns its metadata), showing
+/// progress; fails with the daemon's recorded outcome if it stops running
+/// without being stored. `progress` is the status key of the running job,
+/// `rule` the trigger name its outcome is recorded under.
+fn wait_stored(
+    c: &mut Client,
+    id: &str,
+    progress: &str,
+    rule: &str,
+    duration: Duration,
+    json: bool,
+) -> Result<Value> {
+    let deadline = std::time::Instant::now() + duration + Duration::from_secs(120);
+    loop {
+        let list = c.call(&Request::List {})?;
+        if let Some(m) = list
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["id"] == id)
+        {
+            if !json {
+                eprintln!();
+            }
+            return Ok(m.clone());
+        }
+        let st = c.call(&Request::Status {})?;
+        if st[progress]["id"] != id {
+            let why = st["recent_triggers"]
+                .as_array()
+                .and_then(|t| t.iter().rev().find(|t| t["rule"] == rule))
+                .and_then(|t| t["outcome"].as_str())
+                .unwrap_or("unknown");
+            bail!("{id} was not stored: {why}");
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("{id} still not stored");
+        }
+        if !json {
+            eprint!(".");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 fn show(json: bool, v: Value, human: impl Fn(&Value) -> String) {

@@ -331,21 +331,13 @@ async fn handle(req: Request, shared: &Shared) -> Response {
             if !(duration_s.is_finite() && duration_s > 0.0 && duration_s <= 3600.0) {
                 return Response::err("duration_s must be in (0, 3600]");
             }
-            let (reply, rx) = oneshot::channel();
-            let cmd = Command::Capture {
+            ask_main_loop(shared, |reply| Command::Capture {
                 duration: Duration::from_secs_f64(duration_s),
                 sched,
                 faults,
                 reply,
-            };
-            if shared.commands.send(cmd).is_err() {
-                return Response::err("daemon is shutting down");
-            }
-            match rx.await {
-                Ok(Ok(id)) => Response::ok(serde_json::json!({ "id": id })),
-                Ok(Err(e)) => Response::err(e),
-                Err(_) => Response::err("daemon is shutting down"),
-            }
+            })
+            .await
         }
         Request::Heap {
             name,
@@ -355,21 +347,13 @@ async fn handle(req: Request, shared: &Shared) -> Response {
             if !(duration_s.is_finite() && duration_s > 0.0 && duration_s <= 86400.0) {
                 return Response::err("duration_s must be in (0, 86400]");
             }
-            let (reply, rx) = oneshot::channel();
-            let cmd = Command::Heap {
+            ask_main_loop(shared, |reply| Command::Heap {
                 name,
                 pid,
                 duration: Duration::from_secs_f64(duration_s),
                 reply,
-            };
-            if shared.commands.send(cmd).is_err() {
-                return Response::err("daemon is shutting down");
-            }
-            match rx.await {
-                Ok(Ok(id)) => Response::ok(serde_json::json!({ "id": id })),
-                Ok(Err(e)) => Response::err(e),
-                Err(_) => Response::err("daemon is shutting down"),
-            }
+            })
+            .await
         }
         Request::List {} => {
             let store = shared.store.lock().unwrap();
@@ -385,6 +369,22 @@ async fn handle(req: Request, shared: &Shared) -> Response {
         }
         Request::Dump {} => Response::ok(serde_json::json!({ "text": dump_text(shared) })),
         Request::Export { .. } => Response::err("export is streamed"),
+    }
+}
+
+/// Hands a command to the main loop and answers with the id it returns.
+async fn ask_main_loop(
+    shared: &Shared,
+    command: impl FnOnce(oneshot::Sender<Result<String, String>>) -> Command,
+) -> Response {
+    let (reply, rx) = oneshot::channel();
+    if shared.commands.send(command(reply)).is_err() {
+        return Response::err("daemon is shutting down");
+    }
+    match rx.await {
+        Ok(Ok(id)) => Response::ok(serde_json::json!({ "id": id })),
+        Ok(Err(e)) => Response::err(e),
+        Err(_) => Response::err("daemon is shutting down"),
     }
 }
 
