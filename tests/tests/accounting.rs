@@ -365,17 +365,27 @@ fn procfs_core_equivalent_agrees_with_ebpf() {
     tracker.update(&sampler.sample().unwrap());
     std::thread::sleep(Duration::from_secs(1));
     let b1 = task(&mut acc, w.pid());
-    let window = tracker.update(&sampler.sample().unwrap()).expect("a window");
+    let window = tracker
+        .update(&sampler.sample().unwrap())
+        .expect("a window");
     let row = window
         .processes
         .iter()
         .find(|p| p.pid == w.pid() as i32)
         .expect("spinner in the window");
     let core_eq = row.core_equivalent_pct.expect("core-equivalent %");
-    assert!((80.0..=105.0).contains(&core_eq), "core-equivalent {core_eq}%");
+    assert!(
+        (80.0..=105.0).contains(&core_eq),
+        "core-equivalent {core_eq}%"
+    );
     let wall_ns = window.clocks.monotonic_ns.expect("monotonic window") as f64;
     let bpf_pct = (b1.oncpu_ns - b0.oncpu_ns) as f64 * 100.0 / wall_ns;
-    assert_within_pct("eBPF on-CPU % vs procfs core-equivalent %", bpf_pct, core_eq, 10.0);
+    assert_within_pct(
+        "eBPF on-CPU % vs procfs core-equivalent %",
+        bpf_pct,
+        core_eq,
+        10.0,
+    );
     w.expect("done");
     w.finish();
 }
