@@ -305,7 +305,7 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
             (
                 *(base.add(fixed_layout::SWITCH_PREV_PRIO as usize) as *const i32),
                 *(base.add(fixed_layout::SWITCH_NEXT_PRIO as usize) as *const i32),
-                *(base.add(fixed_layout::SWITCH_NEXT_COMM as usize) as *const [u64; 2]),
+                ctx_comm(base, fixed_layout::SWITCH_NEXT_COMM as usize),
             )
         };
         emit_switch(prev, state, next, prev_prio, next_prio, unsafe {
@@ -416,6 +416,19 @@ pub fn sched_wakeup_new_fixed(ctx: TracePointContext) -> u32 {
     on_wakeup(wakeup_pid_fixed(&ctx))
 }
 
+/// A char[16] comm from the tracepoint context as two 8-byte loads at
+/// constant offsets (the verifier rejects loads through a ctx pointer that
+/// was moved first, which is what a 16-byte copy compiles to).
+#[inline(always)]
+unsafe fn ctx_comm(base: *const u8, off: usize) -> [u64; 2] {
+    unsafe {
+        [
+            core::ptr::read_volatile(base.add(off) as *const u64),
+            core::ptr::read_volatile(base.add(off + 8) as *const u64),
+        ]
+    }
+}
+
 #[inline(always)]
 fn emit_waking(pid: i32, prio: i32, target_cpu: i32, comm: [u8; 16]) {
     emit(
@@ -459,7 +472,7 @@ pub fn sched_waking_fixed(ctx: TracePointContext) -> u32 {
                 *(base.add(fixed_layout::WAKING_PID as usize) as *const i32),
                 *(base.add(fixed_layout::WAKING_PRIO as usize) as *const i32),
                 *(base.add(fixed_layout::WAKING_TARGET_CPU as usize) as *const i32),
-                *(base.add(fixed_layout::WAKING_COMM as usize) as *const [u64; 2]),
+                ctx_comm(base, fixed_layout::WAKING_COMM as usize),
             )
         };
         emit_waking(pid, prio, cpu, unsafe {

@@ -571,6 +571,13 @@ impl Accounting {
     /// Clears the CAPTURE flag and detaches sched_waking. Records already
     /// in `ring` stay readable; drain it before or after handing it back.
     pub fn capture_stop(&mut self, ring: RingBuf<MapData>) -> Result<(), BpfError> {
+        let res = self.capture_pause();
+        self.ring = Some(ring);
+        res
+    }
+
+    /// Clears the CAPTURE flag and detaches sched_waking; idempotent.
+    pub fn capture_pause(&mut self) -> Result<(), BpfError> {
         let res = self.set_capture(CaptureControl::default());
         if let Some(link) = self.waking_link.take() {
             let name = match self.layout {
@@ -583,7 +590,6 @@ impl Accounting {
                 }
             }
         }
-        self.ring = Some(ring);
         res
     }
 
