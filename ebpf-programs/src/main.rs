@@ -187,6 +187,8 @@ fn emit_switch(
             next_pid: next as i32,
             next_prio,
             next_comm: comm,
+            prev_tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
+            _pad: 0,
         },
         capture::lost::SCHED,
     );

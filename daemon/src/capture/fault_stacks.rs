@@ -238,12 +238,18 @@ impl FaultStacks {
                     offset: m.offset,
                     path: m.path.clone(),
                 },
-                None => MappingKey {
-                    start: 0,
-                    end: 0,
-                    offset: 0,
-                    path: "[unknown]".into(),
-                },
+                None => {
+                    log::debug!(
+                        "pid {pid}: {addr:#x} is in none of its {} mappings",
+                        maps.len()
+                    );
+                    MappingKey {
+                        start: 0,
+                        end: 0,
+                        offset: 0,
+                        path: "[unknown]".into(),
+                    }
+                }
             };
             let function = match syms.get(i) {
                 Some(Symbolized::Sym(s)) => Some(s.name.to_string()),

@@ -133,7 +133,10 @@ pub struct Capture {
     lost_track: Option<TrackUuid>,
     last_lost_total: u64,
     seen_tids: HashSet<i32>,
+    /// Seen tids not yet named in a ProcessTree packet.
     new_tids: HashMap<i32, Comm>,
+    /// tid -> tgid, from the switch records (prev is `current` there).
+    tgids: HashMap<i32, i32>,
     faults: FaultStacks,
     stats: CaptureStats,
 }
@@ -168,6 +171,7 @@ impl Capture {
             last_lost_total: 0,
             seen_tids: HashSet::from([0]),
             new_tids: HashMap::new(),
+            tgids: HashMap::new(),
             faults: FaultStacks::new(proc_root),
             stats: CaptureStats::default(),
         })
@@ -190,7 +194,14 @@ impl Capture {
     fn absorb(&mut self, batch: Vec<Record>) {
         for r in batch {
             match r {
-                Record::Switch { cpu, rec } => {
+                Record::Switch {
+                    cpu,
+                    prev_tgid,
+                    rec,
+                } => {
+                    if rec.prev_pid > 0 && prev_tgid > 0 {
+                        self.tgids.insert(rec.prev_pid, prev_tgid as i32);
+                    }
                     self.note_tid(rec.next_pid, rec.next_comm);
                     self.cpu(cpu).switches.push(rec);
                     self.stats.switch_events += 1;
@@ -233,7 +244,7 @@ impl Capture {
     ) -> Result<(), CaptureError> {
         self.take_records();
         let lost = acc.capture_lost()?;
-        self.write_pending(acc, writer, ts_boot_ns, &lost)
+        self.write_pending(acc, writer, ts_boot_ns, &lost, false)
     }
 
     fn write_pending<W: Write>(
@@ -242,14 +253,27 @@ impl Capture {
         writer: &mut TraceWriter<W>,
         ts_boot_ns: u64,
         lost: &[[u64; cap::lost::COUNT as usize]],
+        last: bool,
     ) -> Result<(), CaptureError> {
-        // Thread names (with their process) before the events that use them.
-        if !self.new_tids.is_empty() {
+        // Thread names with their process. A tid whose tgid is not known
+        // yet (it has not switched out, and /proc does not say) waits for a
+        // later flush; the last one names it without a process.
+        let mut tids: Vec<(i32, Comm, Option<i32>)> = Vec::new();
+        for (&tid, &comm) in &self.new_tids {
+            let tgid = self
+                .tgids
+                .get(&tid)
+                .copied()
+                .or_else(|| read_tgid(&self.proc_root, tid));
+            if tgid.is_some() || last {
+                tids.push((tid, comm, tgid));
+            }
+        }
+        if !tids.is_empty() {
             let mut tree = ProcessTree::default();
-            let mut tids: Vec<_> = self.new_tids.drain().collect();
-            tids.sort_unstable_by_key(|(t, _)| *t);
-            for (tid, comm) in tids {
-                let tgid = read_tgid(&self.proc_root, tid);
+            tids.sort_unstable_by_key(|(t, _, _)| *t);
+            for (tid, comm, tgid) in tids {
+                self.new_tids.remove(&tid);
                 tree.threads.push(process_tree::Thread {
                     tid: Some(tid),
                     tgid,
@@ -351,7 +375,7 @@ impl Capture {
             ring = r;
         }
         let lost = acc.capture_lost()?;
-        self.write_pending(acc, writer, ts_boot_ns, &lost)?;
+        self.write_pending(acc, writer, ts_boot_ns, &lost, true)?;
         if let Some(ring) = ring {
             acc.capture_stop(ring)?;
         }

@@ -22,8 +22,15 @@ use super::{
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Record {
-    Switch { cpu: u32, rec: SwitchRec },
-    Waking { cpu: u32, rec: WakingRec },
+    Switch {
+        cpu: u32,
+        prev_tgid: u32,
+        rec: SwitchRec,
+    },
+    Waking {
+        cpu: u32,
+        rec: WakingRec,
+    },
     Fault(FaultRec),
 }
 
@@ -41,6 +48,7 @@ pub fn decode(b: &[u8]) -> Option<Record> {
             let e: SwitchEvent = read(b)?;
             Some(Record::Switch {
                 cpu: e.hdr.cpu,
+                prev_tgid: e.prev_tgid,
                 rec: SwitchRec {
                     ts: e.hdr.ts,
                     prev_pid: e.prev_pid,
@@ -156,9 +164,11 @@ mod tests {
             next_pid: 11,
             next_prio: 100,
             next_comm: *b"abc\0\0\0\0\0\0\0\0\0\0\0\0\0",
+            prev_tgid: 10,
+            _pad: 0,
         };
         match decode(&bytes(&s)) {
-            Some(Record::Switch { cpu: 1, rec }) => {
+            Some(Record::Switch { cpu: 1, rec, .. }) => {
                 assert_eq!((rec.ts, rec.prev_pid, rec.next_pid), (99, 10, 11))
             }
             other => panic!("{other:?}"),

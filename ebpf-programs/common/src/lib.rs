@@ -191,6 +191,10 @@ pub struct SwitchEvent {
     pub next_pid: i32,
     pub next_prio: i32,
     pub next_comm: [u8; 16],
+    /// Thread group of the task switching out (it is `current`), so user
+    /// space can name threads under their process even after they exit.
+    pub prev_tgid: u32,
+    pub _pad: u32,
 }
 
 /// sched_waking: emitted on the waker's CPU.
