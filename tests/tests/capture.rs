@@ -229,3 +229,43 @@ fn sampled_fault_stacks_name_the_faulting_function() {
         wl.display()
     );
 }
+
+#[test]
+fn a_tiny_ring_buffer_loses_events_and_the_trace_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.pftrace");
+    let rec = Recorder::start(
+        &trace,
+        &["--duration", "3s", "--sched", "--capture-buffer-kb", "4"],
+    );
+    let mut w = Workload::spawn(&["pingpong", "20000"]);
+    let _tids = w.read_line();
+    w.go();
+    w.expect("done");
+    let table = rec.wait();
+    w.finish();
+    let lost: u64 = table
+        .split("ring buffer lost: ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no loss figure in:\n{table}"));
+    assert!(lost > 0, "{table}");
+    let t = decode_trace_with(&trace, &["--capture"]);
+    assert!(
+        t["compact_sched"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["lost_events"] == true),
+        "no bundle has lost_events"
+    );
+    let track = t["track_descriptors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "capture_ringbuf_lost_events")
+        .expect("loss counter track");
+    let series = t["counters"][track["uuid"].to_string()].as_array().unwrap();
+    assert_eq!(series.last().unwrap()[1].as_u64(), Some(lost));
+}

@@ -4,6 +4,7 @@
 //! installs the Debian packages and bpf-linker that shared/TOOLCHAIN.md lists,
 //! the benchmark peers, and the official `perfetto` Python package.
 
+mod bench_capture;
 mod bench_overhead;
 mod bench_scan;
 mod setup;
@@ -56,6 +57,8 @@ enum Bench {
     },
     /// procfs scans with 1000 processes / 5000 threads: vitalsd vs top, top -H, pidstat -t.
     Scan,
+    /// Capture tier under perf bench sched pipe: bytes per switch, ring-buffer loss.
+    Capture,
 }
 
 fn main() -> Result<()> {
@@ -80,6 +83,7 @@ fn main() -> Result<()> {
             match which {
                 Bench::Overhead { rounds, loops } => bench_overhead::run(rounds, loops),
                 Bench::Scan => bench_scan::run(&workspace_root().join("target/release/vitalsd")),
+                Bench::Capture => bench_capture::run(),
             }
         }
     }
