@@ -269,3 +269,37 @@ fn a_tiny_ring_buffer_loses_events_and_the_trace_says_so() {
     let series = t["counters"][track["uuid"].to_string()].as_array().unwrap();
     assert_eq!(series.last().unwrap()[1].as_u64(), Some(lost));
 }
+
+/// The portable programs (offsets from tracefs, probe reads) capture the
+/// same records as the fixed-layout ones.
+#[test]
+fn portable_layout_programs_capture_switches_and_wakings() {
+    use vitalsd::{
+        bpf::{Accounting, AccountingConfig, CaptureSizing, TracepointLayout},
+        capture::{Capture, CaptureOptions},
+        perfetto::TraceWriter,
+    };
+    require_root();
+    let mut acc = Accounting::load(&AccountingConfig {
+        force_portable_layout: true,
+        capture: Some(CaptureSizing::default()),
+        ..AccountingConfig::default()
+    })
+    .unwrap();
+    assert_eq!(acc.layout(), TracepointLayout::Portable);
+    let opts = CaptureOptions {
+        sched: true,
+        ..CaptureOptions::default()
+    };
+    let cap = Capture::start(&mut acc, &opts, Path::new("/proc")).unwrap();
+    let mut w = Workload::spawn(&["pingpong", "500"]);
+    let _ = w.read_line();
+    w.go();
+    w.expect("done");
+    w.finish();
+    let mut writer = TraceWriter::new(Vec::new());
+    let stats = cap.stop(&mut acc, &mut writer, 1).unwrap();
+    assert!(stats.switch_events >= 1000, "{stats:?}");
+    assert!(stats.waking_events >= 500, "{stats:?}");
+    assert_eq!(stats.lost_sched, 0, "{stats:?}");
+}

@@ -153,12 +153,14 @@ mod tests {
 
     #[test]
     fn timestamps_are_deltas_within_the_bundle_first_absolute() {
-        let mut ev = CpuEvents::default();
-        ev.switches = vec![
-            sw(1_000_000, 5, "a", 1),
-            sw(1_000_100, 6, "b", 0x100),
-            sw(1_000_350, 5, "a", 0),
-        ];
+        let mut ev = CpuEvents {
+            switches: vec![
+                sw(1_000_000, 5, "a", 1),
+                sw(1_000_100, 6, "b", 0x100),
+                sw(1_000_350, 5, "a", 0),
+            ],
+            ..CpuEvents::default()
+        };
         let b = build_bundle(3, &mut ev, false);
         let cs = b.compact_sched.unwrap();
         assert_eq!(b.cpu, Some(3));
@@ -176,15 +178,16 @@ mod tests {
 
     #[test]
     fn out_of_order_records_are_sorted_and_wakings_have_their_own_base() {
-        let mut ev = CpuEvents::default();
-        ev.switches = vec![sw(50, 2, "x", 1), sw(10, 3, "y", 1)];
-        ev.wakings = vec![WakingRec {
-            ts: 30,
-            pid: 9,
-            prio: 100,
-            target_cpu: 1,
-            comm: comm_from("x"),
-        }];
+        let mut ev = CpuEvents {
+            switches: vec![sw(50, 2, "x", 1), sw(10, 3, "y", 1)],
+            wakings: vec![WakingRec {
+                ts: 30,
+                pid: 9,
+                prio: 100,
+                target_cpu: 1,
+                comm: comm_from("x"),
+            }],
+        };
         let b = build_bundle(0, &mut ev, true);
         let cs = b.compact_sched.unwrap();
         assert_eq!(cs.switch_timestamp, vec![10, 40]);

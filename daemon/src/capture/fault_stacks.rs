@@ -149,11 +149,11 @@ impl FaultStacks {
                 continue;
             }
             let id = f.stack_id as u32;
-            if !self.stacks.contains_key(&id) {
-                let ips = read_stack(id).unwrap_or_default();
-                self.stacks.insert(id, ips);
-            }
-            for &ip in &self.stacks[&id] {
+            let ips = self
+                .stacks
+                .entry(id)
+                .or_insert_with(|| read_stack(id).unwrap_or_default());
+            for &ip in ips.iter() {
                 if !self.resolved.contains_key(&(f.tgid, ip)) {
                     todo.entry(f.tgid).or_default().push(ip);
                 }
@@ -398,7 +398,7 @@ mod tests {
     fn own_stack_is_symbolised_and_interned_once() {
         // Symbolise an address of this very function in this process.
         let me = std::process::id();
-        let ip = own_stack_is_symbolised_and_interned_once as usize as u64;
+        let ip = own_stack_is_symbolised_and_interned_once as *const () as usize as u64;
         let mut fs = FaultStacks::new(Path::new("/proc"));
         for ts in [10, 20] {
             fs.push(FaultRec {
