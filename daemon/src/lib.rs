@@ -4,6 +4,7 @@
 //! raw counters become per-window deltas.
 
 pub mod bpf;
+pub mod capture;
 pub mod clock;
 pub mod config;
 pub mod control;

@@ -17,6 +17,7 @@ use crate::{
         totals::{ProcessCounters, Totals},
         Accounting, AccountingConfig, BpfError, FaultSource,
     },
+    capture::{Capture, CaptureError, CaptureOptions, CaptureStats},
     clock::ClockPair,
     export,
     perfetto::{
@@ -44,6 +45,8 @@ pub enum RecordError {
     System(#[from] SystemError),
     #[error(transparent)]
     Procfs(#[from] SamplerError),
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
     #[error("creating trace file {path}: {source}")]
     Create {
         path: PathBuf,
@@ -61,6 +64,9 @@ pub struct RecordOptions {
     pub proc_root: PathBuf,
     /// Drop to `privileges::STEADY_STATE_CAPS` after attaching.
     pub drop_privileges: bool,
+    /// High-fidelity capture for the whole recording (`--sched`,
+    /// `--faults`); needs `accounting.capture` sizing.
+    pub capture: CaptureOptions,
 }
 
 /// One process's figures over the recording.
@@ -90,6 +96,7 @@ pub struct RecordSummary {
     pub packets_written: u64,
     pub bytes_written: u64,
     pub samples: u64,
+    pub capture: Option<CaptureStats>,
 }
 
 /// One per-process counter track: its descriptor and where its value comes from.
@@ -183,7 +190,8 @@ pub fn record_with(
     stop: &AtomicBool,
     prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
 ) -> Result<RecordSummary, RecordError> {
-    let mut accounting = Accounting::load(&opts.accounting)?;
+    let mut accounting =
+        Accounting::load(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))?;
     // Before the capability drop: afterwards root may no longer be able to
     // create it (no CAP_DAC_OVERRIDE). After the load, so a failed load
     // leaves no empty trace behind.
@@ -191,8 +199,24 @@ pub fn record_with(
         path: opts.out.clone(),
         source,
     })?;
+    // Before the capability drop: starting a capture attaches sched_waking.
+    let mut capture = if opts.capture.any() {
+        Some(Capture::start(
+            &mut accounting,
+            &opts.capture,
+            &opts.proc_root,
+        )?)
+    } else {
+        None
+    };
     let capabilities_after_attach = if opts.drop_privileges {
-        let left = privileges::drop_to(privileges::STEADY_STATE_CAPS)?;
+        // Symbolising another process's stack reads its /proc/<pid>/maps,
+        // which ptrace_may_access() guards: keep CAP_SYS_PTRACE for that.
+        let mut keep = privileges::STEADY_STATE_CAPS.to_vec();
+        if opts.capture.faults {
+            keep.push(caps::Capability::CAP_SYS_PTRACE);
+        }
+        let left = privileges::drop_to(&keep)?;
         Some(privileges::describe(&left))
     } else {
         None
@@ -263,6 +287,9 @@ pub fn record_with(
         if let Some(window) = tracker.update(&sample) {
             export::write_window(&mut writer, clocks.boottime_ns, &window)?;
         }
+        if let Some(c) = capture.as_mut() {
+            c.flush(&accounting, &mut writer, clocks.boottime_ns)?;
+        }
 
         // Name processes we have not seen yet before their first counter.
         let mut new_entries = Vec::new();
@@ -315,6 +342,10 @@ pub fn record_with(
         }
     }
 
+    let capture_stats = match capture.take() {
+        Some(c) => Some(c.stop(&mut accounting, &mut writer, ClockPair::now().boottime_ns)?),
+        None => None,
+    };
     let end = ClockPair::now();
     let wall = end.monotonic_ns.saturating_sub(start.monotonic_ns).max(1);
     let mut rows: Vec<SummaryRow> = final_rows
@@ -353,6 +384,7 @@ pub fn record_with(
         packets_written,
         bytes_written,
         samples,
+        capture: capture_stats,
     })
 }
 
@@ -421,6 +453,9 @@ impl RecordSummary {
         let _ = writeln!(s, "map drops: {}", drops.join(" "));
         if let Some(c) = &self.capabilities_after_attach {
             let _ = writeln!(s, "capabilities after attach: {c}");
+        }
+        if let Some(c) = &self.capture {
+            let _ = writeln!(s, "{}", c.render());
         }
         let _ = writeln!(
             s,

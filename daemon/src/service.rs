@@ -19,7 +19,8 @@ use std::{
 use thiserror::Error;
 
 use crate::{
-    bpf::{totals::Totals, Accounting, AccountingConfig, BpfError, MapLimits},
+    bpf::{totals::Totals, Accounting, AccountingConfig, BpfError, CaptureSizing, MapLimits},
+    capture::CaptureOptions,
     config::{CaptureSpec, Config},
     control::server::{
         self, CaptureProgress, Command, DaemonState, ServerError, Shared, TopRow, TriggerRecord,
@@ -674,13 +675,23 @@ fn start_capture(
     shared: &Shared,
 ) -> RunningCapture {
     let pending = store.lock().unwrap().begin(&trigger.rule);
+    // The capture tier (every switch and waking, sampled fault stacks) for
+    // the capture's window only; the always-on programs are untouched.
+    let capture = CaptureOptions {
+        sched: spec.sched,
+        faults: spec.faults,
+        ..CaptureOptions::default()
+    };
+    let mut accounting = accounting.clone();
+    accounting.capture = capture.any().then(CaptureSizing::default);
     let opts = RecordOptions {
         duration: spec.duration.0,
         out: pending.tmp_path.clone(),
         interval: cfg.sampling.interval.0.min(Duration::from_secs(1)),
-        accounting: accounting.clone(),
+        accounting,
         proc_root: cfg.sampling.proc_root.clone(),
         drop_privileges: false,
+        capture,
     };
     let samples: Vec<history::VitalsSample> = history.iter().cloned().collect();
     let stop = Arc::new(AtomicBool::new(false));

@@ -463,35 +463,6 @@ fn unreadable_pid_eacces_is_a_read_failure() {
     assert!(w.processes.iter().any(|p| p.pid == 11));
 }
 
-/// The one timed assertion the issue asks for: on the real /proc, a child
-/// spinning on one core shows 80–105% core-equivalent over a 1 s window.
-#[test]
-fn real_machine_spinning_child_is_about_one_core() {
-    let hz = crate::system::clock_ticks_per_second().unwrap();
-    let mut child = std::process::Command::new("sh")
-        .args(["-c", "while :; do :; done"])
-        .spawn()
-        .unwrap();
-    let pid = child.id() as i32;
-    // Let it get going before the window opens.
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    let mut sampler = Sampler::new("/proc", SampleOptions::default());
-    let mut tracker = Tracker::new(hz);
-    assert!(tracker.update(&sampler.sample().unwrap()).is_none());
-    std::thread::sleep(std::time::Duration::from_secs(1));
-    let w = tracker.update(&sampler.sample().unwrap()).unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let p = w.processes.iter().find(|p| p.pid == pid).unwrap();
-    let core_eq = p.core_equivalent_pct.unwrap();
-    assert!(
-        (80.0..=105.0).contains(&core_eq),
-        "core-equivalent {core_eq}%"
-    );
-    let ncpu = w.system.as_ref().unwrap().online_cpus.len() as f64;
-    let share = p.machine_share_pct.unwrap();
-    assert!(
-        share > 70.0 / ncpu && share < 110.0 / ncpu,
-        "machine share {share}%"
-    );
-}
+// The real-machine 80-105% window check lives with the kernel tests
+// (tests/tests/accounting.rs, procfs_core_equivalent_agrees_with_ebpf): they
+// run one at a time, so the spinner is not starved by parallel unit tests.

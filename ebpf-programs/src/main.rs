@@ -13,16 +13,20 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_map_lookup_percpu_elem},
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
+        bpf_ktime_get_ns, generated::bpf_map_lookup_percpu_elem,
+    },
     macros::{map, perf_event, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
-    programs::{PerfEventContext, TracePointContext},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    programs::{tracing::StackIdContext, PerfEventContext, TracePointContext},
     EbpfContext,
 };
 use vitals_common::{
-    drop_reason, fixed_layout, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters,
-    MAX_CPUS, PREV_STATE_BLOCKED_MASK,
+    capture, drop_reason, fixed_layout, CaptureControl, CpuState, EventHeader, ExitKey, ExitedTask,
+    FaultCounters, FaultEvent, SwitchEvent, TaskCounters, WakingEvent, MAX_CPUS,
+    PREV_STATE_BLOCKED_MASK,
 };
 
 // ---- load-time settings (.rodata, set by the loader; the verifier treats
@@ -47,6 +51,21 @@ static TRACK_WAIT: u32 = 1;
 /// 0: the WAKE_TS hash does. The verifier prunes the branch not taken.
 #[no_mangle]
 static WAKE_ARRAY: u32 = 0;
+// Capture-mode field offsets for the portable programs.
+#[no_mangle]
+static SWITCH_PREV_PRIO_OFF: u32 = 28;
+#[no_mangle]
+static SWITCH_NEXT_COMM_OFF: u32 = 40;
+#[no_mangle]
+static SWITCH_NEXT_PRIO_OFF: u32 = 60;
+#[no_mangle]
+static WAKING_COMM_OFF: u32 = 8;
+#[no_mangle]
+static WAKING_PID_OFF: u32 = 24;
+#[no_mangle]
+static WAKING_PRIO_OFF: u32 = 28;
+#[no_mangle]
+static WAKING_TARGET_CPU_OFF: u32 = 32;
 
 #[inline(always)]
 fn setting(v: &'static u32) -> u32 {
@@ -88,6 +107,92 @@ static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
 /// Per-CPU drop counters, indexed by `drop_reason`.
 #[map(name = "DROPS")]
 static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(drop_reason::COUNT, 0);
+
+// ---- capture mode: sized by the loader (1 page / 1 entry when no capture
+// is configured, so the always-on tier keeps its memory footprint) ----
+
+/// flags == 0: no capture. User space writes it; frozen .rodata could not.
+#[map(name = "CAPTURE")]
+static CAPTURE: Array<CaptureControl> = Array::with_max_entries(1, 0);
+
+/// Switch, waking and fault records (`vitals_common::*Event`).
+#[map(name = "CAPTURE_EVENTS")]
+static CAPTURE_EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
+
+/// Per-CPU counts of records that could not be written, by `capture::lost`.
+#[map(name = "CAPTURE_LOST")]
+static CAPTURE_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(capture::lost::COUNT, 0);
+
+/// User stacks of sampled faults.
+#[map(name = "CAPTURE_STACKS")]
+static CAPTURE_STACKS: StackTrace = StackTrace::with_max_entries(1, 0);
+
+/// tgid -> faults since its last sample (one sample every `fault_period`).
+#[map(name = "CAPTURE_FAULT_CTR")]
+static CAPTURE_FAULT_CTR: LruHashMap<u32, u32> = LruHashMap::with_max_entries(1, 0);
+
+/// The capture flags: an array lookup the verifier inlines, one load, so
+/// the always-on path pays only this and a branch while no capture runs.
+#[inline(always)]
+fn capture_control() -> CaptureControl {
+    match CAPTURE.get(0) {
+        Some(c) => *c,
+        None => CaptureControl::default(),
+    }
+}
+
+#[inline(always)]
+fn capture_lost(reason: u32) {
+    if let Some(p) = CAPTURE_LOST.get_ptr_mut(reason) {
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+fn header(kind: u32) -> EventHeader {
+    EventHeader {
+        kind,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ts: unsafe { bpf_ktime_get_boot_ns() },
+    }
+}
+
+#[inline(always)]
+fn emit<T: 'static>(ev: T, lost: u32) {
+    match CAPTURE_EVENTS.reserve::<T>(0) {
+        Some(mut e) => {
+            e.write(ev);
+            // User space polls; a wakeup per record would cost an irq_work.
+            e.submit(BPF_RB_NO_WAKEUP as u64);
+        }
+        None => capture_lost(lost),
+    }
+}
+
+#[inline(always)]
+fn emit_switch(
+    prev: u32,
+    prev_state: i64,
+    next: u32,
+    prev_prio: i32,
+    next_prio: i32,
+    comm: [u8; 16],
+) {
+    emit(
+        SwitchEvent {
+            hdr: header(capture::KIND_SWITCH),
+            prev_state,
+            prev_pid: prev as i32,
+            prev_prio,
+            next_pid: next as i32,
+            next_prio,
+            next_comm: comm,
+            prev_tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
+            _pad: 0,
+        },
+        capture::lost::SCHED,
+    );
+}
 
 #[inline(always)]
 fn count_drop(reason: u32) {
@@ -163,6 +268,23 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     };
     if let (Ok(prev), Ok(state), Ok(next)) = fields {
         on_switch(prev as u32, state, next as u32);
+        if capture_control().flags & capture::FLAG_SCHED != 0 {
+            let extra = unsafe {
+                (
+                    ctx.read_at::<i32>(setting(&SWITCH_PREV_PRIO_OFF) as usize),
+                    ctx.read_at::<i32>(setting(&SWITCH_NEXT_PRIO_OFF) as usize),
+                    ctx.read_at::<[u8; 16]>(setting(&SWITCH_NEXT_COMM_OFF) as usize),
+                )
+            };
+            emit_switch(
+                prev as u32,
+                state,
+                next as u32,
+                extra.0.unwrap_or(0),
+                extra.1.unwrap_or(0),
+                extra.2.unwrap_or([0; 16]),
+            );
+        }
     }
     0
 }
@@ -180,6 +302,18 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
         )
     };
     on_switch(prev, state, next);
+    if capture_control().flags & capture::FLAG_SCHED != 0 {
+        let (prev_prio, next_prio, comm) = unsafe {
+            (
+                *(base.add(fixed_layout::SWITCH_PREV_PRIO as usize) as *const i32),
+                *(base.add(fixed_layout::SWITCH_NEXT_PRIO as usize) as *const i32),
+                ctx_comm(base, fixed_layout::SWITCH_NEXT_COMM as usize),
+            )
+        };
+        emit_switch(prev, state, next, prev_prio, next_prio, unsafe {
+            core::mem::transmute::<[u64; 2], [u8; 16]>(comm)
+        });
+    }
     0
 }
 
@@ -282,6 +416,72 @@ pub fn sched_wakeup_fixed(ctx: TracePointContext) -> u32 {
 #[tracepoint(category = "sched", name = "sched_wakeup_new")]
 pub fn sched_wakeup_new_fixed(ctx: TracePointContext) -> u32 {
     on_wakeup(wakeup_pid_fixed(&ctx))
+}
+
+/// A char[16] comm from the tracepoint context as two 8-byte loads at
+/// constant offsets (the verifier rejects loads through a ctx pointer that
+/// was moved first, which is what a 16-byte copy compiles to).
+#[inline(always)]
+unsafe fn ctx_comm(base: *const u8, off: usize) -> [u64; 2] {
+    unsafe {
+        [
+            core::ptr::read_volatile(base.add(off) as *const u64),
+            core::ptr::read_volatile(base.add(off + 8) as *const u64),
+        ]
+    }
+}
+
+#[inline(always)]
+fn emit_waking(pid: i32, prio: i32, target_cpu: i32, comm: [u8; 16]) {
+    emit(
+        WakingEvent {
+            hdr: header(capture::KIND_WAKING),
+            pid,
+            prio,
+            target_cpu,
+            _pad: 0,
+            comm,
+        },
+        capture::lost::SCHED,
+    );
+}
+
+/// Capture only: attached for the duration of a capture.
+#[tracepoint(category = "sched", name = "sched_waking")]
+pub fn sched_waking(ctx: TracePointContext) -> u32 {
+    if capture_control().flags & capture::FLAG_SCHED != 0 {
+        let f = unsafe {
+            (
+                ctx.read_at::<i32>(setting(&WAKING_PID_OFF) as usize),
+                ctx.read_at::<i32>(setting(&WAKING_PRIO_OFF) as usize),
+                ctx.read_at::<i32>(setting(&WAKING_TARGET_CPU_OFF) as usize),
+                ctx.read_at::<[u8; 16]>(setting(&WAKING_COMM_OFF) as usize),
+            )
+        };
+        if let (Ok(pid), Ok(prio), Ok(cpu), Ok(comm)) = f {
+            emit_waking(pid, prio, cpu, comm);
+        }
+    }
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_waking")]
+pub fn sched_waking_fixed(ctx: TracePointContext) -> u32 {
+    if capture_control().flags & capture::FLAG_SCHED != 0 {
+        let base = ctx.as_ptr() as *const u8;
+        let (pid, prio, cpu, comm) = unsafe {
+            (
+                *(base.add(fixed_layout::WAKING_PID as usize) as *const i32),
+                *(base.add(fixed_layout::WAKING_PRIO as usize) as *const i32),
+                *(base.add(fixed_layout::WAKING_TARGET_CPU as usize) as *const i32),
+                ctx_comm(base, fixed_layout::WAKING_COMM as usize),
+            )
+        };
+        emit_waking(pid, prio, cpu, unsafe {
+            core::mem::transmute::<[u64; 2], [u8; 16]>(comm)
+        });
+    }
+    0
 }
 
 /// The task's last reference is gone: it will never run or fault again, so
@@ -394,22 +594,70 @@ fn bump(f: &mut FaultCounters, kind: FaultKind) {
 /// x86 only: one event per user-mode fault entry (also retries and faults
 /// that end in SIGSEGV), in the faulting task's context.
 #[tracepoint(category = "exceptions", name = "page_fault_user")]
-pub fn page_fault_user(_ctx: TracePointContext) -> u32 {
+pub fn page_fault_user(ctx: TracePointContext) -> u32 {
     count_fault(FaultKind::Entry);
+    maybe_sample_fault(&ctx);
     0
+}
+
+/// Capture only: one fault in `fault_period` of each process goes to the
+/// ring buffer with its user stack.
+#[inline(always)]
+fn maybe_sample_fault<C: StackIdContext>(ctx: &C) {
+    let c = capture_control();
+    if c.flags & capture::FLAG_FAULTS == 0 {
+        return;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    if tgid == 0 {
+        return;
+    }
+    match CAPTURE_FAULT_CTR.get_ptr_mut(&tgid) {
+        Some(n) => {
+            let seen = unsafe { *n } + 1;
+            if seen < c.fault_period {
+                unsafe { *n = seen };
+                return;
+            }
+            unsafe { *n = 0 };
+        }
+        None => {
+            // First fault of this process in the capture: sample it.
+            let _ = CAPTURE_FAULT_CTR.insert(&tgid, &0, 0);
+        }
+    }
+    let stack_id = match ctx.get_stackid(&CAPTURE_STACKS, BPF_F_USER_STACK as u64) {
+        Ok(id) => id,
+        Err(e) => {
+            capture_lost(capture::lost::STACK);
+            e as i64
+        }
+    };
+    emit(
+        FaultEvent {
+            hdr: header(capture::KIND_FAULT),
+            tgid,
+            tid,
+            stack_id,
+        },
+        capture::lost::FAULT,
+    );
 }
 
 /// Attached to PERF_COUNT_SW_PAGE_FAULTS_MIN with sample_period 1 on every
 /// CPU: runs where mm_account_fault() counts a successful minor fault.
 #[perf_event]
-pub fn perf_minflt(_ctx: PerfEventContext) -> u32 {
+pub fn perf_minflt(ctx: PerfEventContext) -> u32 {
     count_fault(FaultKind::Minor);
+    maybe_sample_fault(&ctx);
     0
 }
 
 #[perf_event]
-pub fn perf_majflt(_ctx: PerfEventContext) -> u32 {
+pub fn perf_majflt(ctx: PerfEventContext) -> u32 {
     count_fault(FaultKind::Major);
+    maybe_sample_fault(&ctx);
     0
 }
 

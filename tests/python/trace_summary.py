@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Decode a Perfetto trace file with the official schema and print a JSON summary.
 
-Usage: trace_summary.py TRACE_FILE
+Usage: trace_summary.py [--capture] TRACE_FILE
 
 The whole file is parsed as `perfetto.protos.Trace` with the descriptor from
 the PyPI `perfetto` package, i.e. exactly the schema trace_processor and the
@@ -27,6 +27,17 @@ UI use. Any parse error exits non-zero. The summary is one JSON object:
   sys_stats               [{ts, cpu_stat: [...], psi: [{resource, total_ns}], ...}]
   process_stats           [{ts, processes: [{pid, vm_rss_kb, ...}]}]
   ftrace_event_bundles, perf_samples, profile_packets: counts
+
+With --capture, also:
+  compact_sched           per FtraceEventBundle in file order: {cpu, lost_events,
+                          switches: [{ts, prev_state, next_pid, next_prio, next_comm}],
+                          wakings: [{ts, pid, target_cpu, prio, comm}]}; ts are
+                          absolute, decoded from the per-bundle deltas as
+                          trace_processor does
+  samples                 per PerfSample: {ts, seq, cpu, pid, tid, callstack_iid,
+                          frames: [function name or null, outermost first],
+                          mappings: [mapping path per frame], build_ids: [hex]}
+                          resolved through the sequence's InternedData
 
 Enums are printed by value name (e.g. "UNIT_SIZE_BYTES"), absent optional
 fields are omitted from the per-message dicts, and 64-bit integers stay JSON
@@ -61,6 +72,81 @@ def to_dict(msg):
 
 def opt(msg, name):
     return getattr(msg, name) if msg.HasField(name) else None
+
+
+def decode_compact(bundle):
+    cs = bundle.compact_sched
+    table = list(cs.intern_table)
+    out = {"cpu": bundle.cpu, "lost_events": bundle.lost_events, "switches": [], "wakings": []}
+    ts = 0
+    for i in range(len(cs.switch_timestamp)):
+        ts += cs.switch_timestamp[i]
+        out["switches"].append({
+            "ts": ts,
+            "prev_state": cs.switch_prev_state[i],
+            "next_pid": cs.switch_next_pid[i],
+            "next_prio": cs.switch_next_prio[i],
+            "next_comm": table[cs.switch_next_comm_index[i]],
+        })
+    ts = 0
+    for i in range(len(cs.waking_timestamp)):
+        ts += cs.waking_timestamp[i]
+        out["wakings"].append({
+            "ts": ts,
+            "pid": cs.waking_pid[i],
+            "target_cpu": cs.waking_target_cpu[i],
+            "prio": cs.waking_prio[i],
+            "comm": table[cs.waking_comm_index[i]],
+        })
+    return out
+
+
+def capture_details(trace):
+    bundles = []
+    samples = []
+    interned = {}  # seq -> {kind: {iid: msg}}
+    for p in trace.packet:
+        seq = p.trusted_packet_sequence_id
+        if p.sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED:
+            interned[seq] = {}
+        if p.HasField("interned_data"):
+            st = interned.setdefault(seq, {})
+            idata = p.interned_data
+            for kind in ("function_names", "mapping_paths", "build_ids", "mappings", "frames", "callstacks"):
+                for m in getattr(idata, kind):
+                    st.setdefault(kind, {})[m.iid] = m
+        kind = p.WhichOneof("data")
+        if kind == "ftrace_events":
+            bundles.append(decode_compact(p.ftrace_events))
+        elif kind == "perf_sample":
+            ps = p.perf_sample
+            st = interned.get(seq, {})
+            frames, maps, bids = [], [], []
+            if ps.HasField("callstack_iid"):
+                cs = st.get("callstacks", {}).get(ps.callstack_iid)
+                for fid in (cs.frame_ids if cs else []):
+                    fr = st.get("frames", {}).get(fid)
+                    name = None
+                    if fr is not None and fr.HasField("function_name_id"):
+                        s_ = st.get("function_names", {}).get(fr.function_name_id)
+                        name = s_.str.decode("utf-8", "replace") if s_ else None
+                    frames.append(name)
+                    mp = st.get("mappings", {}).get(fr.mapping_id) if fr else None
+                    path = None
+                    if mp is not None:
+                        parts = [st.get("mapping_paths", {}).get(i) for i in mp.path_string_ids]
+                        path = "/" + "/".join(x.str.decode("utf-8", "replace") for x in parts if x)
+                        if mp.HasField("build_id"):
+                            b = st.get("build_ids", {}).get(mp.build_id)
+                            if b is not None:
+                                bids.append(b.str.hex())
+                    maps.append(path)
+            samples.append({
+                "ts": p.timestamp, "seq": seq, "cpu": ps.cpu, "pid": ps.pid, "tid": ps.tid,
+                "callstack_iid": opt(ps, "callstack_iid"), "frames": frames,
+                "mappings": maps, "build_ids": sorted(set(bids)),
+            })
+    return {"compact_sched": bundles, "samples": samples}
 
 
 def summarize(trace):
@@ -147,6 +233,8 @@ def summarize(trace):
 
 
 def main(argv):
+    capture = "--capture" in argv
+    argv = [a for a in argv if a != "--capture"]
     if len(argv) != 2:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
@@ -158,7 +246,10 @@ def main(argv):
     except Exception as e:  # DecodeError, or RuntimeError from some backends
         print(f"{argv[1]}: not a valid Perfetto trace ({len(data)} bytes): {e}", file=sys.stderr)
         return 1
-    json.dump(summarize(trace), sys.stdout, sort_keys=True)
+    s = summarize(trace)
+    if capture:
+        s.update(capture_details(trace))
+    json.dump(s, sys.stdout, sort_keys=True)
     sys.stdout.write("\n")
     return 0
 

@@ -91,6 +91,15 @@ impl Workload {
         assert_eq!(got.trim(), line, "workload said {got:?}, expected {line:?}");
     }
 
+    /// The next line the workload prints.
+    pub fn read_line(&mut self) -> String {
+        let mut got = String::new();
+        self.stdout
+            .read_line(&mut got)
+            .expect("reading workload stdout");
+        got.trim().to_owned()
+    }
+
     /// Lets a workload waiting for a line go on.
     pub fn go(&mut self) {
         let s = self.stdin.as_mut().unwrap();
@@ -194,8 +203,15 @@ pub fn python() -> PathBuf {
 
 /// Decodes a trace with the official schema (tests/python/trace_summary.py).
 pub fn decode_trace(path: &Path) -> serde_json::Value {
+    decode_trace_with(path, &[])
+}
+
+/// Same, with extra options, e.g. `--capture` (CompactSched per bundle
+/// and perf samples with their frames resolved).
+pub fn decode_trace_with(path: &Path, args: &[&str]) -> serde_json::Value {
     let out = Command::new(python())
         .arg(workspace_root().join("tests/python/trace_summary.py"))
+        .args(args)
         .arg(path)
         .output()
         .expect("running trace_summary.py");

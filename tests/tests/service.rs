@@ -556,3 +556,27 @@ fn a_rule_heap_profiles_its_allowlisted_offender_beside_the_capture() {
         .iter()
         .any(|m| m["heapprofd"].is_null() && m["trigger"]["rule"] == "spinner"));
 }
+
+#[test]
+fn a_sched_capture_through_the_daemon_holds_the_switch_timeline() {
+    let d = Daemon::start("");
+    let out = Command::new(vitalsd_bin().with_file_name("vitalsctl"))
+        .args(["--socket"])
+        .arg(d.socket())
+        .args(["--json", "capture", "--duration", "1s", "--sched"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    let m: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = m["id"].as_str().unwrap();
+    let t = decode_trace(&d.store().join(format!("{id}.pftrace")));
+    assert!(
+        t["ftrace_event_bundles"].as_u64().unwrap() > 0,
+        "no sched bundles: {t}"
+    );
+}

@@ -4,6 +4,7 @@
 //! installs the Debian packages and bpf-linker that shared/TOOLCHAIN.md lists,
 //! the benchmark peers, and the official `perfetto` Python package.
 
+mod bench_capture;
 mod bench_idle;
 mod bench_overhead;
 mod bench_scan;
@@ -62,6 +63,8 @@ enum Bench {
         #[arg(long, default_value_t = 60)]
         seconds: u64,
     },
+    /// Capture tier under perf bench sched pipe: bytes per switch, ring-buffer loss.
+    Capture,
 }
 
 fn main() -> Result<()> {
@@ -87,6 +90,7 @@ fn main() -> Result<()> {
                 Bench::Overhead { rounds, loops } => bench_overhead::run(rounds, loops),
                 Bench::Idle { seconds } => bench_idle::run(seconds),
                 Bench::Scan => bench_scan::run(&workspace_root().join("target/release/vitalsd")),
+                Bench::Capture => bench_capture::run(),
             }
         }
     }

@@ -5,7 +5,8 @@ use std::{path::PathBuf, sync::atomic::Ordering, time::Duration};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use vitalsd::{
-    bpf::{AccountingConfig, FaultSourceChoice, MapLimits},
+    bpf::{AccountingConfig, CaptureSizing, FaultSourceChoice, MapLimits},
+    capture::CaptureOptions,
     config::{parse_duration, Config},
     heapprofd::{
         self, ContinuousDump, HeapProfileRequest, Heaps, RateLimiter, RateLimits, RequestLimits,
@@ -74,6 +75,20 @@ enum Command {
         keep_privileges: bool,
         #[arg(long, default_value = "/proc", hide = true)]
         proc_root: PathBuf,
+        /// Capture every sched_switch and sched_waking (Perfetto per-CPU
+        /// timeline and thread states).
+        #[arg(long)]
+        sched: bool,
+        /// Capture sampled user page faults with their call stacks
+        /// (flamegraph per process).
+        #[arg(long)]
+        faults: bool,
+        /// Sample one fault in N per process (with --faults).
+        #[arg(long, default_value_t = CaptureOptions::default().fault_period)]
+        fault_period: u32,
+        /// Capture ring buffer size in KiB (a power of two).
+        #[arg(long, default_value_t = CaptureSizing::default().ring_bytes / 1024)]
+        capture_buffer_kb: u32,
     },
     /// One window of procfs vitals, like `dumpsys cpuinfo`: load, per-process
     /// CPU (% total = user + kernel) and faults, then the system line.
@@ -226,8 +241,18 @@ fn main() -> Result<()> {
             top,
             keep_privileges,
             proc_root,
+            sched,
+            faults,
+            fault_period,
+            capture_buffer_kb,
         } => {
             let stop = signal_flags()?.stop;
+            let capture = CaptureOptions {
+                sched,
+                faults,
+                fault_period: fault_period.max(1),
+                ..CaptureOptions::default()
+            };
             let opts = RecordOptions {
                 duration,
                 out,
@@ -240,10 +265,15 @@ fn main() -> Result<()> {
                         ..MapLimits::default()
                     },
                     runq_wait: !no_runq_wait,
+                    capture: capture.any().then(|| CaptureSizing {
+                        ring_bytes: capture_buffer_kb.saturating_mul(1024),
+                        ..CaptureSizing::default()
+                    }),
                     ..AccountingConfig::default()
                 },
                 proc_root,
                 drop_privileges: !keep_privileges,
+                capture,
             };
             let summary = record(&opts, &stop).context("vitalsd record")?;
             print!("{}", summary.render(top));

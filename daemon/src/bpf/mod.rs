@@ -10,16 +10,21 @@ pub mod tracefs;
 use std::collections::HashMap;
 
 use aya::{
-    maps::{HashMap as AyaHashMap, MapData, MapError, PerCpuArray, PerCpuHashMap},
+    maps::{
+        Array, HashMap as AyaHashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf,
+        StackTraceMap,
+    },
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        trace_point::TracePointLinkId,
         PerfEvent, ProgramError, TracePoint,
     },
     Ebpf, EbpfError, EbpfLoader,
 };
 use thiserror::Error;
 use vitals_common::{
-    drop_reason, fixed_layout, names, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters,
+    capture, drop_reason, fixed_layout, names, CaptureControl, CpuState, ExitKey, ExitedTask,
+    FaultCounters, TaskCounters,
 };
 
 use self::tracefs::{Tracefs, TracefsError};
@@ -66,6 +71,12 @@ pub enum BpfError {
     NoFaultTracepoint,
     #[error(transparent)]
     System(#[from] crate::system::SystemError),
+    #[error(
+        "capture requested but the capture maps were not sized at load (AccountingConfig::capture)"
+    )]
+    CaptureNotConfigured,
+    #[error("a capture is already running")]
+    CaptureRunning,
 }
 
 /// Which fault source to use.
@@ -169,6 +180,32 @@ pub struct AccountingConfig {
     /// Keep wakeup times in the bounded hash even where pid_max would
     /// allow the array; for tests of that path.
     pub force_wake_hash: bool,
+    /// Reserve the capture tier's kernel memory (ring buffer, stack map).
+    /// None: those maps get their minimum size and captures are refused.
+    pub capture: Option<CaptureSizing>,
+}
+
+/// Kernel memory of the capture tier, reserved at load time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaptureSizing {
+    /// Ring buffer bytes: a power of two, at least one page.
+    pub ring_bytes: u32,
+    /// Distinct user stacks the stack-trace map holds (about 1 KiB each).
+    pub stack_entries: u32,
+    /// Processes whose fault-sampling counters are tracked at once (LRU).
+    pub fault_processes: u32,
+}
+
+impl Default for CaptureSizing {
+    fn default() -> Self {
+        Self {
+            // perf bench sched pipe on 2 CPUs writes ~40 MB/s of records;
+            // 8 MiB is ~200 ms of that, far more than one poll period.
+            ring_bytes: 8 << 20,
+            stack_entries: 4096,
+            fault_processes: 4096,
+        }
+    }
 }
 
 impl Default for AccountingConfig {
@@ -179,6 +216,7 @@ impl Default for AccountingConfig {
             runq_wait: true,
             force_portable_layout: false,
             force_wake_hash: false,
+            capture: None,
         }
     }
 }
@@ -254,6 +292,11 @@ pub struct Accounting {
     limits: MapLimits,
     layout: TracepointLayout,
     runq_wait: bool,
+    capture_sizing: Option<CaptureSizing>,
+    /// The ring buffer, while no capture holds it.
+    ring: Option<RingBuf<MapData>>,
+    /// sched_waking link while a capture with FLAG_SCHED runs.
+    waking_link: Option<TracePointLinkId>,
 }
 
 impl Accounting {
@@ -285,6 +328,44 @@ impl Accounting {
         let switch = tracefs.format("sched", "sched_switch")?;
         let wakeup = tracefs.format("sched", "sched_wakeup")?;
         let free = tracefs.format("sched", "sched_process_free")?;
+        let waking = tracefs.format("sched", "sched_waking")?;
+        let capture_offsets: [(&str, u32, u32); 7] = [
+            (
+                names::G_SWITCH_PREV_PRIO,
+                switch.offset_of("prev_prio", 4)?,
+                fixed_layout::SWITCH_PREV_PRIO,
+            ),
+            (
+                names::G_SWITCH_NEXT_COMM,
+                switch.offset_of("next_comm", 16)?,
+                fixed_layout::SWITCH_NEXT_COMM,
+            ),
+            (
+                names::G_SWITCH_NEXT_PRIO,
+                switch.offset_of("next_prio", 4)?,
+                fixed_layout::SWITCH_NEXT_PRIO,
+            ),
+            (
+                names::G_WAKING_COMM,
+                waking.offset_of("comm", 16)?,
+                fixed_layout::WAKING_COMM,
+            ),
+            (
+                names::G_WAKING_PID,
+                waking.offset_of("pid", 4)?,
+                fixed_layout::WAKING_PID,
+            ),
+            (
+                names::G_WAKING_PRIO,
+                waking.offset_of("prio", 4)?,
+                fixed_layout::WAKING_PRIO,
+            ),
+            (
+                names::G_WAKING_TARGET_CPU,
+                waking.offset_of("target_cpu", 4)?,
+                fixed_layout::WAKING_TARGET_CPU,
+            ),
+        ];
         let offsets: [(&str, u32); 5] = [
             (names::G_SWITCH_PREV_PID, switch.offset_of("prev_pid", 4)?),
             (
@@ -326,6 +407,26 @@ impl Accounting {
         for (name, off) in &offsets {
             loader.override_global(name, off, true);
         }
+        for (name, off, _) in &capture_offsets {
+            loader.override_global(name, off, true);
+        }
+        // Without a capture configured the capture maps take their minimum
+        // size, so the always-on tier's memory does not grow.
+        let sizing = cfg.capture;
+        let page = crate::system::page_size_bytes()? as u32;
+        loader
+            .map_max_entries(
+                names::CAPTURE_EVENTS,
+                sizing.map_or(page, |c| c.ring_bytes.max(page).next_power_of_two()),
+            )
+            .map_max_entries(
+                names::CAPTURE_STACKS,
+                sizing.map_or(1, |c| c.stack_entries.max(1)),
+            )
+            .map_max_entries(
+                names::CAPTURE_FAULT_CTR,
+                sizing.map_or(1, |c| c.fault_processes.max(1)),
+            );
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(BpfError::Load)?;
 
         let wakeup_new = tracefs.format("sched", "sched_wakeup_new")?;
@@ -333,7 +434,8 @@ impl Accounting {
             && offsets[1].1 == fixed_layout::SWITCH_PREV_STATE
             && offsets[2].1 == fixed_layout::SWITCH_NEXT_PID
             && offsets[3].1 == fixed_layout::WAKEUP_PID
-            && wakeup_new.offset_of("pid", 4)? == fixed_layout::WAKEUP_PID;
+            && wakeup_new.offset_of("pid", 4)? == fixed_layout::WAKEUP_PID
+            && capture_offsets.iter().all(|(_, off, fixed)| off == fixed);
         let layout = if fixed_matches && !cfg.force_portable_layout {
             TracepointLayout::Fixed
         } else {
@@ -394,6 +496,20 @@ impl Accounting {
             nr_cpus,
             if features.btf_vmlinux { "yes" } else { "no" }
         );
+        // Loaded (verified) now, attached only while a capture runs.
+        let waking_prog = match layout {
+            TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,
+            TracepointLayout::Portable => names::PROG_SCHED_WAKING,
+        };
+        let ring = if sizing.is_some() {
+            load_tracepoint(&mut ebpf, waking_prog)?;
+            let map = ebpf
+                .take_map(names::CAPTURE_EVENTS)
+                .ok_or(BpfError::Missing(names::CAPTURE_EVENTS))?;
+            Some(RingBuf::try_from(map).map_err(map_err(names::CAPTURE_EVENTS))?)
+        } else {
+            None
+        };
         Ok(Self {
             ebpf,
             fault_source,
@@ -401,7 +517,125 @@ impl Accounting {
             limits: cfg.limits,
             layout,
             runq_wait: cfg.runq_wait,
+            capture_sizing: sizing,
+            ring,
+            waking_link: None,
         })
+    }
+
+    /// Starts emitting capture records: attaches sched_waking (with
+    /// `capture::FLAG_SCHED`) and sets the CAPTURE flag. Returns the ring
+    /// buffer, which the caller drains and hands back to `capture_stop`.
+    /// Attaching needs CAP_PERFMON: start captures before dropping it.
+    pub fn capture_start(
+        &mut self,
+        flags: u32,
+        fault_period: u32,
+    ) -> Result<RingBuf<MapData>, BpfError> {
+        if self.capture_sizing.is_none() {
+            return Err(BpfError::CaptureNotConfigured);
+        }
+        let ring = self.ring.take().ok_or(BpfError::CaptureRunning)?;
+        // Stacks of an earlier capture are stale; ids are reused by hash.
+        if let Ok(mut stacks) = StackTraceMap::try_from(
+            self.ebpf
+                .map_mut(names::CAPTURE_STACKS)
+                .ok_or(BpfError::Missing(names::CAPTURE_STACKS))?,
+        ) {
+            let ids: Vec<u32> = stacks.stack_ids().filter_map(Result::ok).collect();
+            for id in ids {
+                let _ = stacks.remove(&id);
+            }
+        }
+        if flags & capture::FLAG_SCHED != 0 {
+            let name = match self.layout {
+                TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,
+                TracepointLayout::Portable => names::PROG_SCHED_WAKING,
+            };
+            let prog: &mut TracePoint = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(BpfError::Missing(name))?
+                .try_into()
+                .map_err(|source| BpfError::Program { name, source })?;
+            let link = prog
+                .attach("sched", "sched_waking")
+                .map_err(|source| BpfError::Attach {
+                    name,
+                    target: "tracepoint sched/sched_waking".into(),
+                    source,
+                })?;
+            self.waking_link = Some(link);
+        }
+        self.set_capture(CaptureControl {
+            flags,
+            fault_period: fault_period.max(1),
+        })?;
+        Ok(ring)
+    }
+
+    /// Clears the CAPTURE flag and detaches sched_waking. Records already
+    /// in `ring` stay readable; drain it before or after handing it back.
+    pub fn capture_stop(&mut self, ring: RingBuf<MapData>) -> Result<(), BpfError> {
+        let res = self.capture_pause();
+        self.ring = Some(ring);
+        res
+    }
+
+    /// Clears the CAPTURE flag and detaches sched_waking; idempotent.
+    pub fn capture_pause(&mut self) -> Result<(), BpfError> {
+        let res = self.set_capture(CaptureControl::default());
+        if let Some(link) = self.waking_link.take() {
+            let name = match self.layout {
+                TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,
+                TracepointLayout::Portable => names::PROG_SCHED_WAKING,
+            };
+            if let Some(Ok(prog)) = self.ebpf.program_mut(name).map(<&mut TracePoint>::try_from) {
+                if let Err(e) = prog.detach(link) {
+                    log::warn!("detaching {name}: {e}");
+                }
+            }
+        }
+        res
+    }
+
+    fn set_capture(&mut self, c: CaptureControl) -> Result<(), BpfError> {
+        let mut arr: Array<&mut MapData, CaptureControl> =
+            Array::try_from(self.map_mut(names::CAPTURE)?).map_err(map_err(names::CAPTURE))?;
+        arr.set(0, c, 0).map_err(map_err(names::CAPTURE))
+    }
+
+    /// Per-CPU cumulative capture loss counters, `[cpu][capture::lost::*]`.
+    pub fn capture_lost(&self) -> Result<Vec<[u64; capture::lost::COUNT as usize]>, BpfError> {
+        let arr: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(self.map(names::CAPTURE_LOST)?)
+            .map_err(map_err(names::CAPTURE_LOST))?;
+        let mut out = Vec::new();
+        for reason in 0..capture::lost::COUNT {
+            let per_cpu = arr.get(&reason, 0).map_err(map_err(names::CAPTURE_LOST))?;
+            if out.len() < per_cpu.len() {
+                out.resize(per_cpu.len(), [0; capture::lost::COUNT as usize]);
+            }
+            for (cpu, v) in per_cpu.iter().enumerate() {
+                out[cpu][reason as usize] = *v;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The user stack (instruction pointers, innermost first) under
+    /// `stack_id`, or None if the map has no such entry.
+    pub fn capture_stack(&self, stack_id: u32) -> Result<Option<Vec<u64>>, BpfError> {
+        let map: StackTraceMap<&MapData> =
+            StackTraceMap::try_from(self.map(names::CAPTURE_STACKS)?)
+                .map_err(map_err(names::CAPTURE_STACKS))?;
+        match map.get(&stack_id, 0) {
+            Ok(st) => Ok(Some(st.frames().iter().map(|f| f.ip).collect())),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(source) => Err(BpfError::Map {
+                name: names::CAPTURE_STACKS,
+                source,
+            }),
+        }
     }
 
     /// Is `runq_wait_ns` measured? When not, it is not zero but unknown.
@@ -558,6 +792,16 @@ fn check_capabilities() -> Result<(), BpfError> {
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> BpfError {
     move |source| BpfError::Map { name, source }
+}
+
+fn load_tracepoint(ebpf: &mut Ebpf, name: &'static str) -> Result<(), BpfError> {
+    let prog: &mut TracePoint = ebpf
+        .program_mut(name)
+        .ok_or(BpfError::Missing(name))?
+        .try_into()
+        .map_err(|source| BpfError::Program { name, source })?;
+    prog.load()
+        .map_err(|source| BpfError::Program { name, source })
 }
 
 fn attach_tracepoint(

@@ -55,6 +55,8 @@ pub struct TraceWriter<W: Write> {
     counter_uuids: HashSet<TrackUuid>,
     /// Every uuid handed out, to detect (astronomically unlikely) collisions.
     issued: HashSet<TrackUuid>,
+    /// Sequences that have had their first packet (see `emit_on`).
+    started: HashSet<u32>,
 }
 
 impl<W: Write> TraceWriter<W> {
@@ -77,6 +79,7 @@ impl<W: Write> TraceWriter<W> {
             counter_tracks: HashMap::new(),
             counter_uuids: HashSet::new(),
             issued: HashSet::new(),
+            started: HashSet::new(),
         }
     }
 
@@ -345,6 +348,17 @@ impl<W: Write> TraceWriter<W> {
         self.emit(packet)
     }
 
+    /// Like [`TraceWriter::write_packet`], on another sequence of the same
+    /// file, e.g. one whose interned data (callstacks) must not mix with the
+    /// main sequence's. Its first packet gets the first-packet flags.
+    pub fn write_packet_on_sequence(
+        &mut self,
+        sequence_id: NonZeroU32,
+        packet: TracePacket,
+    ) -> Result<(), PerfettoError> {
+        self.emit_on(sequence_id.get(), packet)
+    }
+
     pub fn packets_written(&self) -> u64 {
         self.packets_written
     }
@@ -456,13 +470,17 @@ impl<W: Write> TraceWriter<W> {
 
     /// Stamps the sequence id (and first-packet flags) and writes the packet
     /// as one `Trace.packet` record with a single `write_all`.
-    fn emit(&mut self, mut packet: TracePacket) -> Result<(), PerfettoError> {
+    fn emit(&mut self, packet: TracePacket) -> Result<(), PerfettoError> {
+        self.emit_on(self.sequence_id, packet)
+    }
+
+    fn emit_on(&mut self, sequence_id: u32, mut packet: TracePacket) -> Result<(), PerfettoError> {
         if self.poisoned {
             return Err(PerfettoError::Poisoned);
         }
         let kind = packet_kind(&packet);
-        packet.trusted_packet_sequence_id = Some(self.sequence_id);
-        if self.packets_written == 0 {
+        packet.trusted_packet_sequence_id = Some(sequence_id);
+        if self.started.insert(sequence_id) {
             // trace_processor treats a sequence's incremental state as invalid
             // until a packet with SEQ_INCREMENTAL_STATE_CLEARED arrives, and
             // drops packets needing it until then; first_packet_on_sequence

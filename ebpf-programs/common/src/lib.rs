@@ -119,6 +119,105 @@ pub mod fixed_layout {
     pub const SWITCH_PREV_STATE: u32 = 32;
     pub const SWITCH_NEXT_PID: u32 = 56;
     pub const WAKEUP_PID: u32 = 24;
+    // Capture-mode fields (sched_switch, sched_waking).
+    pub const SWITCH_PREV_PRIO: u32 = 28;
+    pub const SWITCH_NEXT_COMM: u32 = 40;
+    pub const SWITCH_NEXT_PRIO: u32 = 60;
+    pub const WAKING_COMM: u32 = 8;
+    pub const WAKING_PID: u32 = 24;
+    pub const WAKING_PRIO: u32 = 28;
+    pub const WAKING_TARGET_CPU: u32 = 32;
+}
+
+/// Capture mode: events written to the `CAPTURE_EVENTS` ring buffer while
+/// user space has set a flag in the 1-entry `CAPTURE` array. The always-on
+/// path pays one inlined array lookup and a branch for it.
+pub mod capture {
+    /// `CaptureControl::flags` bits.
+    pub const FLAG_SCHED: u32 = 1;
+    pub const FLAG_FAULTS: u32 = 2;
+
+    /// `EventHeader::kind`: which record follows the header.
+    pub const KIND_SWITCH: u32 = 1;
+    pub const KIND_WAKING: u32 = 2;
+    pub const KIND_FAULT: u32 = 3;
+
+    /// Indexes into the per-CPU `CAPTURE_LOST` array.
+    pub mod lost {
+        /// Ring buffer full: a sched_switch/sched_waking record was dropped.
+        pub const SCHED: u32 = 0;
+        /// Ring buffer full: a fault sample was dropped.
+        pub const FAULT: u32 = 1;
+        /// bpf_get_stackid failed (stack map full/collision, no user stack):
+        /// the sample is still sent, with a negative stack id.
+        pub const STACK: u32 = 2;
+        pub const COUNT: u32 = 3;
+    }
+}
+
+/// Value of the 1-entry `CAPTURE` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CaptureControl {
+    /// `capture::FLAG_*` bits; 0 = no capture (the always-on state).
+    pub flags: u32,
+    /// Emit one fault sample every this many faults of a process (>= 1).
+    pub fault_period: u32,
+}
+
+/// Common prefix of every capture record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventHeader {
+    /// `capture::KIND_*`.
+    pub kind: u32,
+    /// CPU the event happened on.
+    pub cpu: u32,
+    /// bpf_ktime_get_boot_ns(): CLOCK_BOOTTIME, Perfetto's trace clock.
+    pub ts: u64,
+}
+
+/// sched_switch, with `prev_state` exactly as the tracepoint gives it
+/// (`__trace_sched_switch_state`: TASK_REPORT bits, 0x100 = preempted).
+/// The previous task's comm is not carried: it was the `next_comm` of the
+/// switch before on this CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SwitchEvent {
+    pub hdr: EventHeader,
+    pub prev_state: i64,
+    pub prev_pid: i32,
+    pub prev_prio: i32,
+    pub next_pid: i32,
+    pub next_prio: i32,
+    pub next_comm: [u8; 16],
+    /// Thread group of the task switching out (it is `current`), so user
+    /// space can name threads under their process even after they exit.
+    pub prev_tgid: u32,
+    pub _pad: u32,
+}
+
+/// sched_waking: emitted on the waker's CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WakingEvent {
+    pub hdr: EventHeader,
+    pub pid: i32,
+    pub prio: i32,
+    pub target_cpu: i32,
+    pub _pad: u32,
+    pub comm: [u8; 16],
+}
+
+/// One sampled user page fault; the user stack is in the `CAPTURE_STACKS`
+/// stack-trace map under `stack_id` (negative: none, see `lost::STACK`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultEvent {
+    pub hdr: EventHeader,
+    pub tgid: u32,
+    pub tid: u32,
+    pub stack_id: i64,
 }
 
 /// Names of maps and programs, shared so the two sides cannot drift.
@@ -130,6 +229,13 @@ pub mod names {
     pub const EXITED: &str = "EXITED";
     pub const CPU_STATE: &str = "CPU_STATE";
     pub const DROPS: &str = "DROPS";
+    pub const CAPTURE: &str = "CAPTURE";
+    pub const CAPTURE_EVENTS: &str = "CAPTURE_EVENTS";
+    pub const CAPTURE_LOST: &str = "CAPTURE_LOST";
+    pub const CAPTURE_STACKS: &str = "CAPTURE_STACKS";
+    pub const CAPTURE_FAULT_CTR: &str = "CAPTURE_FAULT_CTR";
+    pub const PROG_SCHED_WAKING: &str = "sched_waking";
+    pub const PROG_SCHED_WAKING_FIXED: &str = "sched_waking_fixed";
 
     pub const PROG_SCHED_SWITCH: &str = "sched_switch";
     pub const PROG_SCHED_WAKEUP: &str = "sched_wakeup";
@@ -153,6 +259,13 @@ pub mod names {
     pub const G_FREE_PID: &str = "FREE_PID_OFF";
     pub const G_WAKE_ARRAY: &str = "WAKE_ARRAY";
     pub const G_TRACK_WAIT: &str = "TRACK_WAIT";
+    pub const G_SWITCH_PREV_PRIO: &str = "SWITCH_PREV_PRIO_OFF";
+    pub const G_SWITCH_NEXT_COMM: &str = "SWITCH_NEXT_COMM_OFF";
+    pub const G_SWITCH_NEXT_PRIO: &str = "SWITCH_NEXT_PRIO_OFF";
+    pub const G_WAKING_COMM: &str = "WAKING_COMM_OFF";
+    pub const G_WAKING_PID: &str = "WAKING_PID_OFF";
+    pub const G_WAKING_PRIO: &str = "WAKING_PRIO_OFF";
+    pub const G_WAKING_TARGET_CPU: &str = "WAKING_TARGET_CPU_OFF";
 }
 
 #[cfg(feature = "user")]
@@ -163,6 +276,7 @@ mod pod {
     unsafe impl aya::Pod for super::CpuState {}
     unsafe impl aya::Pod for super::ExitedTask {}
     unsafe impl aya::Pod for super::ExitKey {}
+    unsafe impl aya::Pod for super::CaptureControl {}
 }
 
 impl FaultCounters {

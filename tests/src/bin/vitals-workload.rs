@@ -56,9 +56,16 @@ fn vitals_touch_pages(pages: usize) {
         );
         assert_ne!(p, libc::MAP_FAILED);
         libc::madvise(p, len, libc::MADV_NOHUGEPAGE);
-        let base = p as *mut u8;
-        for i in 0..pages {
-            std::ptr::write_volatile(base.add(i * page), 1);
+        let base = std::hint::black_box(p as *mut u8);
+        let mut off = 0;
+        for _ in 0..pages {
+            // A plain store, so the faulting instruction is in this
+            // function even in a debug build (write_volatile is a call
+            // there, and with no frame pointers a frame-pointer unwinder
+            // would skip this frame). The pointer escapes via black_box,
+            // so the store stays.
+            *base.wrapping_add(off) = 1;
+            off += page;
         }
         // Left mapped: the test reads counters while we are still alive.
     }
@@ -155,8 +162,50 @@ fn main() {
                 h.join().unwrap();
             }
         }
+        // pingpong <n>: two threads bounce a byte over two pipes n times,
+        // each blocking in read() in between. Prints "tids <a> <b>".
+        Some("pingpong") => {
+            let n = arg(&args, 2);
+            let (mut p1, mut p2) = ([0i32; 2], [0i32; 2]);
+            unsafe {
+                assert_eq!(libc::pipe(p1.as_mut_ptr()), 0);
+                assert_eq!(libc::pipe(p2.as_mut_ptr()), 0);
+            }
+            let go = std::sync::Arc::new(std::sync::Barrier::new(3));
+            let (tx, rx) = std::sync::mpsc::channel::<i64>();
+            let spawn = |rd: i32, wr: i32, first: bool| {
+                let go = go.clone();
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    tx.send(unsafe { libc::gettid() } as i64).unwrap();
+                    go.wait();
+                    let mut b = [0u8; 1];
+                    for _ in 0..n {
+                        unsafe {
+                            if first {
+                                assert_eq!(libc::write(wr, b"x".as_ptr().cast(), 1), 1);
+                                assert_eq!(libc::read(rd, b.as_mut_ptr().cast(), 1), 1);
+                            } else {
+                                assert_eq!(libc::read(rd, b.as_mut_ptr().cast(), 1), 1);
+                                assert_eq!(libc::write(wr, b"x".as_ptr().cast(), 1), 1);
+                            }
+                        }
+                    }
+                })
+            };
+            let ping = spawn(p2[0], p1[1], true);
+            let pong = spawn(p1[0], p2[1], false);
+            let (a, b) = (rx.recv().unwrap(), rx.recv().unwrap());
+            say(&format!("tids {a} {b}"));
+            wait_line();
+            go.wait();
+            ping.join().unwrap();
+            pong.join().unwrap();
+            say("done");
+            wait_eof();
+        }
         _ => {
-            eprintln!("usage: vitals-workload spin|pinned-spin|spin-exit|touch|sleep|threads ...");
+            eprintln!("usage: vitals-workload spin|pinned-spin|spin-exit|touch|sleep|threads|pingpong ...");
             std::process::exit(2);
         }
     }

@@ -1,0 +1,394 @@
+//! The capture tier: for a bounded window, every sched_switch and
+//! sched_waking on every CPU and sampled user page faults with their
+//! stacks, written as Perfetto FtraceEventBundle/CompactSched packets (per
+//! CPU, flushed every sample interval) and PerfSample callstack samples.
+//!
+//! Kernel side: `ebpf-programs` emits into the CAPTURE_EVENTS ring buffer
+//! only while the CAPTURE flag is set; `Accounting::capture_start/stop`
+//! flip it. The always-on tier is unchanged while no capture runs.
+
+pub mod compact_sched;
+pub mod fault_stacks;
+pub mod ringbuf;
+
+use std::{
+    collections::{HashMap, HashSet},
+    io::Write,
+    num::NonZeroU32,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use thiserror::Error;
+use vitals_common::capture as cap;
+use vitals_proto::protos::{process_tree, trace_packet, ProcessTree, TracePacket};
+
+use crate::{
+    bpf::{Accounting, BpfError},
+    perfetto::{
+        CounterSpec, CounterUnit, CounterValue, PerfettoError, TraceWriter, TrackUuid,
+        DEFAULT_SEQUENCE_ID,
+    },
+};
+
+use self::{
+    compact_sched::{build_bundle, comm_str, Comm, CpuEvents},
+    fault_stacks::FaultStacks,
+    ringbuf::{Drainer, Record},
+};
+
+/// The sequence the fault samples and their interned callstacks live on,
+/// apart from the main one so its incremental state is theirs alone.
+pub const SAMPLE_SEQUENCE_ID: u32 = DEFAULT_SEQUENCE_ID + 1;
+
+#[derive(Debug, Error)]
+pub enum CaptureError {
+    #[error(transparent)]
+    Bpf(#[from] BpfError),
+    #[error(transparent)]
+    Perfetto(#[from] PerfettoError),
+    #[error("starting the ring-buffer drain thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// What a capture records. `vitalsd record --sched --faults`; the health
+/// triggers use the same switches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureOptions {
+    pub sched: bool,
+    pub faults: bool,
+    /// One fault sample every this many faults of each process.
+    pub fault_period: u32,
+    /// How often the drain thread polls the ring buffer.
+    pub poll: Duration,
+}
+
+impl Default for CaptureOptions {
+    fn default() -> Self {
+        Self {
+            sched: false,
+            faults: false,
+            fault_period: 100,
+            poll: Duration::from_millis(5),
+        }
+    }
+}
+
+impl CaptureOptions {
+    pub fn any(&self) -> bool {
+        self.sched || self.faults
+    }
+
+    fn flags(&self) -> u32 {
+        (if self.sched { cap::FLAG_SCHED } else { 0 })
+            | (if self.faults { cap::FLAG_FAULTS } else { 0 })
+    }
+}
+
+/// Figures of a capture, for the summary and the bench.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CaptureStats {
+    pub switch_events: u64,
+    pub waking_events: u64,
+    pub fault_samples: u64,
+    pub bundles: u64,
+    /// Bytes of the FtraceEventBundle packets as written (framing included).
+    pub bundle_bytes: u64,
+    /// Ring buffer full: sched records lost (sum over CPUs).
+    pub lost_sched: u64,
+    pub lost_faults: u64,
+    /// Fault samples whose stack could not be taken.
+    pub lost_stacks: u64,
+    pub fault: fault_stacks::FaultStats,
+}
+
+impl CaptureStats {
+    pub fn render(&self) -> String {
+        format!(
+            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not); ring buffer lost: {} sched, {} fault records; {} stacks not taken",
+            self.switch_events,
+            self.waking_events,
+            self.bundles,
+            self.bundle_bytes,
+            self.bundle_bytes as f64 / self.switch_events.max(1) as f64,
+            self.fault.samples_written,
+            self.fault.samples_without_stack,
+            self.fault.frames_symbolised,
+            self.fault.frames_unsymbolised,
+            self.lost_sched,
+            self.lost_faults,
+            self.lost_stacks,
+        )
+    }
+}
+
+/// A running capture.
+pub struct Capture {
+    proc_root: PathBuf,
+    drainer: Option<Drainer>,
+    per_cpu: Vec<CpuEvents>,
+    /// Cumulative CAPTURE_LOST per CPU at the start / last flush.
+    base_lost: Vec<[u64; cap::lost::COUNT as usize]>,
+    last_lost: Vec<[u64; cap::lost::COUNT as usize]>,
+    lost_track: Option<TrackUuid>,
+    last_lost_total: u64,
+    seen_tids: HashSet<i32>,
+    /// Seen tids not yet named in a ProcessTree packet.
+    new_tids: HashMap<i32, Comm>,
+    /// tid -> tgid, from the switch records (prev is `current` there).
+    tgids: HashMap<i32, i32>,
+    faults: FaultStacks,
+    stats: CaptureStats,
+}
+
+impl Capture {
+    /// Sets the capture flag and starts draining. Needs CAP_PERFMON (it
+    /// attaches sched_waking), so call it before dropping privileges.
+    pub fn start(
+        acc: &mut Accounting,
+        opts: &CaptureOptions,
+        proc_root: &Path,
+    ) -> Result<Self, CaptureError> {
+        let base_lost = acc.capture_lost()?;
+        let ring = acc.capture_start(opts.flags(), opts.fault_period)?;
+        let drainer = match Drainer::start(ring, opts.poll) {
+            Ok(d) => d,
+            Err(e) => return Err(CaptureError::Thread(e)),
+        };
+        log::info!(
+            "capture started: sched {}, faults {} (1 in {})",
+            opts.sched,
+            opts.faults,
+            opts.fault_period
+        );
+        Ok(Self {
+            proc_root: proc_root.to_owned(),
+            drainer: Some(drainer),
+            per_cpu: Vec::new(),
+            last_lost: base_lost.clone(),
+            base_lost,
+            lost_track: None,
+            last_lost_total: 0,
+            seen_tids: HashSet::from([0]),
+            new_tids: HashMap::new(),
+            tgids: HashMap::new(),
+            faults: FaultStacks::new(proc_root),
+            stats: CaptureStats::default(),
+        })
+    }
+
+    pub fn stats(&self) -> CaptureStats {
+        self.stats
+    }
+
+    fn take_records(&mut self) {
+        let batches: Vec<Vec<Record>> = match &self.drainer {
+            Some(d) => d.rx.try_iter().collect(),
+            None => return,
+        };
+        for b in batches {
+            self.absorb(b);
+        }
+    }
+
+    fn absorb(&mut self, batch: Vec<Record>) {
+        for r in batch {
+            match r {
+                Record::Switch {
+                    cpu,
+                    prev_tgid,
+                    rec,
+                } => {
+                    if rec.prev_pid > 0 && prev_tgid > 0 {
+                        self.tgids.insert(rec.prev_pid, prev_tgid as i32);
+                    }
+                    self.note_tid(rec.next_pid, rec.next_comm);
+                    self.cpu(cpu).switches.push(rec);
+                    self.stats.switch_events += 1;
+                }
+                Record::Waking { cpu, rec } => {
+                    self.note_tid(rec.pid, rec.comm);
+                    self.cpu(cpu).wakings.push(rec);
+                    self.stats.waking_events += 1;
+                }
+                Record::Fault(f) => {
+                    self.stats.fault_samples += 1;
+                    self.faults.push(f);
+                }
+            }
+        }
+    }
+
+    fn cpu(&mut self, cpu: u32) -> &mut CpuEvents {
+        let i = cpu as usize;
+        if self.per_cpu.len() <= i {
+            self.per_cpu.resize_with(i + 1, CpuEvents::default);
+        }
+        &mut self.per_cpu[i]
+    }
+
+    fn note_tid(&mut self, tid: i32, comm: Comm) {
+        if self.seen_tids.insert(tid) {
+            self.new_tids.insert(tid, comm);
+        }
+    }
+
+    /// Writes what arrived since the last flush: one bundle per CPU,
+    /// thread names of new tids, fault samples (symbolised now, while the
+    /// processes are alive) and the loss counter.
+    pub fn flush<W: Write>(
+        &mut self,
+        acc: &Accounting,
+        writer: &mut TraceWriter<W>,
+        ts_boot_ns: u64,
+    ) -> Result<(), CaptureError> {
+        self.take_records();
+        let lost = acc.capture_lost()?;
+        self.write_pending(acc, writer, ts_boot_ns, &lost, false)
+    }
+
+    fn write_pending<W: Write>(
+        &mut self,
+        acc: &Accounting,
+        writer: &mut TraceWriter<W>,
+        ts_boot_ns: u64,
+        lost: &[[u64; cap::lost::COUNT as usize]],
+        last: bool,
+    ) -> Result<(), CaptureError> {
+        // Thread names with their process. A tid whose tgid is not known
+        // yet (it has not switched out, and /proc does not say) waits for a
+        // later flush; the last one names it without a process.
+        let mut tids: Vec<(i32, Comm, Option<i32>)> = Vec::new();
+        for (&tid, &comm) in &self.new_tids {
+            let tgid = self
+                .tgids
+                .get(&tid)
+                .copied()
+                .or_else(|| read_tgid(&self.proc_root, tid));
+            if tgid.is_some() || last {
+                tids.push((tid, comm, tgid));
+            }
+        }
+        if !tids.is_empty() {
+            let mut tree = ProcessTree::default();
+            tids.sort_unstable_by_key(|(t, _, _)| *t);
+            for (tid, comm, tgid) in tids {
+                self.new_tids.remove(&tid);
+                tree.threads.push(process_tree::Thread {
+                    tid: Some(tid),
+                    tgid,
+                    name: Some(comm_str(&comm)),
+                    ..Default::default()
+                });
+            }
+            writer.write_packet(TracePacket {
+                timestamp: Some(ts_boot_ns),
+                data: Some(trace_packet::Data::ProcessTree(tree)),
+                ..Default::default()
+            })?;
+        }
+
+        let ncpu = self.per_cpu.len().max(lost.len());
+        for cpu in 0..ncpu {
+            let now = lost.get(cpu).map_or(0, |l| l[cap::lost::SCHED as usize]);
+            let before = self
+                .last_lost
+                .get(cpu)
+                .map_or(0, |l| l[cap::lost::SCHED as usize]);
+            let lost_here = now > before;
+            let Some(ev) = self.per_cpu.get_mut(cpu) else {
+                continue;
+            };
+            if ev.is_empty() && !lost_here {
+                continue;
+            }
+            let bundle = build_bundle(cpu as u32, ev, lost_here);
+            ev.clear();
+            let before_bytes = writer.bytes_written();
+            writer.write_packet(TracePacket {
+                data: Some(trace_packet::Data::FtraceEvents(bundle)),
+                ..Default::default()
+            })?;
+            self.stats.bundles += 1;
+            self.stats.bundle_bytes += writer.bytes_written() - before_bytes;
+        }
+
+        let seq = NonZeroU32::new(SAMPLE_SEQUENCE_ID).expect("nonzero");
+        for p in self
+            .faults
+            .take_packets(|id| acc.capture_stack(id).ok().flatten())
+        {
+            writer.write_packet_on_sequence(seq, p)?;
+        }
+        self.stats.fault = self.faults.stats;
+
+        // Loss since the capture started, per kind, summed over CPUs.
+        let sum = |k: u32| -> u64 {
+            lost.iter()
+                .enumerate()
+                .map(|(cpu, l)| {
+                    let base = self.base_lost.get(cpu).map_or(0, |b| b[k as usize]);
+                    l[k as usize].saturating_sub(base)
+                })
+                .sum()
+        };
+        self.stats.lost_sched = sum(cap::lost::SCHED);
+        self.stats.lost_faults = sum(cap::lost::FAULT);
+        self.stats.lost_stacks = sum(cap::lost::STACK);
+        let total = self.stats.lost_sched + self.stats.lost_faults;
+        if self.lost_track.is_none() || total != self.last_lost_total {
+            let uuid = match self.lost_track {
+                Some(u) => u,
+                None => {
+                    let u = writer.global_counter_track(
+                        &CounterSpec::new("capture_ringbuf_lost_events", CounterUnit::Count)
+                            .with_description(
+                                "capture records dropped because the ring buffer was full (sched + fault samples), since capture start",
+                            ),
+                    )?;
+                    self.lost_track = Some(u);
+                    u
+                }
+            };
+            writer.write_counter(ts_boot_ns, uuid, CounterValue::Int(total as i64))?;
+            self.last_lost_total = total;
+        }
+        self.last_lost = lost.to_vec();
+        Ok(())
+    }
+
+    /// Clears the flag, drains what is left, writes it and hands the ring
+    /// buffer back to `acc`.
+    pub fn stop<W: Write>(
+        mut self,
+        acc: &mut Accounting,
+        writer: &mut TraceWriter<W>,
+        ts_boot_ns: u64,
+    ) -> Result<CaptureStats, CaptureError> {
+        acc.capture_pause()?;
+        let mut ring = None;
+        if let Some(d) = self.drainer.take() {
+            let (r, batches) = d.stop();
+            for b in batches {
+                self.absorb(b);
+            }
+            ring = r;
+        }
+        let lost = acc.capture_lost()?;
+        self.write_pending(acc, writer, ts_boot_ns, &lost, true)?;
+        if let Some(ring) = ring {
+            acc.capture_stop(ring)?;
+        }
+        log::info!("{}", self.stats.render());
+        Ok(self.stats)
+    }
+}
+
+/// The thread group of `tid` from /proc/<tid>/status (tids are reachable
+/// there even though readdir lists only processes). None once it is gone.
+fn read_tgid(proc_root: &Path, tid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(proc_root.join(format!("{tid}/status"))).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}

@@ -1,0 +1,305 @@
+//! Capture mode end to end (`vitalsd record --sched --faults`): the trace
+//! decoded with the official Perfetto schema, CompactSched delta-decoded
+//! per bundle as trace_processor does.
+
+use std::{
+    collections::{HashMap, HashSet},
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+};
+
+use serde_json::Value;
+use vitals_tests::*;
+
+struct Recorder {
+    child: Child,
+}
+
+impl Recorder {
+    /// Starts `vitalsd record` and returns once the capture is running.
+    fn start(trace: &Path, args: &[&str]) -> Self {
+        require_root();
+        let mut child = Command::new(vitalsd_bin())
+            .arg("record")
+            .args(["--interval", "500ms", "--top", "0", "--out"])
+            .arg(trace)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                err.read_line(&mut line).unwrap() > 0,
+                "vitalsd exited before the capture started"
+            );
+            if line.contains("capture started") {
+                break;
+            }
+        }
+        std::thread::spawn(move || {
+            let mut l = String::new();
+            while err.read_line(&mut l).unwrap_or(0) > 0 {
+                l.clear();
+            }
+        });
+        Self { child }
+    }
+
+    fn wait(self) -> String {
+        let out = self.child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "vitalsd record failed: {}",
+            out.status
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+/// (cpu, switch) in file order, each with the prev pid implied by the
+/// previous switch on that CPU (None for the first one seen).
+fn switches(t: &Value) -> Vec<(u64, Option<i64>, Value)> {
+    let mut last_next: HashMap<u64, i64> = HashMap::new();
+    let mut out = Vec::new();
+    for b in t["compact_sched"].as_array().unwrap() {
+        let cpu = b["cpu"].as_u64().unwrap();
+        for s in b["switches"].as_array().unwrap() {
+            let prev = last_next.get(&cpu).copied();
+            last_next.insert(cpu, s["next_pid"].as_i64().unwrap());
+            out.push((cpu, prev, s.clone()));
+        }
+    }
+    out
+}
+
+#[test]
+fn pipe_ping_pong_gives_every_switch_sleeping_prev_state_and_monotonic_cpus() {
+    const N: u64 = 3000;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.pftrace");
+    let rec = Recorder::start(&trace, &["--duration", "4s", "--sched"]);
+    let mut w = Workload::spawn(&["pingpong", &N.to_string()]);
+    let line = w.read_line();
+    let tids: HashSet<i64> = line
+        .strip_prefix("tids ")
+        .unwrap_or_else(|| panic!("workload said {line:?}"))
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    assert_eq!(tids.len(), 2);
+    w.go();
+    w.expect("done");
+    let pid = w.pid() as i64;
+    let table = rec.wait();
+    w.finish();
+    assert!(table.contains("capture: "), "{table}");
+
+    let t = decode_trace_with(&trace, &["--capture"]);
+    // trace_processor picks the prev_state encoding from this.
+    let uname = nix::sys::utsname::uname().unwrap();
+    assert_eq!(
+        t["system_info"]["utsname"]["release"],
+        uname.release().to_str().unwrap()
+    );
+    assert!(t["ftrace_event_bundles"].as_u64().unwrap() > 0);
+
+    let sw = switches(&t);
+    let ins = sw
+        .iter()
+        .filter(|(_, _, s)| tids.contains(&s["next_pid"].as_i64().unwrap()))
+        .count() as u64;
+    assert!(
+        ins >= 2 * N,
+        "{ins} switches into {tids:?}, want >= {}",
+        2 * N
+    );
+
+    // Delta-decoded timestamps never go backwards on a CPU, across bundles.
+    let mut last: HashMap<u64, u64> = HashMap::new();
+    for (cpu, _, s) in &sw {
+        let ts = s["ts"].as_u64().unwrap();
+        let prev = last.insert(*cpu, ts).unwrap_or(0);
+        assert!(ts >= prev, "cpu {cpu}: {ts} after {prev}");
+    }
+    let mut last: HashMap<u64, u64> = HashMap::new();
+    for b in t["compact_sched"].as_array().unwrap() {
+        let cpu = b["cpu"].as_u64().unwrap();
+        for wk in b["wakings"].as_array().unwrap() {
+            let ts = wk["ts"].as_u64().unwrap();
+            let prev = last.insert(cpu, ts).unwrap_or(0);
+            assert!(ts >= prev, "cpu {cpu} waking: {ts} after {prev}");
+        }
+    }
+
+    // A thread blocked in read() leaves the CPU as TASK_INTERRUPTIBLE:
+    // prev_state 1, which trace_processor shows as "S" (sleeping).
+    let outs: Vec<i64> = sw
+        .iter()
+        .filter(|(_, prev, _)| prev.is_some_and(|p| tids.contains(&p)))
+        .map(|(_, _, s)| s["prev_state"].as_i64().unwrap())
+        .collect();
+    let sleeping = outs.iter().filter(|&&s| s == 1).count() as u64;
+    assert!(
+        sleeping >= N,
+        "{sleeping} of {} switch-outs of {tids:?} were S (prev_state 1); states {:?}",
+        outs.len(),
+        outs.iter().collect::<HashSet<_>>()
+    );
+
+    // Both threads were woken, and are named under their process.
+    let woken = t["compact_sched"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|b| b["wakings"].as_array().unwrap().iter())
+        .filter(|wk| tids.contains(&wk["pid"].as_i64().unwrap()))
+        .count() as u64;
+    assert!(woken >= N, "{woken} sched_waking for {tids:?}");
+    for tid in &tids {
+        let th = t["process_tree"]["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|th| th["tid"].as_i64() == Some(*tid))
+            .unwrap_or_else(|| panic!("no thread name for {tid}"));
+        assert_eq!(th["tgid"].as_i64(), Some(pid));
+        assert_eq!(th["name"], "vitals-workload");
+    }
+}
+
+#[test]
+fn sampled_fault_stacks_name_the_faulting_function() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.pftrace");
+    let rec = Recorder::start(
+        &trace,
+        &["--duration", "3s", "--faults", "--fault-period", "4"],
+    );
+    let mut w = Workload::spawn(&["touch", "4000"]);
+    w.expect("ready");
+    w.go();
+    w.expect("done");
+    let pid = w.pid() as u64;
+    // Keep the workload alive until the recorder has symbolised.
+    let table = rec.wait();
+    w.finish();
+    assert!(table.contains("fault samples"), "{table}");
+
+    let t = decode_trace_with(&trace, &["--capture"]);
+    // --faults alone writes no sched events.
+    assert_eq!(t["ftrace_event_bundles"].as_u64(), Some(0));
+    let mine: Vec<&Value> = t["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["pid"].as_u64() == Some(pid))
+        .collect();
+    // 4000 faults at 1 in 4: about 1000 samples.
+    assert!(mine.len() >= 500, "{} samples for {pid}", mine.len());
+    let named = mine
+        .iter()
+        .filter(|s| {
+            s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f.as_str().is_some_and(|n| n.contains("vitals_touch_pages")))
+        })
+        .count();
+    assert!(
+        named * 2 >= mine.len(),
+        "only {named} of {} samples show vitals_touch_pages; first: {}",
+        mine.len(),
+        mine[0]
+    );
+    let wl = workload_bin();
+    assert!(
+        mine.iter().any(|s| s["mappings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m.as_str() == wl.to_str())),
+        "no frame maps to {}",
+        wl.display()
+    );
+}
+
+#[test]
+fn a_tiny_ring_buffer_loses_events_and_the_trace_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.pftrace");
+    let rec = Recorder::start(
+        &trace,
+        &["--duration", "3s", "--sched", "--capture-buffer-kb", "4"],
+    );
+    let mut w = Workload::spawn(&["pingpong", "20000"]);
+    let _tids = w.read_line();
+    w.go();
+    w.expect("done");
+    let table = rec.wait();
+    w.finish();
+    let lost: u64 = table
+        .split("ring buffer lost: ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no loss figure in:\n{table}"));
+    assert!(lost > 0, "{table}");
+    let t = decode_trace_with(&trace, &["--capture"]);
+    assert!(
+        t["compact_sched"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["lost_events"] == true),
+        "no bundle has lost_events"
+    );
+    let track = t["track_descriptors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "capture_ringbuf_lost_events")
+        .expect("loss counter track");
+    let series = t["counters"][track["uuid"].to_string()].as_array().unwrap();
+    assert_eq!(series.last().unwrap()[1].as_u64(), Some(lost));
+}
+
+/// The portable programs (offsets from tracefs, probe reads) capture the
+/// same records as the fixed-layout ones.
+#[test]
+fn portable_layout_programs_capture_switches_and_wakings() {
+    use vitalsd::{
+        bpf::{Accounting, AccountingConfig, CaptureSizing, TracepointLayout},
+        capture::{Capture, CaptureOptions},
+        perfetto::TraceWriter,
+    };
+    require_root();
+    let mut acc = Accounting::load(&AccountingConfig {
+        force_portable_layout: true,
+        capture: Some(CaptureSizing::default()),
+        ..AccountingConfig::default()
+    })
+    .unwrap();
+    assert_eq!(acc.layout(), TracepointLayout::Portable);
+    let opts = CaptureOptions {
+        sched: true,
+        ..CaptureOptions::default()
+    };
+    let cap = Capture::start(&mut acc, &opts, Path::new("/proc")).unwrap();
+    let mut w = Workload::spawn(&["pingpong", "500"]);
+    let _ = w.read_line();
+    w.go();
+    w.expect("done");
+    w.finish();
+    let mut writer = TraceWriter::new(Vec::new());
+    let stats = cap.stop(&mut acc, &mut writer, 1).unwrap();
+    assert!(stats.switch_events >= 1000, "{stats:?}");
+    assert!(stats.waking_events >= 500, "{stats:?}");
+    assert_eq!(stats.lost_sched, 0, "{stats:?}");
+}
