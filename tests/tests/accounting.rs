@@ -378,6 +378,13 @@ fn procfs_core_equivalent_agrees_with_ebpf() {
         (80.0..=105.0).contains(&core_eq),
         "core-equivalent {core_eq}%"
     );
+    // Machine share divides by all CPUs' ticks: about one CPU's worth.
+    let ncpu = window.system.as_ref().unwrap().online_cpus.len() as f64;
+    let share = row.machine_share_pct.expect("machine share %");
+    assert!(
+        share > 70.0 / ncpu && share < 110.0 / ncpu,
+        "machine share {share}% on {ncpu} CPUs"
+    );
     let wall_ns = window.clocks.monotonic_ns.expect("monotonic window") as f64;
     let bpf_pct = (b1.oncpu_ns - b0.oncpu_ns) as f64 * 100.0 / wall_ns;
     assert_within_pct(
