@@ -6,7 +6,7 @@
 
 use std::{
     io::{BufRead, Write},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 fn say(s: &str) {
@@ -27,11 +27,22 @@ fn wait_eof() {
     }
 }
 
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Spins until this thread has run for `d` of CPU time (not wall time), so
+/// "it ran at least d" holds however loaded the machine is.
 #[inline(never)]
 fn spin_for(d: Duration) -> u64 {
-    let end = Instant::now() + d;
+    let end = thread_cpu_time() + d;
     let mut x = 0u64;
-    while Instant::now() < end {
+    while thread_cpu_time() < end {
         for i in 0..1000u64 {
             x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
         }
