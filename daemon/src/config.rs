@@ -135,6 +135,10 @@ pub struct Sampling {
     pub runq_wait: bool,
     /// Processes kept per history sample (the busiest by CPU, faults, RSS).
     pub history_processes: usize,
+    /// bpffs directory of pinned programs and maps to attach (bpfloader's
+    /// on Android user builds, e.g. /sys/fs/bpf/vitals); used when they are
+    /// there, else the daemon loads its own object.
+    pub pin_dir: Option<PathBuf>,
     pub proc_root: PathBuf,
 }
 
@@ -275,6 +279,7 @@ impl Default for Sampling {
             max_tasks: crate::bpf::MapLimits::default().max_tasks,
             runq_wait: true,
             history_processes: 16,
+            pin_dir: None,
             proc_root: PathBuf::from("/proc"),
         }
     }

@@ -289,6 +289,12 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
             ..MapLimits::default()
         },
         runq_wait: cfg.sampling.runq_wait,
+        pins: cfg
+            .sampling
+            .pin_dir
+            .clone()
+            .map(crate::bpf::PinMode::AttachFrom)
+            .unwrap_or_default(),
         ..AccountingConfig::default()
     };
     let mut accounting = Accounting::load(&accounting_cfg)?;
@@ -684,6 +690,10 @@ fn start_capture(
     };
     let mut accounting = accounting.clone();
     accounting.capture = capture.any().then(CaptureSizing::default);
+    // A capture loads its own object: attaching the always-on pins a second
+    // time would count every event twice into the same maps. (On Android
+    // user builds that load is refused, and the capture fails, recorded.)
+    accounting.pins = crate::bpf::PinMode::Load;
     let opts = RecordOptions {
         duration: spec.duration.0,
         out: pending.tmp_path.clone(),

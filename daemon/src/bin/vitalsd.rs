@@ -5,7 +5,7 @@ use std::{path::PathBuf, sync::atomic::Ordering, time::Duration};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use vitalsd::{
-    bpf::{AccountingConfig, CaptureSizing, FaultSourceChoice, MapLimits},
+    bpf::{AccountingConfig, CaptureSizing, FaultSourceChoice, MapLimits, PinMode},
     capture::CaptureOptions,
     config::{parse_duration, Config},
     heapprofd::{
@@ -36,6 +36,15 @@ enum Command {
         /// /vendor/etc/vitalsd.toml) if it exists, else the built-in defaults.
         #[arg(long)]
         config: Option<PathBuf>,
+    },
+    /// Load the eBPF programs and pin them and their maps on a bpffs without
+    /// attaching, as bpfloader does on a device (to test `--pins` on Linux).
+    Pin {
+        /// A directory on a mounted bpffs (mount -t bpf bpf DIR).
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "auto")]
+        fault_source: FaultSourceChoice,
     },
     /// Validate a config file and print the effective config.
     CheckConfig {
@@ -69,6 +78,10 @@ enum Command {
         /// Rows of the top table (0 = all).
         #[arg(long, default_value_t = 15)]
         top: usize,
+        /// Attach the programs pinned in this bpffs directory (bpfloader's, on
+        /// Android user builds) if present; load with aya otherwise.
+        #[arg(long)]
+        pins: Option<PathBuf>,
         /// Keep all capabilities (for debugging); by default vitalsd drops to
         /// CAP_BPF and sets no_new_privs after attaching.
         #[arg(long)]
@@ -225,6 +238,19 @@ fn main() -> Result<()> {
             let (path, cfg) = load_config(config)?;
             service::run(path, cfg, signals).context("vitalsd run")?;
         }
+        Command::Pin { dir, fault_source } => {
+            let acc = vitalsd::bpf::Accounting::load(&AccountingConfig {
+                fault_source,
+                pins: PinMode::PinTo(dir.clone()),
+                ..AccountingConfig::default()
+            })
+            .context("vitalsd pin")?;
+            println!(
+                "pinned the vitals programs and maps in {} (fault source {})",
+                dir.display(),
+                acc.fault_source().name()
+            );
+        }
         Command::CheckConfig { config } => {
             let (path, cfg) = load_config(config)?;
             println!("# effective config ({})", path.display());
@@ -239,6 +265,7 @@ fn main() -> Result<()> {
             max_processes,
             no_runq_wait,
             top,
+            pins,
             keep_privileges,
             proc_root,
             sched,
@@ -265,6 +292,7 @@ fn main() -> Result<()> {
                         ..MapLimits::default()
                     },
                     runq_wait: !no_runq_wait,
+                    pins: pins.map(PinMode::AttachFrom).unwrap_or_default(),
                     capture: capture.any().then(|| CaptureSizing {
                         ring_bytes: capture_buffer_kb.saturating_mul(1024),
                         ..CaptureSizing::default()

@@ -7,7 +7,10 @@
 pub mod totals;
 pub mod tracefs;
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
 
 use aya::{
     maps::{
@@ -57,6 +60,8 @@ pub enum BpfError {
         #[source]
         source: ProgramError,
     },
+    #[error("pinning {path}: {message} (is a bpffs mounted there?)")]
+    Pin { path: PathBuf, message: String },
     #[error("eBPF object has no map or program `{0}`")]
     Missing(&'static str),
     #[error("eBPF map `{name}`: {source}")]
@@ -183,7 +188,44 @@ pub struct AccountingConfig {
     /// Reserve the capture tier's kernel memory (ring buffer, stack map).
     /// None: those maps get their minimum size and captures are refused.
     pub capture: Option<CaptureSizing>,
+    /// Pinned objects on a bpffs (Android user builds: bpfloader's pins).
+    pub pins: PinMode,
 }
+
+/// Where programs and maps come from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum PinMode {
+    /// Load with aya and attach (userdebug/eng builds, Linux).
+    #[default]
+    Load,
+    /// Attach the programs pinned in this directory and read the pinned
+    /// maps, if they are there; load with aya otherwise. On Android user
+    /// builds only bpfloader may load programs (SELinux neverallow), so
+    /// this is the only way in.
+    AttachFrom(PathBuf),
+    /// Load with aya, pin every program and map here, attach nothing: what
+    /// bpfloader does on a device, for testing the attach path on Linux.
+    PinTo(PathBuf),
+}
+
+/// Pin names follow bpfloader's scheme, `prog_<object>_<program>` and
+/// `map_<object>_<map>`, with object name `vitals`.
+pub fn pinned_prog_path(dir: &Path, prog: &str) -> PathBuf {
+    dir.join(format!("prog_vitals_{prog}"))
+}
+
+pub fn pinned_map_path(dir: &Path, map: &str) -> PathBuf {
+    dir.join(format!("map_vitals_{map}"))
+}
+
+/// The maps the always-on path reads.
+const ACCOUNTING_MAPS: [&str; 5] = [
+    names::TASKS,
+    names::PROCESS_FAULTS,
+    names::EXITED,
+    names::CPU_STATE,
+    names::DROPS,
+];
 
 /// Kernel memory of the capture tier, reserved at load time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,6 +259,7 @@ impl Default for AccountingConfig {
             force_portable_layout: false,
             force_wake_hash: false,
             capture: None,
+            pins: PinMode::Load,
         }
     }
 }
@@ -284,9 +327,22 @@ pub struct BpfSnapshot {
     pub drops: [u64; drop_reason::COUNT as usize],
 }
 
+/// Held for its links: dropping a program detaches what it attached.
+#[allow(dead_code)]
+enum PinnedProgram {
+    TracePoint(TracePoint),
+    Perf(PerfEvent),
+}
+
 /// The loaded and attached accounting programs.
 pub struct Accounting {
-    ebpf: Ebpf,
+    /// The aya object (None when attached from pins).
+    ebpf: Option<Ebpf>,
+    /// Maps opened from pins; looked up before `ebpf`'s.
+    pinned_maps: HashMap<&'static str, aya::maps::Map>,
+    /// Programs opened from pins; dropping one detaches its links.
+    #[allow(dead_code)]
+    pinned_programs: Vec<PinnedProgram>,
     fault_source: FaultSource,
     features: Features,
     limits: MapLimits,
@@ -303,6 +359,19 @@ impl Accounting {
     /// Mounts tracefs if needed, probes, loads and attaches everything.
     pub fn load(cfg: &AccountingConfig) -> Result<Self, BpfError> {
         check_capabilities()?;
+        if let PinMode::AttachFrom(dir) = &cfg.pins {
+            if pinned_map_path(dir, names::TASKS).exists() {
+                return Self::attach_pinned(cfg, dir);
+            }
+            log::info!(
+                "no pinned vitals objects in {}; loading with aya",
+                dir.display()
+            );
+        }
+        let pin_to = match &cfg.pins {
+            PinMode::PinTo(dir) => Some(dir.as_path()),
+            _ => None,
+        };
         let tracefs = Tracefs::find_or_mount()?;
         let features = Features::probe(&tracefs)?;
         let fault_source = match (cfg.fault_source, features.page_fault_user_tracepoint) {
@@ -453,16 +522,23 @@ impl Accounting {
                 names::PROG_SCHED_WAKEUP_NEW,
             ),
         };
-        attach_tracepoint(&mut ebpf, switch_prog, "sched", "sched_switch")?;
+        attach_tracepoint(&mut ebpf, switch_prog, "sched", "sched_switch", pin_to)?;
         if cfg.runq_wait {
-            attach_tracepoint(&mut ebpf, wakeup_prog, "sched", "sched_wakeup")?;
-            attach_tracepoint(&mut ebpf, wakeup_new_prog, "sched", "sched_wakeup_new")?;
+            attach_tracepoint(&mut ebpf, wakeup_prog, "sched", "sched_wakeup", pin_to)?;
+            attach_tracepoint(
+                &mut ebpf,
+                wakeup_new_prog,
+                "sched",
+                "sched_wakeup_new",
+                pin_to,
+            )?;
         }
         attach_tracepoint(
             &mut ebpf,
             names::PROG_SCHED_PROCESS_FREE,
             "sched",
             "sched_process_free",
+            pin_to,
         )?;
         match fault_source {
             FaultSource::Tracepoint => attach_tracepoint(
@@ -470,6 +546,7 @@ impl Accounting {
                 names::PROG_PAGE_FAULT_USER,
                 "exceptions",
                 "page_fault_user",
+                pin_to,
             )?,
             FaultSource::PerfEvent => {
                 let cpus = crate::system::online_cpus(std::path::Path::new("/sys"))?;
@@ -478,18 +555,36 @@ impl Accounting {
                     names::PROG_PERF_MINFLT,
                     SoftwareEvent::PageFaultsMin,
                     &cpus,
+                    pin_to,
                 )?;
                 attach_perf_sw(
                     &mut ebpf,
                     names::PROG_PERF_MAJFLT,
                     SoftwareEvent::PageFaultsMaj,
                     &cpus,
+                    pin_to,
                 )?;
             }
             FaultSource::None => {}
         }
+        if let Some(dir) = pin_to {
+            // Internal maps (.rodata, .bss) stay with the programs that use
+            // them; bpffs refuses names with a '.' anyway.
+            for (name, map) in ebpf.maps().filter(|(n, _)| !n.starts_with('.')) {
+                let path = pinned_map_path(dir, name);
+                map.pin(&path).map_err(|e| BpfError::Pin {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+            }
+            log::info!(
+                "eBPF programs and maps pinned in {} (not attached)",
+                dir.display()
+            );
+        }
         log::info!(
-            "eBPF accounting attached: fault source {}; {:?} tracepoint layout; wakeup times in {}; {} possible CPUs; BTF {}",
+            "eBPF accounting {}: fault source {}; {:?} tracepoint layout; wakeup times in {}; {} possible CPUs; BTF {}",
+            if pin_to.is_some() { "loaded" } else { "attached" },
             fault_source.describe(),
             layout,
             if wake_array { "an array (pid_max small)" } else { "a bounded hash" },
@@ -511,7 +606,9 @@ impl Accounting {
             None
         };
         Ok(Self {
-            ebpf,
+            ebpf: Some(ebpf),
+            pinned_maps: HashMap::new(),
+            pinned_programs: Vec::new(),
             fault_source,
             features,
             limits: cfg.limits,
@@ -539,6 +636,8 @@ impl Accounting {
         // Stacks of an earlier capture are stale; ids are reused by hash.
         if let Ok(mut stacks) = StackTraceMap::try_from(
             self.ebpf
+                .as_mut()
+                .ok_or(BpfError::CaptureNotConfigured)?
                 .map_mut(names::CAPTURE_STACKS)
                 .ok_or(BpfError::Missing(names::CAPTURE_STACKS))?,
         ) {
@@ -554,6 +653,8 @@ impl Accounting {
             };
             let prog: &mut TracePoint = self
                 .ebpf
+                .as_mut()
+                .ok_or(BpfError::CaptureNotConfigured)?
                 .program_mut(name)
                 .ok_or(BpfError::Missing(name))?
                 .try_into()
@@ -590,7 +691,12 @@ impl Accounting {
                 TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,
                 TracepointLayout::Portable => names::PROG_SCHED_WAKING,
             };
-            if let Some(Ok(prog)) = self.ebpf.program_mut(name).map(<&mut TracePoint>::try_from) {
+            if let Some(Ok(prog)) = self
+                .ebpf
+                .as_mut()
+                .and_then(|e| e.program_mut(name))
+                .map(<&mut TracePoint>::try_from)
+            {
                 if let Err(e) = prog.detach(link) {
                     log::warn!("detaching {name}: {e}");
                 }
@@ -759,11 +865,166 @@ impl Accounting {
     }
 
     fn map(&self, name: &'static str) -> Result<&aya::maps::Map, BpfError> {
-        self.ebpf.map(name).ok_or(BpfError::Missing(name))
+        self.pinned_maps
+            .get(name)
+            .or_else(|| self.ebpf.as_ref().and_then(|e| e.map(name)))
+            .ok_or(BpfError::Missing(name))
     }
 
     fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map, BpfError> {
-        self.ebpf.map_mut(name).ok_or(BpfError::Missing(name))
+        if self.pinned_maps.contains_key(name) {
+            return self
+                .pinned_maps
+                .get_mut(name)
+                .ok_or(BpfError::Missing(name));
+        }
+        self.ebpf
+            .as_mut()
+            .and_then(|e| e.map_mut(name))
+            .ok_or(BpfError::Missing(name))
+    }
+
+    /// Attaches the programs pinned in `dir` and opens the pinned maps.
+    /// Their load-time settings (field offsets, map sizes) are whatever the
+    /// loader gave them; the capture tier is not available this way.
+    fn attach_pinned(cfg: &AccountingConfig, dir: &Path) -> Result<Self, BpfError> {
+        let tracefs = Tracefs::find_or_mount()?;
+        let features = Features::probe(&tracefs)?;
+        let mut pinned_maps = HashMap::new();
+        for name in ACCOUNTING_MAPS {
+            let path = pinned_map_path(dir, name);
+            let data = MapData::from_pin(&path).map_err(map_err(name))?;
+            pinned_maps.insert(
+                name,
+                aya::maps::Map::from_map_data(data).map_err(map_err(name))?,
+            );
+        }
+        let mut programs = Vec::new();
+        let open = |name: &str| TracePoint::from_pin(pinned_prog_path(dir, name)).ok();
+        let mut attach = |mut prog: TracePoint, name: &'static str, cat: &str, ev: &str| {
+            prog.attach(cat, ev).map_err(|source| BpfError::Attach {
+                name,
+                target: format!("tracepoint {cat}/{ev} (pinned)"),
+                source,
+            })?;
+            programs.push(PinnedProgram::TracePoint(prog));
+            Ok::<(), BpfError>(())
+        };
+        let (layout, switch, wakeup, wakeup_new) =
+            if let Some(p) = open(names::PROG_SCHED_SWITCH_FIXED) {
+                (
+                    TracepointLayout::Fixed,
+                    p,
+                    names::PROG_SCHED_WAKEUP_FIXED,
+                    names::PROG_SCHED_WAKEUP_NEW_FIXED,
+                )
+            } else if let Some(p) = open(names::PROG_SCHED_SWITCH) {
+                (
+                    TracepointLayout::Portable,
+                    p,
+                    names::PROG_SCHED_WAKEUP,
+                    names::PROG_SCHED_WAKEUP_NEW,
+                )
+            } else {
+                return Err(BpfError::Missing("pinned sched_switch program"));
+            };
+        attach(switch, names::PROG_SCHED_SWITCH, "sched", "sched_switch")?;
+        let runq_wait = match (open(wakeup), open(wakeup_new)) {
+            (Some(w), Some(wn)) => {
+                attach(w, names::PROG_SCHED_WAKEUP, "sched", "sched_wakeup")?;
+                attach(
+                    wn,
+                    names::PROG_SCHED_WAKEUP_NEW,
+                    "sched",
+                    "sched_wakeup_new",
+                )?;
+                true
+            }
+            _ => false,
+        };
+        let free = open(names::PROG_SCHED_PROCESS_FREE)
+            .ok_or(BpfError::Missing("pinned sched_process_free program"))?;
+        attach(
+            free,
+            names::PROG_SCHED_PROCESS_FREE,
+            "sched",
+            "sched_process_free",
+        )?;
+        let fault_tp =
+            open(names::PROG_PAGE_FAULT_USER).filter(|_| features.page_fault_user_tracepoint);
+        let fault_source = if cfg.fault_source == FaultSourceChoice::Off {
+            FaultSource::None
+        } else if let (Some(p), false) =
+            (fault_tp, cfg.fault_source == FaultSourceChoice::PerfEvent)
+        {
+            attach(
+                p,
+                names::PROG_PAGE_FAULT_USER,
+                "exceptions",
+                "page_fault_user",
+            )?;
+            FaultSource::Tracepoint
+        } else {
+            let cpus = crate::system::online_cpus(Path::new("/sys"))?;
+            let mut found = false;
+            for (name, event) in [
+                (names::PROG_PERF_MINFLT, SoftwareEvent::PageFaultsMin),
+                (names::PROG_PERF_MAJFLT, SoftwareEvent::PageFaultsMaj),
+            ] {
+                let Ok(mut prog) = PerfEvent::from_pin(pinned_prog_path(dir, name)) else {
+                    continue;
+                };
+                for &cpu in &cpus {
+                    prog.attach(
+                        PerfEventConfig::Software(event),
+                        PerfEventScope::AllProcessesOneCpu { cpu },
+                        SamplePolicy::Period(1),
+                        false,
+                    )
+                    .map_err(|source| BpfError::Attach {
+                        name,
+                        target: format!("perf software event {event:?} on cpu {cpu} (pinned)"),
+                        source,
+                    })?;
+                }
+                programs.push(PinnedProgram::Perf(prog));
+                found = true;
+            }
+            if found {
+                FaultSource::PerfEvent
+            } else {
+                FaultSource::None
+            }
+        };
+        log::info!(
+            "eBPF accounting attached from pins in {}: fault source {}; {:?} tracepoint layout; runqueue wait {}",
+            dir.display(),
+            fault_source.describe(),
+            layout,
+            if runq_wait { "on" } else { "off (no pinned wakeup programs)" }
+        );
+        Ok(Self {
+            ebpf: None,
+            pinned_maps,
+            pinned_programs: programs,
+            fault_source,
+            features,
+            limits: cfg.limits,
+            layout,
+            runq_wait,
+            capture_sizing: None,
+            ring: None,
+            waking_link: None,
+        })
+    }
+
+    /// Where the programs came from: "pins" or "aya".
+    pub fn source(&self) -> &'static str {
+        if self.ebpf.is_none() {
+            "pins"
+        } else {
+            "aya"
+        }
     }
 }
 
@@ -804,11 +1065,13 @@ fn load_tracepoint(ebpf: &mut Ebpf, name: &'static str) -> Result<(), BpfError> 
         .map_err(|source| BpfError::Program { name, source })
 }
 
+/// Loads `name` and attaches it, or with `pin_to` pins it there instead.
 fn attach_tracepoint(
     ebpf: &mut Ebpf,
     name: &'static str,
     category: &str,
     event: &str,
+    pin_to: Option<&Path>,
 ) -> Result<(), BpfError> {
     let prog: &mut TracePoint = ebpf
         .program_mut(name)
@@ -817,6 +1080,13 @@ fn attach_tracepoint(
         .map_err(|source| BpfError::Program { name, source })?;
     prog.load()
         .map_err(|source| BpfError::Program { name, source })?;
+    if let Some(dir) = pin_to {
+        let path = pinned_prog_path(dir, name);
+        return prog.pin(&path).map_err(|e| BpfError::Pin {
+            path,
+            message: e.to_string(),
+        });
+    }
     prog.attach(category, event)
         .map_err(|source| BpfError::Attach {
             name,
@@ -833,6 +1103,7 @@ fn attach_perf_sw(
     name: &'static str,
     event: SoftwareEvent,
     cpus: &[u32],
+    pin_to: Option<&Path>,
 ) -> Result<(), BpfError> {
     let prog: &mut PerfEvent = ebpf
         .program_mut(name)
@@ -841,6 +1112,13 @@ fn attach_perf_sw(
         .map_err(|source| BpfError::Program { name, source })?;
     prog.load()
         .map_err(|source| BpfError::Program { name, source })?;
+    if let Some(dir) = pin_to {
+        let path = pinned_prog_path(dir, name);
+        return prog.pin(&path).map_err(|e| BpfError::Pin {
+            path,
+            message: e.to_string(),
+        });
+    }
     for &cpu in cpus {
         prog.attach(
             PerfEventConfig::Software(event),
