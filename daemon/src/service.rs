@@ -51,6 +51,64 @@ pub enum ServiceError {
     System(#[from] SystemError),
     #[error("starting a thread: {0}")]
     Thread(#[source] std::io::Error),
+    #[error("store lock {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another vitalsd holds {0}; one daemon per store")]
+    StoreBusy(PathBuf),
+}
+
+/// `<store>/.lock`, flock'd exclusively by the running daemon for its whole
+/// life (the store's repair ignores the name). `Ok(None)`: someone else holds it.
+pub fn try_lock_store(dir: &std::path::Path) -> Result<Option<std::fs::File>, ServiceError> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join(".lock");
+    let err = |source| ServiceError::Lock {
+        path: path.clone(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(err)?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(Some(f));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(None)
+    } else {
+        Err(err(e))
+    }
+}
+
+/// `vitalsd cleanup-after-crash` (vitalsd.rc `onrestart`): repairs the store
+/// of a daemon that died (leftover temporary captures, orphaned metadata,
+/// the index) unless a daemon already runs on it, in which case that daemon
+/// repaired it at start. eBPF programs, perf events and the heapprofd client
+/// need nothing: they are fds and children that died with the process (init
+/// kills the service's process group), and init recreates the socket.
+pub fn cleanup_after_crash(cfg: &Config) -> Result<String, ServiceError> {
+    let Some(_lock) = try_lock_store(&cfg.store.dir)? else {
+        return Ok(format!(
+            "a running vitalsd holds {}; it repaired the store at start",
+            cfg.store.dir.display()
+        ));
+    };
+    let store = Store::open(&cfg.store.dir, limits(cfg))?;
+    Ok(format!(
+        "store {}: {} captures kept, {} leftovers removed",
+        cfg.store.dir.display(),
+        store.list().len(),
+        store.counters.repaired_leftovers
+    ))
 }
 
 /// Capabilities the daemon keeps: CAP_BPF for map reads, CAP_PERFMON so a
@@ -94,9 +152,11 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
         runq_wait: cfg.sampling.runq_wait,
         ..AccountingConfig::default()
     };
+    let _store_lock = try_lock_store(&cfg.store.dir)?
+        .ok_or_else(|| ServiceError::StoreBusy(cfg.store.dir.clone()))?;
     let mut accounting = Accounting::load(&accounting_cfg)?;
     let store = Arc::new(Mutex::new(Store::open(&cfg.store.dir, limits(&cfg))?));
-    let listener = server::bind(&cfg.control.socket)?;
+    let listener = server::bind_or_inherit(&cfg.control.socket)?;
     let kept = privileges::drop_to(DAEMON_CAPS)?;
     let capabilities = privileges::describe(&kept);
     log::info!(

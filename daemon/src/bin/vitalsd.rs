@@ -36,6 +36,12 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Repair the store after a crash (vitalsd.rc `onrestart`); a no-op while
+    /// a daemon runs on the store.
+    CleanupAfterCrash {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Validate a config file and print the effective config.
     CheckConfig {
         #[arg(long)]
@@ -209,6 +215,13 @@ fn main() -> Result<()> {
             let signals = signal_flags()?;
             let (path, cfg) = load_config(config)?;
             service::run(path, cfg, signals).context("vitalsd run")?;
+        }
+        Command::CleanupAfterCrash { config } => {
+            let (_, cfg) = load_config(config)?;
+            println!(
+                "{}",
+                service::cleanup_after_crash(&cfg).context("vitalsd cleanup-after-crash")?
+            );
         }
         Command::CheckConfig { config } => {
             let (path, cfg) = load_config(config)?;
