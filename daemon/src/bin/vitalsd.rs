@@ -135,8 +135,10 @@ enum Command {
         max_heapprofd_memory_kb: Option<u32>,
         #[arg(long)]
         max_heapprofd_cpu_secs: Option<u64>,
-        #[arg(long)]
-        bugreport_score: Option<i32>,
+        /// TraceConfig.bugreport_score: > 0 lets `perfetto --save-for-bugreport`
+        /// (dumpstate) pick the session; 0 leaves it out of bugreports.
+        #[arg(long, default_value_t = heapprofd::config::DEFAULT_BUGREPORT_SCORE)]
+        bugreport_score: i32,
         /// Longest session accepted.
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
         max_duration: Duration,
@@ -317,7 +319,7 @@ fn main() -> Result<()> {
                 }),
                 max_heapprofd_memory_kb,
                 max_heapprofd_cpu_secs,
-                bugreport_score,
+                bugreport_score: (bugreport_score > 0).then_some(bugreport_score),
                 ..HeapProfileRequest::default()
             };
             let limits = RateLimits {
