@@ -755,3 +755,15 @@ fn inherits_the_socket_init_created() {
     };
     assert!(crate::control::server::bind_or_inherit(&dir.path().join(&bad)).is_err());
 }
+
+#[test]
+fn example_android_config_is_the_android_defaults() {
+    let path = repo().join("init/vitalsd.toml");
+    let cfg = crate::config::Config::load(&path).unwrap();
+    assert_eq!(cfg.store.dir, Path::new("/data/misc/vitalsd"));
+    assert_eq!(cfg.control, crate::config::Control::default_for(true));
+    let default = crate::config::Config::default();
+    assert_eq!(cfg.rules, default.rules);
+    assert_eq!(cfg.budget, default.budget);
+    assert_eq!(cfg.sampling.interval, default.sampling.interval);
+}
