@@ -127,8 +127,8 @@ pub fn android_bp(target: &str, shipped: &[Shipped]) -> String {
     s.push_str("    init_rc: [\"etc/init/vitalsd.rc\"],\n");
     s.push_str("    required: [\n        \"vitalsctl\",\n        \"vitalsd.toml\",\n    ],\n");
     s.push_str(
-        "    // Rust binaries link bionic (libc, libdl, libm) and liblog, which\n    \
-         // prebuilts cannot declare as Soong deps; skip the ELF dependency check.\n",
+        "    // Rust binaries link bionic (libc, libdl, libm) and liblog; those are not\n    \
+         // declared as shared_libs here, so skip the ELF dependency check.\n",
     );
     s.push_str("    check_elf_files: false,\n");
     s.push_str("    strip: {\n        none: true,\n    },\n}\n\n");
