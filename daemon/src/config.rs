@@ -302,8 +302,16 @@ impl Default for StoreConfig {
 
 impl Default for Control {
     fn default() -> Self {
+        Self::default_for(cfg!(target_os = "android"))
+    }
+}
+
+impl Control {
+    /// The defaults on Android (`true`) or a Linux host; tests of the
+    /// Android files check the Android ones on any host.
+    pub fn default_for(android: bool) -> Self {
         Self {
-            socket: PathBuf::from(if cfg!(target_os = "android") {
+            socket: PathBuf::from(if android {
                 "/dev/socket/vitalsd"
             } else {
                 "/run/vitalsd/vitalsd.sock"

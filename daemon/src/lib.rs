@@ -3,6 +3,9 @@
 //! One module per kernel source or concern; `tracker` is the one place where
 //! raw counters become per-window deltas.
 
+pub mod android;
+#[cfg(test)]
+mod android_tests;
 pub mod bpf;
 pub mod capture;
 pub mod clock;

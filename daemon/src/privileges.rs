@@ -22,8 +22,9 @@ pub enum PrivilegeError {
     NoNewPrivs(#[source] nix::Error),
 }
 
-/// The capabilities vitalsd keeps after start-up. init/vitalsd.rc lists the
-/// same set (plus what start-up needs); a test compares the two.
+/// The capabilities `vitalsd record` keeps after attaching. The service keeps
+/// more ([`crate::service::DAEMON_CAPS`]: a capture attaches programs later),
+/// and that is the set init/vitalsd.rc grants.
 pub const STEADY_STATE_CAPS: &[Capability] = &[Capability::CAP_BPF];
 
 /// Drops every capability not in `keep` and sets no_new_privs. Returns the

@@ -56,10 +56,71 @@ pub enum ServiceError {
     System(#[from] SystemError),
     #[error("starting a thread: {0}")]
     Thread(#[source] std::io::Error),
+    #[error("store lock {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another vitalsd holds {0}; one daemon per store")]
+    StoreBusy(PathBuf),
+}
+
+/// `<store>/.lock`, flock'd exclusively by the running daemon for its whole
+/// life (the store's repair ignores the name). `Ok(None)`: someone else holds it.
+pub fn try_lock_store(dir: &std::path::Path) -> Result<Option<std::fs::File>, ServiceError> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join(".lock");
+    let err = |source| ServiceError::Lock {
+        path: path.clone(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(err)?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(Some(f));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(None)
+    } else {
+        Err(err(e))
+    }
+}
+
+/// `vitalsd cleanup-after-crash` (vitalsd.rc `onrestart`): repairs the store
+/// of a daemon that died (leftover temporary captures, orphaned metadata,
+/// the index) unless a daemon already runs on it, in which case that daemon
+/// repaired it at start. eBPF programs, perf events and the heapprofd client
+/// need nothing: they are fds and children that died with the process (init
+/// kills the service's process group), and init recreates the socket.
+pub fn cleanup_after_crash(cfg: &Config) -> Result<String, ServiceError> {
+    let Some(_lock) = try_lock_store(&cfg.store.dir)? else {
+        return Ok(format!(
+            "a running vitalsd holds {}; it repaired the store at start",
+            cfg.store.dir.display()
+        ));
+    };
+    let store = Store::open(&cfg.store.dir, limits(cfg))?;
+    Ok(format!(
+        "store {}: {} captures kept, {} leftovers removed",
+        cfg.store.dir.display(),
+        store.list().len(),
+        store.counters.repaired_leftovers
+    ))
 }
 
 /// Capabilities the daemon keeps: CAP_BPF for map reads, CAP_PERFMON so a
-/// capture can attach its programs. init/vitalsd.rc lists the same set.
+/// capture can attach its programs. On Android the daemon starts as uid
+/// system, so this is also everything start-up has: init/vitalsd.rc's
+/// `capabilities` line and init/vitalsd.service grant exactly this set
+/// (android_tests::rc_capabilities_are_what_the_daemon_keeps).
 pub const DAEMON_CAPS: &[caps::Capability] =
     &[caps::Capability::CAP_BPF, caps::Capability::CAP_PERFMON];
 
@@ -77,6 +138,8 @@ fn limits(cfg: &Config) -> Limits {
 /// A heapprofd session running through the perfetto client.
 struct RunningHeap {
     pending: Pending,
+    /// Where the perfetto client writes (under <store>/heapprofd/).
+    out: PathBuf,
     trigger: TriggerInfo,
     started_unix_ms: u64,
     stop: Arc<AtomicBool>,
@@ -157,13 +220,22 @@ fn start_heap(
             .cloned()
             .unwrap_or_else(|| "pid".into())
     );
-    let pending = store.lock().unwrap().begin(&label);
+    let (pending, out) = {
+        let mut store = store.lock().unwrap();
+        let pending = store.begin(&label);
+        // perfetto writes into heapprofd/, the one directory the policy
+        // lets its domain write (sepolicy: vitalsd_heapprofd_data_file);
+        // the trace moves into the store when the session ends.
+        let dir = store.dir().join("heapprofd");
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return Err(format!("creating {}: {e}", dir.display()));
+        }
+        let out = dir.join(format!("{}.pftrace", pending.id));
+        (pending, out)
+    };
     let stop = Arc::new(AtomicBool::new(false));
-    let (r, out, thread_stop) = (
-        Arc::clone(runner),
-        pending.tmp_path.clone(),
-        Arc::clone(&stop),
-    );
+    let (r, thread_stop) = (Arc::clone(runner), Arc::clone(&stop));
+    let session_out = out.clone();
     let started_unix_ms = store::now_unix_ms();
     shared.state.lock().unwrap().heap_session = Some(CaptureProgress {
         id: pending.id.clone(),
@@ -179,10 +251,11 @@ fn start_heap(
     );
     let thread = std::thread::Builder::new()
         .name("heapprofd".into())
-        .spawn(move || r.run(&request, &out, &thread_stop))
+        .spawn(move || r.run(&request, &session_out, &thread_stop))
         .map_err(|e| format!("spawning the heapprofd thread: {e}"))?;
     Ok(RunningHeap {
         pending,
+        out,
         trigger,
         started_unix_ms,
         stop,
@@ -194,7 +267,12 @@ fn start_heap(
 fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Shared) {
     let result = h.thread.join();
     // The runner's own sidecar: its content goes into the capture metadata.
-    let _ = std::fs::remove_file(crate::heapprofd::metadata_path(&h.pending.tmp_path));
+    let _ = std::fs::remove_file(crate::heapprofd::metadata_path(&h.out));
+    if h.out.exists() {
+        if let Err(e) = std::fs::rename(&h.out, &h.pending.tmp_path) {
+            log::error!("moving {} into the store: {e}", h.out.display());
+        }
+    }
     let mut store = store.lock().unwrap();
     let outcome = match result {
         Ok(Ok(report)) => {
@@ -297,9 +375,11 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
             .unwrap_or_default(),
         ..AccountingConfig::default()
     };
+    let _store_lock = try_lock_store(&cfg.store.dir)?
+        .ok_or_else(|| ServiceError::StoreBusy(cfg.store.dir.clone()))?;
     let mut accounting = Accounting::load(&accounting_cfg)?;
     let store = Arc::new(Mutex::new(Store::open(&cfg.store.dir, limits(&cfg))?));
-    let listener = server::bind(&cfg.control.socket)?;
+    let listener = server::bind_or_inherit(&cfg.control.socket)?;
     let kept = privileges::drop_to(DAEMON_CAPS)?;
     let capabilities = privileges::describe(&kept);
     log::info!(

@@ -255,6 +255,8 @@ fn kill_9_during_a_capture_leaves_no_partial_capture_listed() {
         .unwrap()
         .map(|e| e.unwrap())
         .filter(|e| e.file_type().unwrap().is_file())
+        // The running daemon's lock on the store.
+        .filter(|e| e.file_name() != ".lock")
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(
@@ -499,6 +501,11 @@ fn vitalsctl_heap_stores_the_profile_with_heapprofds_outcome() {
         .collect();
     assert!(names.iter().all(|n| !n.contains(".meta.json")), "{names:?}");
     assert!(d.store().join("state/heapprofd_ratelimit.json").exists());
+    // perfetto's output directory is emptied into the store.
+    let left: Vec<_> = std::fs::read_dir(d.store().join("heapprofd"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 
     // Across a restart the per-target limit (2 an hour by default) holds:
     // one more is allowed, the third is refused.

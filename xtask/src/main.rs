@@ -8,6 +8,7 @@ mod bench_capture;
 mod bench_idle;
 mod bench_overhead;
 mod bench_scan;
+mod dist;
 mod setup;
 mod util;
 
@@ -40,6 +41,14 @@ enum Cmd {
     },
     /// Setup, then every test: unit, property, schema and kernel integration.
     Test,
+    /// Package for an OEM device tree: binaries, vitalsd.rc, sepolicy/, an
+    /// example config and an Android.bp of prebuilts, in target/dist/vitalsd/.
+    Dist {
+        /// Rust target triple (default: the host). Android: aarch64-linux-android,
+        /// which needs the NDK (see docs/android.md).
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// Benchmarks against the tools a user would pick instead.
     Bench {
         #[command(subcommand)]
@@ -83,6 +92,7 @@ fn main() -> Result<()> {
             )
         }
         Cmd::Test => test(),
+        Cmd::Dist { target } => dist::run_dist(target),
         Cmd::Bench { which } => {
             setup::all()?;
             build_release()?;

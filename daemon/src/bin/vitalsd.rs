@@ -46,6 +46,12 @@ enum Command {
         #[arg(long, default_value = "auto")]
         fault_source: FaultSourceChoice,
     },
+    /// Repair the store after a crash (vitalsd.rc `onrestart`); a no-op while
+    /// a daemon runs on the store.
+    CleanupAfterCrash {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Validate a config file and print the effective config.
     CheckConfig {
         #[arg(long)]
@@ -157,8 +163,10 @@ enum Command {
         max_heapprofd_memory_kb: Option<u32>,
         #[arg(long)]
         max_heapprofd_cpu_secs: Option<u64>,
-        #[arg(long)]
-        bugreport_score: Option<i32>,
+        /// TraceConfig.bugreport_score: > 0 lets `perfetto --save-for-bugreport`
+        /// (dumpstate) pick the session; 0 leaves it out of bugreports.
+        #[arg(long, default_value_t = heapprofd::config::DEFAULT_BUGREPORT_SCORE)]
+        bugreport_score: i32,
         /// Longest session accepted.
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
         max_duration: Duration,
@@ -249,6 +257,13 @@ fn main() -> Result<()> {
                 "pinned the vitals programs and maps in {} (fault source {})",
                 dir.display(),
                 acc.fault_source().name()
+            );
+        }
+        Command::CleanupAfterCrash { config } => {
+            let (_, cfg) = load_config(config)?;
+            println!(
+                "{}",
+                service::cleanup_after_crash(&cfg).context("vitalsd cleanup-after-crash")?
             );
         }
         Command::CheckConfig { config } => {
@@ -362,7 +377,7 @@ fn main() -> Result<()> {
                 }),
                 max_heapprofd_memory_kb,
                 max_heapprofd_cpu_secs,
-                bugreport_score,
+                bugreport_score: (bugreport_score > 0).then_some(bugreport_score),
                 ..HeapProfileRequest::default()
             };
             let limits = RateLimits {

@@ -454,7 +454,12 @@ impl Accounting {
 
         // Wakeup times in an array indexed by tid when pid_max keeps it
         // small (8 bytes a pid): its lookups are inlined, a hash's are not.
-        let pid_max = read_pid_max()?;
+        // Not fatal: Android's policy does not grant pid_max (see
+        // android::NOT_GRANTED), and the bounded hash works everywhere.
+        let pid_max = read_pid_max().unwrap_or_else(|e| {
+            log::warn!("{e}; keeping wakeup times in the bounded hash");
+            u32::MAX
+        });
         let wake_array = pid_max <= WAKE_ARRAY_MAX_PIDS && !cfg.force_wake_hash;
         let (wake_array_len, wake_hash_len) = if wake_array {
             (pid_max, 1)

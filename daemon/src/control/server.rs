@@ -131,6 +131,65 @@ const MAX_CONNECTIONS: usize = 32;
 /// A client must deliver a whole request within this.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The listening socket: the one Android init created from vitalsd.rc's
+/// `socket vitalsd stream 0660 system system` line when there is one
+/// (`ANDROID_SOCKET_<name>`; /dev/socket is not writable by uid system), else
+/// a socket bound here.
+pub fn bind_or_inherit(path: &Path) -> Result<std::os::unix::net::UnixListener, ServerError> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    match inherited_socket(name) {
+        Some(result) => result.map_err(|source| ServerError::Socket {
+            op: "use the socket init created",
+            path: path.to_owned(),
+            source,
+        }),
+        None => bind(path),
+    }
+}
+
+/// The environment variable Android init sets for a `socket <name>` line
+/// (libcutils ANDROID_SOCKET_ENV_PREFIX).
+pub fn android_socket_env(name: &str) -> String {
+    format!("ANDROID_SOCKET_{name}")
+}
+
+/// `Some` when init handed us a socket for `name`: checks that the fd is a
+/// Unix stream socket, marks it close-on-exec (the heapprofd client must not
+/// inherit it), listens and makes it non-blocking.
+fn inherited_socket(name: &str) -> Option<std::io::Result<std::os::unix::net::UnixListener>> {
+    use std::os::fd::{FromRawFd, RawFd};
+    let value = std::env::var(android_socket_env(name)).ok()?;
+    Some((|| {
+        let fd: RawFd = value.trim().parse().map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{}={value:?} is not a descriptor", android_socket_env(name)),
+            )
+        })?;
+        // SAFETY: only inspected here; ownership is taken below once it is
+        // known to be a socket.
+        let st = nix::sys::stat::fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("descriptor {fd} from init is not a socket"),
+            ));
+        }
+        // SAFETY: init passed us this descriptor and nothing else owns it.
+        let l = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
+        nix::fcntl::fcntl(
+            &l,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
+        // init binds but does not listen; a second listen() only resets the backlog.
+        if unsafe { libc::listen(fd, 128) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        l.set_nonblocking(true)?;
+        Ok(l)
+    })())
+}
+
 /// Binds the socket (replacing a stale one) with mode 0660.
 pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ServerError> {
     let err = |op| {

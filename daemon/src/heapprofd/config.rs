@@ -43,6 +43,12 @@ pub const DEFAULT_FLUSH_TIMEOUT_MS: u32 = 30_000;
 /// traced rejects a session whose unique_session_name is already in use, so
 /// this also keeps two vitalsd instances (daemon + CLI) from overlapping.
 pub const DEFAULT_UNIQUE_SESSION_NAME: &str = "vitalsd_heapprofd";
+/// TraceConfig.bugreport_score of vitalsd's heapprofd sessions: > 0 makes a
+/// session that is running when a bugreport is taken eligible for
+/// `perfetto --save-for-bugreport` (dumpstate runs it), which saves the
+/// session with the highest score. Below Traceur's 500, so a trace a user
+/// started on purpose wins over an automatic one.
+pub const DEFAULT_BUGREPORT_SCORE: i32 = 100;
 /// Default upper bound of a session's duration (configurable).
 pub const DEFAULT_MAX_DURATION_MS: u32 = 10 * 60 * 1000;
 
@@ -138,7 +144,7 @@ impl Default for HeapProfileRequest {
             process_stats_buffer_kb: DEFAULT_PROCESS_STATS_BUFFER_KB,
             flush_timeout_ms: DEFAULT_FLUSH_TIMEOUT_MS,
             unique_session_name: Some(DEFAULT_UNIQUE_SESSION_NAME.to_owned()),
-            bugreport_score: None,
+            bugreport_score: Some(DEFAULT_BUGREPORT_SCORE),
         }
     }
 }

@@ -36,11 +36,24 @@ pub use runner::{
     RunError, RunnerConfig, SessionReport, SessionRunner, SessionStatus, DEFAULT_PERFETTO_BIN,
 };
 
-/// Where the rate-limit history lives by default.
+/// Where the rate-limit history lives by default: in a `state/`
+/// subdirectory of the store, because the store's start-up repair treats
+/// every `*.json` in its own directory as capture metadata and would delete
+/// this file as an orphan.
 pub fn default_state_file() -> std::path::PathBuf {
-    if cfg!(target_os = "android") {
+    default_state_file_for(cfg!(target_os = "android"))
+}
+
+/// [`default_state_file`] on Android (`true`) or a Linux host.
+pub fn default_state_file_for(android: bool) -> std::path::PathBuf {
+    if android {
         "/data/misc/vitalsd/state/heapprofd_ratelimit.json".into()
     } else {
         "/var/lib/vitalsd/state/heapprofd_ratelimit.json".into()
     }
 }
+
+/// Where `perfetto --out` traces of heapprofd sessions go on Android: their
+/// own directory, the only one the policy lets the perfetto domain write
+/// (sepolicy/file_contexts: vitalsd_heapprofd_data_file).
+pub const ANDROID_TRACE_DIR: &str = "/data/misc/vitalsd/heapprofd";

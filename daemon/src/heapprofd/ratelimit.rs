@@ -243,6 +243,9 @@ impl RateLimiter {
         let mut tmp = self.path.clone().into_os_string();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
+        if let Some(dir) = self.path.parent() {
+            fs::create_dir_all(dir).map_err(werr)?;
+        }
         let mut f = fs::File::create(&tmp).map_err(werr)?;
         f.write_all(&json).map_err(werr)?;
         f.sync_all().map_err(werr)?;
@@ -374,7 +377,10 @@ mod tests {
     #[test]
     fn unwritable_state_reports_path() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("missing-dir/rl.json");
+        // persist() creates a missing parent (the store's state/ directory),
+        // so block the temporary file instead: a directory in its place.
+        let path = dir.path().join("state/rl.json");
+        fs::create_dir_all(dir.path().join("state/rl.json.tmp")).unwrap();
         let mut rl = RateLimiter::load(&path, RateLimits::default()).unwrap();
         match rl.record(&keys(&["name:x"]), t(0)) {
             Err(RateLimitError::Write { path: p, .. }) => assert_eq!(p, path),

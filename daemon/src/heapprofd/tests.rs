@@ -277,7 +277,11 @@ fn all_heaps_and_defaults_decode() {
         })
     );
     assert!(got.get("unique_session_name").is_none());
-    assert!(got.get("bugreport_score").is_none());
+    // A bugreport taken while the session runs picks it up.
+    assert_eq!(
+        got["bugreport_score"],
+        crate::heapprofd::config::DEFAULT_BUGREPORT_SCORE
+    );
     assert_eq!(got["duration_ms"], 30000);
 }
 

@@ -1,0 +1,769 @@
+//! Checks of the Android integration files against the code: the
+//! capabilities init grants, the paths the policy covers, and the policy's
+//! own shape. No root, no Android tree needed.
+
+use std::{
+    collections::{BTreeSet, HashSet},
+    path::{Path, PathBuf},
+};
+
+use regex::Regex;
+
+use crate::android::{
+    ANDROID_PATHS, AOSP_LABELS, NOT_GRANTED, PROCESS_LABELLED, SOURCE_SCAN_EXEMPT,
+};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+// ---------------------------------------------------------------- init .rc
+
+/// The lines of one `service <name>` block of an init .rc file.
+fn rc_service_block<'a>(rc: &'a str, name: &str) -> Vec<&'a str> {
+    let mut lines = rc.lines();
+    let header = format!("service {name} ");
+    lines
+        .by_ref()
+        .find(|l| l.starts_with(&header))
+        .unwrap_or_else(|| panic!("no `service {name}` in the .rc"));
+    lines
+        .take_while(|l| l.starts_with(char::is_whitespace) || l.is_empty())
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect()
+}
+
+fn rc_option<'a>(block: &[&'a str], option: &str) -> Vec<&'a str> {
+    block
+        .iter()
+        .filter_map(|l| l.strip_prefix(option).filter(|r| r.starts_with(' ')))
+        .flat_map(str::split_whitespace)
+        .collect()
+}
+
+/// "CAP_BPF" -> "BPF", init's spelling.
+fn daemon_caps_init_names() -> BTreeSet<String> {
+    crate::service::DAEMON_CAPS
+        .iter()
+        .map(|c| c.to_string().trim_start_matches("CAP_").to_owned())
+        .collect()
+}
+
+#[test]
+fn rc_capabilities_are_what_the_daemon_keeps() {
+    let rc = read("init/vitalsd.rc");
+    let block = rc_service_block(&rc, "vitalsd");
+    let granted: BTreeSet<String> = rc_option(&block, "capabilities")
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        granted,
+        daemon_caps_init_names(),
+        "init/vitalsd.rc `capabilities` must equal vitalsd::service::DAEMON_CAPS: the daemon \
+         starts as uid system, so what it keeps is also all start-up may use"
+    );
+    // tracefs is mounted by init on Android; mounting is the only SYS_ADMIN user.
+    assert!(!granted.contains("SYS_ADMIN"));
+}
+
+#[test]
+fn systemd_unit_grants_the_same_capabilities() {
+    let unit = read("init/vitalsd.service");
+    let want: BTreeSet<String> = daemon_caps_init_names()
+        .into_iter()
+        .map(|c| format!("CAP_{c}"))
+        .collect();
+    for key in ["CapabilityBoundingSet=", "AmbientCapabilities="] {
+        let line = unit
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("vitalsd.service has no {key}"));
+        let got: BTreeSet<String> = line.split_whitespace().map(str::to_owned).collect();
+        assert_eq!(got, want, "{key}");
+    }
+    assert!(unit.contains("ExecStart=/usr/local/bin/vitalsd run"));
+    assert!(unit.contains("RuntimeDirectory=vitalsd"));
+    assert!(unit.contains("StateDirectory=vitalsd"));
+}
+
+#[test]
+fn rc_service_shape() {
+    let rc = read("init/vitalsd.rc");
+    let block = rc_service_block(&rc, "vitalsd");
+    assert!(rc.contains("service vitalsd /system/bin/vitalsd run\n"));
+    assert_eq!(rc_option(&block, "user"), ["system"]);
+    let groups: HashSet<&str> = rc_option(&block, "group").into_iter().collect();
+    for g in ["system", "readproc", "readtracefs"] {
+        assert!(groups.contains(g), "group {g}");
+    }
+    assert_eq!(rc_option(&block, "class"), ["late_start"]);
+    assert!(block.contains(&"disabled"), "started by the property only");
+    // The socket the daemon inherits (control::server::bind_or_inherit).
+    let socket = rc_option(&block, "socket");
+    assert_eq!(socket, ["vitalsd", "stream", "0660", "system", "system"]);
+    let default_socket = crate::config::Control::default_for(true).socket;
+    assert_eq!(
+        default_socket.file_name().unwrap(),
+        socket[0],
+        "ANDROID_SOCKET_<name> is derived from the configured socket's file name"
+    );
+    assert!(block
+        .iter()
+        .any(|l| l.starts_with("onrestart ")
+            && l.contains("/system/bin/vitalsd cleanup-after-crash")));
+    for (value, action) in [("1", "start"), ("0", "stop")] {
+        let trigger = format!("on property:persist.vitals.enable={value}\n    {action} vitalsd\n");
+        assert!(rc.contains(&trigger), "missing:\n{trigger}");
+    }
+    // The property is labelled.
+    assert!(read("sepolicy/property_contexts").contains("persist.vitals.enable "));
+}
+
+#[test]
+fn rc_creates_every_data_directory_with_owner_and_mode() {
+    let rc = read("init/vitalsd.rc");
+    let post_fs_data: Vec<&str> = rc
+        .split("\non ")
+        .find(|b| b.starts_with("post-fs-data"))
+        .expect("an `on post-fs-data` block")
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("mkdir "))
+        .collect();
+    let data_dirs = ANDROID_PATHS
+        .iter()
+        .map(|(p, _)| *p)
+        .filter(|p| p.starts_with("/data/") && p.ends_with('/'))
+        .map(|p| p.trim_end_matches('/').to_owned())
+        .chain(
+            // heapprofd's rate-limit state directory.
+            crate::heapprofd::default_state_file_for(true)
+                .parent()
+                .map(|p| p.display().to_string()),
+        );
+    for dir in data_dirs {
+        let line = post_fs_data
+            .iter()
+            .find(|l| l.split_whitespace().nth(1) == Some(dir.as_str()))
+            .unwrap_or_else(|| panic!("no `mkdir {dir}` in on post-fs-data"));
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            f.get(2..5),
+            Some(&["0770", "system", "system"][..]),
+            "{line}"
+        );
+    }
+}
+
+// ------------------------------------------------------- policy parsing
+
+/// One file_contexts entry: anchored regex, its fixed stem length (libselinux
+/// prefers the most specific entry: the longest stem), and its type.
+struct FcEntry {
+    re: Regex,
+    stem: usize,
+    ty: String,
+}
+
+fn parse_file_contexts(text: &str) -> Vec<FcEntry> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert!(f.len() == 2 || f.len() == 3, "file_contexts line: {l}");
+            let ctx = f[f.len() - 1];
+            let ty = ctx
+                .split(':')
+                .nth(2)
+                .unwrap_or_else(|| panic!("context {ctx}"));
+            let stem = f[0]
+                .find(|c: char| ".^$?*+|[({\\".contains(c))
+                .unwrap_or(f[0].len());
+            FcEntry {
+                re: Regex::new(&format!("^(?:{})$", f[0])).unwrap(),
+                stem,
+                ty: ty.to_owned(),
+            }
+        })
+        .collect()
+}
+
+/// A policy statement: `allow a b:c p;`-style rules and macro calls,
+/// reduced to (keyword, arguments as type names).
+#[derive(Debug)]
+struct Stmt {
+    keyword: String,
+    args: Vec<String>,
+    line: usize,
+}
+
+fn split_names(s: &str) -> Vec<String> {
+    s.split(|c: char| c.is_whitespace() || "{},;".contains(c))
+        .map(|t| t.trim_start_matches(['-', '~']))
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn parse_te(text: &str) -> Vec<Stmt> {
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let l = raw.trim();
+        if l.is_empty() || l.starts_with('#') || l == "')" || l.ends_with("(`") {
+            continue;
+        }
+        // `userdebug_or_eng(`rule')` on one line: look inside.
+        let l = l
+            .strip_prefix("userdebug_or_eng(`")
+            .and_then(|r| r.strip_suffix("')"))
+            .unwrap_or(l);
+        if let Some((kw, rest)) = l.split_once('(') {
+            let args = rest.trim_end_matches([')', ';']);
+            out.push(Stmt {
+                keyword: kw.trim().to_owned(),
+                args: split_names(args),
+                line: i + 1,
+            });
+        } else {
+            let (kw, rest) = l.split_once(char::is_whitespace).unwrap_or((l, ""));
+            let args = match kw {
+                "allow" | "dontaudit" | "neverallow" | "auditallow" => {
+                    // source target:class perms; -> source, target
+                    let (st, _) = rest.split_once(':').unwrap_or((rest, ""));
+                    split_names(st)
+                }
+                "type" | "typeattribute" | "attribute" => split_names(rest),
+                other => panic!("line {}: unknown statement `{other}`", i + 1),
+            };
+            out.push(Stmt {
+                keyword: kw.to_owned(),
+                args,
+                line: i + 1,
+            });
+        }
+    }
+    out
+}
+
+fn te_files() -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = std::fs::read_dir(repo().join("sepolicy"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "te"))
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read_to_string(&p).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    assert!(v.iter().any(|(n, _)| n == "vitalsd.te"));
+    v
+}
+
+struct Policy {
+    fc: Vec<FcEntry>,
+    stmts: Vec<Stmt>,
+}
+
+impl Policy {
+    fn load() -> Self {
+        Self {
+            fc: parse_file_contexts(&read("sepolicy/file_contexts")),
+            stmts: te_files().iter().flat_map(|(_, t)| parse_te(t)).collect(),
+        }
+    }
+
+    /// The label of a concrete path: our file_contexts first (most specific
+    /// entry), else the AOSP label of the longest matching prefix.
+    fn label(&self, path: &str) -> Option<String> {
+        if let Some(e) = self
+            .fc
+            .iter()
+            .filter(|e| e.re.is_match(path))
+            .max_by_key(|e| e.stem)
+        {
+            return Some(e.ty.clone());
+        }
+        AOSP_LABELS
+            .iter()
+            .filter_map(|(mount, sub, ty)| {
+                let full = if *mount == "file_contexts" {
+                    (*sub).to_owned()
+                } else {
+                    format!("{mount}{}", sub.trim_end_matches('/'))
+                };
+                under(path, &full).then_some((full.len(), *ty))
+            })
+            .max_by_key(|(len, _)| *len)
+            .map(|(_, ty)| ty.to_owned())
+    }
+
+    /// Does the policy let vitalsd at `ty`?
+    fn grants(&self, ty: &str) -> bool {
+        self.stmts.iter().any(|s| match s.keyword.as_str() {
+            "allow" | "r_dir_file" | "domain_auto_trans" => {
+                s.args.first().map(String::as_str) == Some("vitalsd")
+                    && s.args.iter().skip(1).any(|a| a == ty)
+            }
+            // init_daemon_domain(vitalsd) is what lets init exec vitalsd_exec.
+            "init_daemon_domain" => format!("{}_exec", s.args[0]) == ty,
+            // unix_socket_connect(client, vitalsd, vitalsd) -> vitalsd_socket.
+            "unix_socket_connect" => format!("{}_socket", s.args[1]) == ty,
+            _ => false,
+        })
+    }
+}
+
+/// `path` is `dir` or below it (component-wise).
+fn under(path: &str, dir: &str) -> bool {
+    path == dir || dir == "/" || path.starts_with(&format!("{}/", dir.trim_end_matches('/')))
+}
+
+/// Concrete paths standing for an ANDROID_PATHS pattern.
+fn samples(pattern: &str) -> Vec<String> {
+    let p = pattern.replace("<pid>", "1234");
+    match p.strip_suffix('/') {
+        Some(dir) => vec![dir.to_owned(), format!("{dir}/1234/x")],
+        None => vec![p],
+    }
+}
+
+/// Why `pattern` is covered, or None.
+fn coverage(policy: &Policy, pattern: &str) -> Result<String, String> {
+    if let Some((_, why)) = NOT_GRANTED.iter().find(|(p, _)| *p == pattern) {
+        return Ok(format!("not granted on purpose: {why}"));
+    }
+    if let Some((_, ty)) = PROCESS_LABELLED.iter().find(|(p, _)| *p == pattern) {
+        return match *ty {
+            // Every domain reads its own /proc/self (AOSP domain.te).
+            "self" => Ok("own /proc entries".into()),
+            t if policy.grants(t) => Ok(format!("process-labelled, r_dir_file(vitalsd, {t})")),
+            t => Err(format!(
+                "labelled by the process domain but {t} is not granted"
+            )),
+        };
+    }
+    let mut why = Vec::new();
+    for s in samples(pattern) {
+        let Some(ty) = policy.label(&s) else {
+            return Err(format!(
+                "{s}: no file_contexts entry and no AOSP label (android::AOSP_LABELS)"
+            ));
+        };
+        if !policy.grants(&ty) {
+            return Err(format!("{s}: labelled {ty} but no vitalsd rule uses {ty}"));
+        }
+        why.push(ty);
+    }
+    Ok(why.join(", "))
+}
+
+#[test]
+fn every_android_path_is_labelled_and_granted() {
+    let policy = Policy::load();
+    let failures: Vec<String> = ANDROID_PATHS
+        .iter()
+        .filter_map(|(p, used_by)| {
+            coverage(&policy, p)
+                .err()
+                .map(|e| format!("{p} ({used_by}): {e}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "uncovered:\n{}", failures.join("\n"));
+    // The coverage check is not vacuous: things the policy does not cover fail.
+    for uncovered in [
+        "/sys/fs/bpf/prog_vitalsd_x",
+        "/data/misc/other",
+        "/dev/kmsg",
+        "/proc/vmstat",
+    ] {
+        assert!(
+            coverage(&policy, uncovered).is_err(),
+            "{uncovered} must count as uncovered"
+        );
+    }
+    // A labelled path whose type the .te never grants fails too.
+    let mut without_stat = Policy::load();
+    without_stat
+        .stmts
+        .retain(|s| !s.args.iter().any(|a| a == "proc_stat"));
+    assert!(coverage(&without_stat, "/proc/stat").is_err());
+}
+
+#[test]
+fn file_contexts_specific_entry_wins() {
+    let policy = Policy::load();
+    assert_eq!(
+        policy
+            .label("/data/misc/vitalsd/heapprofd/x.pftrace")
+            .as_deref(),
+        Some("vitalsd_heapprofd_data_file")
+    );
+    assert_eq!(
+        policy.label("/data/misc/vitalsd/1.pftrace").as_deref(),
+        Some("vitalsd_data_file")
+    );
+    assert_eq!(policy.label("/data/misc/vitalsdx"), None);
+}
+
+// ------------------------------------------------------- source scan
+
+/// (file, literal) of every string literal in the daemon's non-test source
+/// that starts with an absolute path under a scanned root.
+fn path_literals() -> Vec<(String, String)> {
+    let re =
+        Regex::new(r#""(/(?:proc|sys|dev|data|system|vendor|run)(?:/[^"\s,]*)?)["\s,]"#).unwrap();
+    let mut out = Vec::new();
+    let mut stack = vec![repo().join("daemon/src")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let skip = !name.ends_with(".rs")
+                // The lists themselves, and test-only files.
+                || name == "android.rs"
+                || name == "tests.rs"
+                || name == "testutil.rs"
+                || name == "proptests.rs"
+                || name.ends_with("_tests.rs");
+            if skip {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            let code = strip_test_modules(&text);
+            for c in re.captures_iter(&code) {
+                let rel = p.strip_prefix(repo()).unwrap().display().to_string();
+                out.push((rel, c[1].to_owned()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The source without its `#[cfg(test)] mod … { … }` blocks (braces
+/// counted; an unclosed block keeps the rest of the file, which only makes
+/// the scan stricter).
+fn strip_test_modules(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at..];
+        let Some(open) = after.find('{') else {
+            return out + after;
+        };
+        let mut depth = 0usize;
+        let mut end = None;
+        for (i, c) in after[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(open + i + 1);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        match end {
+            Some(e) => rest = &after[e..],
+            None => return out + after,
+        }
+    }
+    out + rest
+}
+
+#[test]
+fn test_modules_are_stripped_but_code_after_them_is_kept() {
+    let src = "const A: &str = \"/proc/a\";\n#[cfg(test)]\nmod tests {\n fn f() { let _ = \"/proc/t\"; }\n}\nconst B: &str = \"/proc/b\";\n";
+    let code = strip_test_modules(src);
+    assert!(code.contains("/proc/a") && code.contains("/proc/b"));
+    assert!(!code.contains("/proc/t"));
+}
+
+fn literal_covered(literal: &str) -> bool {
+    let norm = Regex::new(r"\{[^}]*\}|<[^>]*>").unwrap();
+    let lit = norm.replace_all(literal, "1234").into_owned();
+    SOURCE_SCAN_EXEMPT.iter().any(|(p, _)| *p == literal)
+        || ANDROID_PATHS.iter().any(|(p, _)| {
+            let p = p.replace("<pid>", "1234");
+            match p.strip_suffix('/') {
+                Some(dir) => under(&lit, dir),
+                None => lit == p,
+            }
+        })
+}
+
+#[test]
+fn every_path_in_the_source_is_listed() {
+    let lits = path_literals();
+    // The scan sees the paths it must see (it is not silently empty).
+    for must in [
+        "/dev/socket/vitalsd",
+        "/sys/kernel/tracing",
+        "/system/bin/perfetto",
+    ] {
+        assert!(
+            lits.iter().any(|(_, l)| l == must),
+            "scan missed {must}: {lits:?}"
+        );
+    }
+    let missing: Vec<String> = lits
+        .iter()
+        .filter(|(_, l)| !literal_covered(l))
+        .map(|(f, l)| format!("{f}: {l}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "paths in code that neither android::ANDROID_PATHS nor SOURCE_SCAN_EXEMPT lists \
+         (add them there and to sepolicy/):\n{}",
+        missing.join("\n")
+    );
+    assert!(!literal_covered("/sys/kernel/new_thing"));
+    assert!(!literal_covered("/procx"));
+    // Every exemption is still needed: a stale one would hide nothing but
+    // would mislead a reviewer.
+    for (p, _) in SOURCE_SCAN_EXEMPT {
+        assert!(lits.iter().any(|(_, l)| l == p), "stale exemption {p}");
+    }
+}
+
+// ------------------------------------------------------- policy shape
+
+/// AOSP types, attributes and domains the policy may name without declaring.
+const AOSP_KNOWN: &[&str] = &[
+    // attributes
+    "domain",
+    "coredomain",
+    "file_type",
+    "system_file_type",
+    "exec_type",
+    "data_file_type",
+    "core_data_file_type",
+    "coredomain_socket",
+    "bpfdomain",
+    // types
+    "self",
+    "proc_stat",
+    "proc_loadavg",
+    "proc_pressure_cpu",
+    "proc_pressure_io",
+    "proc_pressure_mem",
+    "debugfs_tracing",
+    "sysfs_devices_system_cpu",
+    "sysfs_thermal",
+    "sysfs_batteryinfo",
+    "vendor_configs_file",
+    "system_data_file",
+    "perfetto",
+    "perfetto_exec",
+    "dumpstate",
+    "su",
+    "shell",
+    "bpfloader",
+];
+
+#[test]
+fn te_names_only_declared_or_known_types() {
+    let stmts: Vec<Stmt> = te_files().iter().flat_map(|(_, t)| parse_te(t)).collect();
+    let mut declared: HashSet<String> = AOSP_KNOWN.iter().map(|s| s.to_string()).collect();
+    for s in &stmts {
+        match s.keyword.as_str() {
+            "type" | "system_internal_prop" | "system_restricted_prop" | "system_public_prop" => {
+                declared.insert(s.args[0].clone());
+            }
+            _ => {}
+        }
+    }
+    for s in &stmts {
+        let names: Vec<&String> = match s.keyword.as_str() {
+            "type" => s.args[1..].iter().collect(),
+            // unix_socket_connect(client, prefix, server): prefix names <prefix>_socket.
+            "unix_socket_connect" => vec![&s.args[0], &s.args[2]],
+            _ => s.args.iter().collect(),
+        };
+        for n in names {
+            assert!(
+                declared.contains(n.as_str()),
+                "line {} ({}): `{n}` is neither declared nor a known AOSP type",
+                s.line,
+                s.keyword
+            );
+        }
+    }
+    for (_, _, ty) in AOSP_LABELS {
+        assert!(
+            AOSP_KNOWN.contains(ty),
+            "AOSP_LABELS type {ty} not in AOSP_KNOWN"
+        );
+    }
+    // Every type our file_contexts assigns is declared.
+    for e in parse_file_contexts(&read("sepolicy/file_contexts")) {
+        assert!(
+            declared.contains(&e.ty),
+            "file_contexts type {} undeclared",
+            e.ty
+        );
+    }
+    let props = read("sepolicy/property_contexts");
+    for l in props
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+    {
+        let ty = l
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .split(':')
+            .nth(2)
+            .unwrap();
+        assert!(
+            declared.contains(ty),
+            "property_contexts type {ty} undeclared"
+        );
+    }
+}
+
+#[test]
+fn te_syntax_and_a_comment_on_every_rule() {
+    for (name, text) in te_files() {
+        let (mut parens, mut quotes) = (0i32, 0i32);
+        for (i, l) in text.lines().enumerate() {
+            let code = l.split('#').next().unwrap();
+            for c in code.chars() {
+                match c {
+                    '(' => parens += 1,
+                    ')' => parens -= 1,
+                    '`' => quotes += 1,
+                    '\'' => quotes -= 1,
+                    _ => {}
+                }
+                assert!(parens >= 0 && quotes >= 0, "{name}:{}: unbalanced", i + 1);
+            }
+        }
+        assert_eq!((parens, quotes), (0, 0), "{name}: unbalanced ( ) or ` '");
+
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        for (i, l) in lines.iter().enumerate() {
+            let is_rule = !l.is_empty() && !l.starts_with('#') && *l != "')" && !l.ends_with("(`");
+            if !is_rule {
+                continue;
+            }
+            assert!(
+                i > 0 && lines[i - 1].starts_with('#') && lines[i - 1].len() > 2,
+                "{name}:{}: `{l}` needs a one-line comment above it naming the code path",
+                i + 1
+            );
+            if l.starts_with("allow") || l.starts_with("dontaudit") {
+                assert!(l.ends_with(';'), "{name}:{}: `{l}` lacks ';'", i + 1);
+            }
+        }
+    }
+}
+
+#[test]
+fn te_keeps_self_loading_to_debuggable_builds_and_marks_the_pins_block() {
+    let te = read("sepolicy/vitalsd.te");
+    // Any rule granting map_create/prog_load sits inside userdebug_or_eng(`...').
+    let mut in_debug = false;
+    for l in te.lines().map(str::trim) {
+        if l.starts_with("userdebug_or_eng(`") && !l.ends_with("')") {
+            in_debug = true;
+        } else if l == "')" {
+            in_debug = false;
+        } else if !l.starts_with('#') && (l.contains("prog_load") || l.contains("map_create")) {
+            assert!(in_debug, "`{l}` outside userdebug_or_eng");
+        }
+    }
+    assert!(te.contains("# ==== BEGIN pinned objects"));
+    assert!(te.contains("# ==== END pinned objects"));
+    assert!(te.contains("domain_auto_trans(vitalsd, perfetto_exec, perfetto)"));
+}
+
+// ------------------------------------------------------- init's socket
+
+#[test]
+fn inherits_the_socket_init_created() {
+    use std::os::fd::{AsRawFd, IntoRawFd};
+    let dir = tempfile::tempdir().unwrap();
+    // init binds /dev/socket/<name> and exports ANDROID_SOCKET_<name>.
+    let name = format!("vitalsd_test_{}", std::process::id());
+    let init_path = dir.path().join(&name);
+    let fd = std::os::unix::net::UnixListener::bind(&init_path)
+        .unwrap()
+        .into_raw_fd();
+    // SAFETY: the test owns the environment variable it sets (unique name).
+    unsafe {
+        std::env::set_var(
+            crate::control::server::android_socket_env(&name),
+            fd.to_string(),
+        )
+    };
+    // The configured path's directory does not matter: the name picks the socket.
+    let configured = dir.path().join("elsewhere").join(&name);
+    let l = crate::control::server::bind_or_inherit(&configured).unwrap();
+    assert_eq!(l.as_raw_fd(), fd);
+    assert!(!configured.exists(), "must not bind a second socket");
+    let _client = std::os::unix::net::UnixStream::connect(&init_path).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match l.accept() {
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(std::time::Instant::now() < deadline, "no connection");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let flags = nix::fcntl::fcntl(&l, nix::fcntl::FcntlArg::F_GETFD).unwrap();
+    assert_ne!(
+        flags & libc::FD_CLOEXEC,
+        0,
+        "the heapprofd client must not inherit it"
+    );
+
+    // A variable naming something that is not a socket is an error, not a bind.
+    let file = std::fs::File::create(dir.path().join("plain")).unwrap();
+    let bad = format!("vitalsd_bad_{}", std::process::id());
+    // SAFETY: as above.
+    unsafe {
+        std::env::set_var(
+            crate::control::server::android_socket_env(&bad),
+            file.as_raw_fd().to_string(),
+        )
+    };
+    assert!(crate::control::server::bind_or_inherit(&dir.path().join(&bad)).is_err());
+}
+
+#[test]
+fn example_android_config_is_the_android_defaults() {
+    let path = repo().join("init/vitalsd.toml");
+    let cfg = crate::config::Config::load(&path).unwrap();
+    assert_eq!(cfg.store.dir, Path::new("/data/misc/vitalsd"));
+    assert_eq!(cfg.control, crate::config::Control::default_for(true));
+    let default = crate::config::Config::default();
+    assert_eq!(cfg.rules, default.rules);
+    assert_eq!(cfg.budget, default.budget);
+    assert_eq!(cfg.sampling.interval, default.sampling.interval);
+}
