@@ -83,7 +83,7 @@ impl<'de> Deserialize<'de> for Dur {
 impl Serialize for Dur {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let ms = self.0.as_millis();
-        if ms % 1000 == 0 {
+        if ms.is_multiple_of(1000) {
             s.serialize_str(&format!("{}s", ms / 1000))
         } else {
             s.serialize_str(&format!("{ms}ms"))

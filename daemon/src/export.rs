@@ -232,20 +232,6 @@ pub fn write_window<W: Write>(
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tick_conversion_uses_hz_and_does_not_overflow() {
-        assert_eq!(ticks_to_ns(250, 250), 1_000_000_000);
-        assert_eq!(ticks_to_ns(100, 100), 1_000_000_000);
-        // 300 days at HZ=1000 would overflow u64 ns if multiplied first.
-        let ticks = 300 * 86_400 * 1000u64;
-        assert_eq!(ticks_to_ns(ticks, 1000), 300 * 86_400 * 1_000_000_000);
-    }
-}
-
 /// The in-memory history as counters at their own timestamps, so a
 /// triggered capture shows the minutes that led to the trigger.
 pub fn write_history<W: Write>(
@@ -286,4 +272,18 @@ pub fn write_history<W: Write>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tick_conversion_uses_hz_and_does_not_overflow() {
+        assert_eq!(ticks_to_ns(250, 250), 1_000_000_000);
+        assert_eq!(ticks_to_ns(100, 100), 1_000_000_000);
+        // 300 days at HZ=1000 would overflow u64 ns if multiplied first.
+        let ticks = 300 * 86_400 * 1000u64;
+        assert_eq!(ticks_to_ns(ticks, 1000), 300 * 86_400 * 1_000_000_000);
+    }
 }

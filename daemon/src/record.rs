@@ -294,11 +294,11 @@ pub fn record_with(
         // Name processes we have not seen yet before their first counter.
         let mut new_entries = Vec::new();
         for r in &rows {
-            if !known.contains_key(&r.tgid) {
+            if let std::collections::hash_map::Entry::Vacant(e) = known.entry(r.tgid) {
                 let id = identity::read_process(&opts.proc_root, r.tgid)
                     .unwrap_or_else(|| ProcessIdentity::unknown(r.tgid));
                 new_entries.push(id.clone());
-                known.insert(r.tgid, id);
+                e.insert(id);
             }
         }
         if !new_entries.is_empty() {

@@ -125,7 +125,7 @@ mod tests {
     #[test]
     fn sysconf_values_are_sane() {
         let hz = clock_ticks_per_second().unwrap();
-        assert!(hz >= 1 && hz <= 10_000, "{hz}");
+        assert!((1..=10_000).contains(&hz), "{hz}");
         let page = page_size_bytes().unwrap();
         assert!(page.is_power_of_two() && page >= 4096, "{page}");
     }

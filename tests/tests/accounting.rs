@@ -299,7 +299,7 @@ fn wakeup_wait_matches_bpftrace() {
          tracepoint:sched:sched_switch /args->next_pid == {pid}/ {{ if (@w > 0) {{ @sum += nsecs - @w; }} @w = 0; }}
          END {{ printf(\"WAIT_NS %d\\n\", @sum); clear(@w); clear(@sum); }}"
     );
-    let mut bt = Bpftrace::start(&script);
+    let bt = Bpftrace::start(&script);
     let t0 = task(&mut acc, pid);
     spinner.go();
     sleeper.go();

@@ -156,7 +156,7 @@ fn rule_fires_once_on_a_spinner_then_respects_its_cooldown() {
     let d = Daemon::start(SPINNER_RULE);
     let mut w = Workload::spawn(&["spin", "4000"]);
     w.expect("ready");
-    let st = d.wait_status("the capture to be stored", Duration::from_secs(20), |st| {
+    d.wait_status("the capture to be stored", Duration::from_secs(20), |st| {
         st["store"]["captures"] == 1 && st["capture"].is_null()
     });
     w.expect("done");
@@ -172,7 +172,6 @@ fn rule_fires_once_on_a_spinner_then_respects_its_cooldown() {
     assert_eq!(m["trigger"]["offender_pid"].as_u64(), Some(w.pid() as u64));
     assert!(m["trigger"]["value"].as_f64().unwrap() > 30.0);
     assert_eq!(m["status"], "complete");
-    let _ = st;
 
     // The stored trace: mode 0640, decodes with the official schema, and
     // export streams exactly its bytes.
