@@ -124,6 +124,15 @@ pub fn cleanup_after_crash(cfg: &Config) -> Result<String, ServiceError> {
 pub const DAEMON_CAPS: &[caps::Capability] =
     &[caps::Capability::CAP_BPF, caps::Capability::CAP_PERFMON];
 
+/// Samples lost to read errors, and the current streaks (for logging once).
+#[derive(Default)]
+struct ReadErrors {
+    bpf: u64,
+    bpf_streak: u64,
+    procfs: u64,
+    procfs_streak: u64,
+}
+
 /// Recent triggers kept for `status` and `dump`.
 const RECENT_TRIGGERS: usize = 32;
 
@@ -430,6 +439,7 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
     let mut runner = Arc::new(heap_runner(&cfg));
     let mut next_tick = Instant::now();
     let mut last_expiry = Instant::now();
+    let mut read_errors = ReadErrors::default();
 
     loop {
         let now = Instant::now();
@@ -590,11 +600,36 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
         }
 
         // Always-on sample.
-        let snap = accounting.read()?;
-        // Folding drains the EXITED map and keeps the drop counters current.
-        totals.update(&snap);
-        sampler.sample_into(&mut sample)?;
-        let window = tracker.update(&sample);
+        // A failed read costs this sample, never the daemon: counted and
+        // logged (once per streak), and the next tick tries again.
+        match accounting.read() {
+            // Folding drains the EXITED map and keeps the drop counters current.
+            Ok(snap) => {
+                totals.update(&snap);
+                read_errors.bpf_streak = 0;
+            }
+            Err(e) => {
+                read_errors.bpf += 1;
+                read_errors.bpf_streak += 1;
+                if read_errors.bpf_streak == 1 {
+                    log::error!("reading the eBPF maps: {e}; skipping this sample");
+                }
+            }
+        }
+        let window = match sampler.sample_into(&mut sample) {
+            Ok(()) => {
+                read_errors.procfs_streak = 0;
+                tracker.update(&sample)
+            }
+            Err(e) => {
+                read_errors.procfs += 1;
+                read_errors.procfs_streak += 1;
+                if read_errors.procfs_streak == 1 {
+                    log::error!("sampling procfs: {e}; skipping this sample");
+                }
+                None
+            }
+        };
         let mut st_top = Vec::new();
         if let Some(w) = &window {
             history.push(history::summarize(
@@ -673,6 +708,10 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
                 ("starttime_changes".into(), d.starttime_changes),
             ]);
         }
+        st.sample_errors = BTreeMap::from([
+            ("bpf_map_reads".to_string(), read_errors.bpf),
+            ("procfs_scans".to_string(), read_errors.procfs),
+        ]);
         st.bpf_drops = vitals_common::drop_reason::NAMES
             .iter()
             .zip(totals.drops)

@@ -84,6 +84,8 @@ pub struct DaemonState {
     pub triggers_fired: u64,
     pub triggers_skipped: BTreeMap<String, u64>,
     pub bpf_drops: BTreeMap<String, u64>,
+    /// Samples skipped because a read failed, by source.
+    pub sample_errors: BTreeMap<String, u64>,
     pub procfs_drops: BTreeMap<String, u64>,
     pub history_samples: usize,
     pub config_path: String,
@@ -504,8 +506,8 @@ pub fn dump_text(shared: &Shared) -> String {
     }
     let _ = writeln!(
         s,
-        "drops: bpf {:?} procfs {:?}",
-        st.bpf_drops, st.procfs_drops
+        "drops: bpf {:?} procfs {:?}; samples skipped by read errors {:?}",
+        st.bpf_drops, st.procfs_drops, st.sample_errors
     );
     let _ = writeln!(
         s,
