@@ -586,3 +586,94 @@ fn a_sched_capture_through_the_daemon_holds_the_switch_timeline() {
         "no sched bundles: {t}"
     );
 }
+
+/// A full disk: the capture that hits it is cut at its last whole packet
+/// (or, if not even its metadata fits, dropped with the reason recorded),
+/// the daemon keeps serving, and once space is back captures work again.
+#[test]
+fn a_full_disk_costs_at_most_that_capture_and_the_daemon_keeps_going() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+        .arg(&store)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(store.clone());
+    std::fs::write(
+        dir.path().join("vitalsd.toml"),
+        config(dir.path(), "[rule]\n").replace("[rule]\n", ""),
+    )
+    .unwrap();
+    let mut d = Daemon { child: None, dir };
+    d.spawn();
+
+    // Every switch on the machine for 3 s under a switch storm: far more
+    // than 256 KiB.
+    let mut storm = Command::new("perf")
+        .args(["bench", "sched", "pipe", "-l", "100000000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("perf (cargo xtask setup installs linux-perf)");
+    let v = d.call(&Request::Capture {
+        duration_s: 3.0,
+        sched: true,
+        faults: false,
+    });
+    let id = v["id"].as_str().unwrap().to_owned();
+    let st = d.wait_status("the capture to end", Duration::from_secs(30), |st| {
+        st["capture"].is_null()
+            && st["recent_triggers"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["rule"] == "manual"))
+    });
+    let _ = storm.kill();
+    let _ = storm.wait();
+    let outcome = st["recent_triggers"][0]["outcome"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    eprintln!("full-disk capture outcome: {outcome}");
+    assert!(
+        outcome.contains("cut short") || outcome.starts_with("failed"),
+        "the full disk must show in the outcome: {outcome}"
+    );
+    if outcome.contains("cut short") {
+        // Kept: what reached the disk, cut at a whole packet, decodes.
+        decode_trace(&store.join(format!("{id}.pftrace")));
+    } else {
+        assert!(
+            st["store"]["counters"]["write_failures"].as_u64().unwrap() >= 1,
+            "{st}"
+        );
+        assert!(d.list().is_empty());
+    }
+    // Still serving, still sampling.
+    assert!(d.call(&Request::Status {})["samples"].as_u64().unwrap() > 0);
+    // Make room and capture again: a small one fits.
+    for m in d.list() {
+        d.call(&Request::Delete {
+            id: m["id"].as_str().unwrap().into(),
+        });
+    }
+    let v = d.call(&Request::Capture {
+        duration_s: 0.3,
+        sched: false,
+        faults: false,
+    });
+    let id2 = v["id"].as_str().unwrap().to_owned();
+    d.wait_status("the small capture", Duration::from_secs(15), |st| {
+        st["store"]["newest"] == id2.as_str()
+    });
+    d.stop();
+}
