@@ -674,7 +674,7 @@ pub fn convert(input: &[u8]) -> Result<Vec<u8>> {
 
 fn write_elf(secs: &[OutSection]) -> Vec<u8> {
     let align = |v: &mut Vec<u8>, a: usize| {
-        while v.len() % a != 0 {
+        while !v.len().is_multiple_of(a) {
             v.push(0)
         }
     };
@@ -739,6 +739,11 @@ pub fn aya_object(root: &Path) -> std::path::PathBuf {
 /// write target/dist/bpf/vitals.o; returns its path.
 pub fn run(root: &Path) -> Result<std::path::PathBuf> {
     crate::util::run(crate::util::cargo().args(["build", "-p", "vitalsd"]))?;
+    write(root)
+}
+
+/// Converts the already-built aya object into target/dist/bpf/vitals.o.
+pub fn write(root: &Path) -> Result<std::path::PathBuf> {
     let src = aya_object(root);
     let input = std::fs::read(&src).with_context(|| format!("reading {}", src.display()))?;
     let out = convert(&input)?;
