@@ -32,8 +32,11 @@ use vitals_common::{
 // ---- load-time settings (.rodata, set by the loader; the verifier treats
 // frozen .rodata as constants, so reading them costs nothing) ----
 
+/// 0: not set (bpfloader on Android cannot set .rodata): sched_process_free
+/// then walks CPUs until bpf_map_lookup_percpu_elem returns NULL, which it
+/// does for cpu >= nr_cpu_ids (and, at cpu 0, for a missing key).
 #[no_mangle]
-static NR_CPUS: u32 = 1;
+static NR_CPUS: u32 = 0;
 #[no_mangle]
 static SWITCH_PREV_PID_OFF: u32 = 24;
 #[no_mangle]
@@ -506,8 +509,11 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
     let mut exited = ExitedTask::default();
     let nr_cpus = setting(&NR_CPUS);
     let mut seen = false;
+    // A per-CPU hash has a slot for every CPU below nr_cpu_ids, so the first
+    // NULL means "key gone" or "past the last CPU": stop there. That keeps
+    // this correct when NR_CPUS was never set (bpfloader).
     for cpu in 0..MAX_CPUS {
-        if cpu >= nr_cpus {
+        if nr_cpus != 0 && cpu >= nr_cpus {
             break;
         }
         let p = unsafe {
@@ -517,10 +523,11 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
                 cpu,
             )
         } as *const TaskCounters;
-        if !p.is_null() {
-            seen = true;
-            exited.counters.add(unsafe { &*p });
+        if p.is_null() {
+            break;
         }
+        seen = true;
+        exited.counters.add(unsafe { &*p });
     }
     forget_wakeup(tid);
     if !seen {
@@ -528,7 +535,7 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
     }
     if exited.counters.tgid == tid {
         for cpu in 0..MAX_CPUS {
-            if cpu >= nr_cpus {
+            if nr_cpus != 0 && cpu >= nr_cpus {
                 break;
             }
             let p = unsafe {
@@ -538,9 +545,10 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
                     cpu,
                 )
             } as *const FaultCounters;
-            if !p.is_null() {
-                exited.process_faults.add(unsafe { &*p });
+            if p.is_null() {
+                break;
             }
+            exited.process_faults.add(unsafe { &*p });
         }
         let _ = PROCESS_FAULTS.remove(tid);
     }
@@ -624,7 +632,13 @@ fn maybe_sample_fault<C: StackIdContext>(ctx: &C) {
         }
         None => {
             // First fault of this process in the capture: sample it.
-            let _ = CAPTURE_FAULT_CTR.insert(&tgid, &0, 0);
+            // The 0 lives on the stack: a `&0` becomes a pointer into
+            // .rodata, which the linker may share with a load-time setting
+            // of value 0 (it did: NR_CPUS, WAKE_ARRAY), so the loader's
+            // override changed it; and bpfloader has no .rodata at all.
+            let mut zero = 0u32;
+            unsafe { core::ptr::write_volatile(&mut zero, 0) };
+            let _ = CAPTURE_FAULT_CTR.insert(&tgid, &zero, 0);
         }
     }
     let stack_id = match ctx.get_stackid(&CAPTURE_STACKS, BPF_F_USER_STACK as u64) {

@@ -4,6 +4,7 @@
 //!   bin/vitalsd, bin/vitalsctl      release builds for T (default: the host)
 //!   etc/init/vitalsd.rc             Android init (installed via `init_rc`)
 //!   etc/vitalsd.toml                example config = the Android defaults
+//!   bpf/vitals.o                    bpfloader-format eBPF (xtask android-bpf)
 //!   sepolicy/*                      SYSTEM_EXT_PRIVATE_SEPOLICY_DIRS
 //!   Android.bp                      prebuilt modules installing the above
 //!   README.android.md               docs/android.md
@@ -46,6 +47,11 @@ pub fn manifest(root: &Path, bin_dir: &Path) -> Result<Vec<Shipped>> {
         Shipped {
             src: bin_dir.join("vitalsctl"),
             dest: "bin/vitalsctl".into(),
+        },
+        // Built by `cargo xtask android-bpf` (run_dist runs it first).
+        Shipped {
+            src: root.join("target/dist/bpf/vitals.o"),
+            dest: "bpf/vitals.o".into(),
         },
         Shipped {
             src: root.join("init/vitalsd.rc"),
@@ -125,7 +131,9 @@ pub fn android_bp(target: &str, shipped: &[Shipped]) -> String {
     s.push_str("cc_prebuilt_binary {\n    name: \"vitalsd\",\n");
     s.push_str(&bin("vitalsd"));
     s.push_str("    init_rc: [\"etc/init/vitalsd.rc\"],\n");
-    s.push_str("    required: [\n        \"vitalsctl\",\n        \"vitalsd.toml\",\n    ],\n");
+    s.push_str(
+        "    required: [\n        \"vitalsctl\",\n        \"vitalsd.toml\",\n        \"vitals.o\",\n    ],\n",
+    );
     s.push_str(
         "    // Rust binaries link bionic (libc, libdl, libm) and liblog; those are not\n    \
          // declared as shared_libs here, so skip the ELF dependency check.\n",
@@ -143,7 +151,16 @@ pub fn android_bp(target: &str, shipped: &[Shipped]) -> String {
     s.push_str(
         "    // /vendor/etc/vitalsd.toml: per-device tuning, config.rs DEFAULT_PATH_ANDROID.\n",
     );
-    s.push_str("    vendor: true,\n}\n");
+    s.push_str("    vendor: true,\n}\n\n");
+
+    s.push_str("prebuilt_etc {\n    name: \"vitals.o\",\n");
+    s.push_str("    src: \"bpf/vitals.o\",\n");
+    s.push_str(
+        "    // /system/etc/bpf/vitals.o: bpfloader loads it at boot and pins\n    \
+         // /sys/fs/bpf/prog_vitals_* and map_vitals_*, which vitalsd attaches\n    \
+         // (user builds may not load BPF themselves). Made by `cargo xtask android-bpf`.\n",
+    );
+    s.push_str("    sub_dir: \"bpf\",\n}\n");
     s
 }
 
@@ -168,6 +185,9 @@ pub fn run_dist(target: Option<String>) -> Result<()> {
             format!("building for {target}")
         }
     })?;
+
+    // The bpfloader object is arch-independent (BPF), from the build above.
+    crate::android_bpf::write(&root)?;
 
     let out = root.join("target/dist/vitalsd");
     if out.exists() {
@@ -209,13 +229,14 @@ mod tests {
     fn manifest_sources_exist_in_the_tree() {
         let v = shipped();
         for s in &v {
-            if !s.dest.starts_with("bin/") {
+            if !s.dest.starts_with("bin/") && !s.dest.starts_with("bpf/") {
                 assert!(s.src.is_file(), "{} missing", s.src.display());
             }
         }
         for must in [
             "bin/vitalsd",
             "bin/vitalsctl",
+            "bpf/vitals.o",
             "etc/init/vitalsd.rc",
             "etc/vitalsd.toml",
             "README.android.md",
@@ -249,6 +270,8 @@ mod tests {
                 "name: \"vitalsd\"",
                 "name: \"vitalsctl\"",
                 "name: \"vitalsd.toml\"",
+                "name: \"vitals.o\"",
+                "sub_dir: \"bpf\"",
             ] {
                 assert!(bp.contains(module), "{module}");
             }

@@ -4,6 +4,7 @@
 //! installs the Debian packages and bpf-linker that shared/TOOLCHAIN.md lists,
 //! the benchmark peers, and the official `perfetto` Python package.
 
+mod android_bpf;
 mod bench_capture;
 mod bench_idle;
 mod bench_overhead;
@@ -49,6 +50,9 @@ enum Cmd {
         #[arg(long)]
         target: Option<String>,
     },
+    /// Rewrite the aya-built eBPF object into Android bpfloader's ELF format:
+    /// target/dist/bpf/vitals.o (for /system/etc/bpf; see android_bpf.rs).
+    AndroidBpf,
     /// Benchmarks against the tools a user would pick instead.
     Bench {
         #[command(subcommand)]
@@ -93,6 +97,7 @@ fn main() -> Result<()> {
         }
         Cmd::Test => test(),
         Cmd::Dist { target } => dist::run_dist(target),
+        Cmd::AndroidBpf => android_bpf::run(&workspace_root()).map(|_| ()),
         Cmd::Bench { which } => {
             setup::all()?;
             build_release()?;

@@ -214,6 +214,33 @@ pub fn pinned_prog_path(dir: &Path, prog: &str) -> PathBuf {
     dir.join(format!("prog_vitals_{prog}"))
 }
 
+/// The pin bpfloader gives a program of `cargo xtask android-bpf`'s
+/// `vitals.o`: `prog_vitals_<section, '/' -> '_'>` (AOSP Loader.cpp), so
+/// named after the tracepoint, not the function. Keep in step with
+/// `xtask/src/android_bpf.rs` PROGRAMS.
+pub fn bpfloader_prog_path(dir: &Path, prog: &str) -> Option<PathBuf> {
+    let section = match prog {
+        names::PROG_SCHED_SWITCH_FIXED => "tracepoint_sched_sched_switch",
+        names::PROG_SCHED_WAKEUP_FIXED => "tracepoint_sched_sched_wakeup",
+        names::PROG_SCHED_WAKEUP_NEW_FIXED => "tracepoint_sched_sched_wakeup_new",
+        names::PROG_SCHED_PROCESS_FREE => "tracepoint_sched_sched_process_free",
+        names::PROG_PAGE_FAULT_USER => "tracepoint_exceptions_page_fault_user",
+        names::PROG_PERF_MINFLT => "perf_event_minflt",
+        names::PROG_PERF_MAJFLT => "perf_event_majflt",
+        _ => return None,
+    };
+    Some(dir.join(format!("prog_vitals_{section}")))
+}
+
+/// Where to look for a pinned program: bpfloader's name first, then the
+/// `vitalsd pin` name.
+fn pinned_prog_candidates(dir: &Path, prog: &str) -> Vec<PathBuf> {
+    bpfloader_prog_path(dir, prog)
+        .into_iter()
+        .chain([pinned_prog_path(dir, prog)])
+        .collect()
+}
+
 pub fn pinned_map_path(dir: &Path, map: &str) -> PathBuf {
     dir.join(format!("map_vitals_{map}"))
 }
@@ -905,7 +932,11 @@ impl Accounting {
             );
         }
         let mut programs = Vec::new();
-        let open = |name: &str| TracePoint::from_pin(pinned_prog_path(dir, name)).ok();
+        let open = |name: &str| {
+            pinned_prog_candidates(dir, name)
+                .into_iter()
+                .find_map(|p| TracePoint::from_pin(p).ok())
+        };
         let mut attach = |mut prog: TracePoint, name: &'static str, cat: &str, ev: &str| {
             prog.attach(cat, ev).map_err(|source| BpfError::Attach {
                 name,
@@ -976,7 +1007,10 @@ impl Accounting {
                 (names::PROG_PERF_MINFLT, SoftwareEvent::PageFaultsMin),
                 (names::PROG_PERF_MAJFLT, SoftwareEvent::PageFaultsMaj),
             ] {
-                let Ok(mut prog) = PerfEvent::from_pin(pinned_prog_path(dir, name)) else {
+                let Some(mut prog) = pinned_prog_candidates(dir, name)
+                    .into_iter()
+                    .find_map(|p| PerfEvent::from_pin(p).ok())
+                else {
                     continue;
                 };
                 for &cpu in &cpus {
@@ -1138,4 +1172,30 @@ fn attach_perf_sw(
         })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod pin_name_tests {
+    use super::*;
+
+    #[test]
+    fn bpfloader_names_come_first_and_vitalsd_pin_names_still_work() {
+        let dir = Path::new("/sys/fs/bpf");
+        assert_eq!(
+            pinned_prog_candidates(dir, names::PROG_SCHED_SWITCH_FIXED),
+            [
+                dir.join("prog_vitals_tracepoint_sched_sched_switch"),
+                dir.join("prog_vitals_sched_switch_fixed"),
+            ]
+        );
+        assert_eq!(
+            pinned_prog_candidates(dir, names::PROG_PERF_MINFLT)[0],
+            dir.join("prog_vitals_perf_event_minflt")
+        );
+        // Portable programs are not in the bpfloader object.
+        assert_eq!(
+            pinned_prog_candidates(dir, names::PROG_SCHED_SWITCH),
+            [dir.join("prog_vitals_sched_switch")]
+        );
+    }
 }
