@@ -252,6 +252,9 @@ pub struct AccountingConfig {
     pub capture: Option<CaptureSizing>,
     /// Pinned objects on a bpffs (Android user builds: bpfloader's pins).
     pub pins: PinMode,
+    /// Behave as on a kernel without BPF_MAP_TYPE_RINGBUF (the object
+    /// rewrite and the perf array); for tests of that path.
+    pub assume_no_ringbuf: bool,
 }
 
 /// Where programs and maps come from.
@@ -326,6 +329,7 @@ impl Default for AccountingConfig {
             force_wake_hash: false,
             capture: None,
             pins: PinMode::Load,
+            assume_no_ringbuf: false,
         }
     }
 }
@@ -538,7 +542,8 @@ impl Accounting {
         let track_wait_flag = u32::from(cfg.runq_wait);
         // Only the capture tier uses CAPTURE_EVENTS, but the map exists in
         // the object whatever runs, so probe even without a capture.
-        let ringbuf_ok = aya::sys::is_map_supported(MapType::RingBuf).unwrap_or(false);
+        let ringbuf_ok =
+            !cfg.assume_no_ringbuf && aya::sys::is_map_supported(MapType::RingBuf).unwrap_or(false);
         let transport = match (cfg.capture.map(|c| c.transport), ringbuf_ok) {
             (Some(CaptureTransportChoice::PerfArray), _) | (_, false) => {
                 if cfg.capture.map(|c| c.transport) == Some(CaptureTransportChoice::RingBuf) {
