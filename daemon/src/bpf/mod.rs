@@ -1361,3 +1361,40 @@ fn attach_perf_sw(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod transport_tests {
+    use super::*;
+
+    #[test]
+    fn perf_buffers_split_the_ring_bytes_in_powers_of_two_pages() {
+        assert_eq!(perf_pages_per_cpu(8 << 20, 4096, 2), 1024);
+        assert_eq!(perf_pages_per_cpu(8 << 20, 4096, 3), 512);
+        assert_eq!(perf_pages_per_cpu(4096, 4096, 2), 1);
+        assert_eq!(perf_pages_per_cpu(0, 4096, 0), 1);
+    }
+
+    #[test]
+    fn the_no_ringbuf_object_has_capture_events_as_a_one_entry_array() {
+        use object::{Object, ObjectSection, ObjectSymbol};
+        let patched = object_without_ringbuf(EBPF_OBJECT).unwrap();
+        assert_eq!(patched.bytes().as_ptr() as usize % 8, 0);
+        let def = |obj: &[u8]| -> Vec<u32> {
+            let f = object::File::parse(obj).unwrap();
+            let sym = f
+                .symbols()
+                .find(|s| s.name() == Ok(names::CAPTURE_EVENTS))
+                .unwrap();
+            let sec = f.section_by_index(sym.section_index().unwrap()).unwrap();
+            let data = sec.data().unwrap();
+            let at = (sym.address() - sec.address()) as usize;
+            (0..4)
+                .map(|i| u32::from_le_bytes(data[at + 4 * i..at + 4 * i + 4].try_into().unwrap()))
+                .collect()
+        };
+        // BPF_MAP_TYPE_RINGBUF (27) with the placeholder size before.
+        assert_eq!(def(EBPF_OBJECT)[0], 27);
+        assert_eq!(def(patched.bytes()), vec![2, 4, 4, 1]);
+        assert_eq!(patched.bytes().len(), EBPF_OBJECT.len());
+    }
+}

@@ -288,20 +288,13 @@ impl Capture {
     /// two count the same drops: per CPU, the loss since capture start is
     /// the larger of the two (the report may lag; the counter also sees
     /// other failures), never their sum.
-    fn merge_lost(
-        &self,
-        mut kernel: Vec<[u64; cap::lost::COUNT as usize]>,
-    ) -> Vec<[u64; cap::lost::COUNT as usize]> {
-        if kernel.len() < self.perf_lost.len() {
-            kernel.resize(self.perf_lost.len(), [0; cap::lost::COUNT as usize]);
-        }
-        let k = self.perf_lost_kind as usize;
-        for (cpu, &reported) in self.perf_lost.iter().enumerate() {
-            let base = self.base_lost.get(cpu).map_or(0, |b| b[k]);
-            let seen = kernel[cpu][k].saturating_sub(base);
-            kernel[cpu][k] = base + seen.max(reported);
-        }
-        kernel
+    fn merge_lost(&self, kernel: Vec<LostCounts>) -> Vec<LostCounts> {
+        merge_lost(
+            kernel,
+            &self.base_lost,
+            &self.perf_lost,
+            self.perf_lost_kind,
+        )
     }
 
     fn write_pending<W: Write>(
@@ -442,6 +435,28 @@ impl Capture {
     }
 }
 
+type LostCounts = [u64; cap::lost::COUNT as usize];
+
+/// See `Capture::merge_lost`. `kernel` and `base` are cumulative per-CPU
+/// counters, `perf` per-CPU reports since `base`, charged to `kind`.
+fn merge_lost(
+    mut kernel: Vec<LostCounts>,
+    base: &[LostCounts],
+    perf: &[u64],
+    kind: u32,
+) -> Vec<LostCounts> {
+    if kernel.len() < perf.len() {
+        kernel.resize(perf.len(), [0; cap::lost::COUNT as usize]);
+    }
+    let k = kind as usize;
+    for (cpu, &reported) in perf.iter().enumerate() {
+        let b = base.get(cpu).map_or(0, |b| b[k]);
+        let seen = kernel[cpu][k].saturating_sub(b);
+        kernel[cpu][k] = b + seen.max(reported);
+    }
+    kernel
+}
+
 /// The thread group of `tid` from /proc/<tid>/status (tids are reachable
 /// there even though readdir lists only processes). None once it is gone.
 fn read_tgid(proc_root: &Path, tid: i32) -> Option<i32> {
@@ -449,4 +464,23 @@ fn read_tgid(proc_root: &Path, tid: i32) -> Option<i32> {
     s.lines()
         .find_map(|l| l.strip_prefix("Tgid:"))
         .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perf_loss_reports_and_kernel_counter_count_the_same_drops_once() {
+        let base = vec![[5, 1, 0], [0, 0, 0]];
+        // cpu 0: counter saw 7 since base, perf reported 7 (same drops);
+        // cpu 1: the perf report is ahead of the counter read;
+        // cpu 2: only a report, no counter slot yet.
+        let kernel = vec![[12, 1, 0], [2, 0, 0]];
+        let merged = merge_lost(kernel, &base, &[7, 3, 4], cap::lost::SCHED);
+        assert_eq!(merged, vec![[12, 1, 0], [3, 0, 0], [4, 0, 0]]);
+        // Fault-only captures charge reports to FAULT.
+        let merged = merge_lost(vec![[0, 0, 0]], &[], &[2], cap::lost::FAULT);
+        assert_eq!(merged, vec![[0, 2, 0]]);
+    }
 }
