@@ -13,13 +13,17 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_F_CURRENT_CPU, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
-        bpf_ktime_get_ns, generated::bpf_map_lookup_percpu_elem,
+        bpf_ktime_get_ns,
+        generated::{bpf_map_lookup_percpu_elem, bpf_perf_event_output},
     },
     macros::{map, perf_event, tracepoint},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    maps::{
+        Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, PerfEventByteArray, RingBuf,
+        StackTrace,
+    },
     programs::{tracing::StackIdContext, PerfEventContext, TracePointContext},
     EbpfContext,
 };
@@ -69,6 +73,12 @@ static WAKING_PID_OFF: u32 = 24;
 static WAKING_PRIO_OFF: u32 = 28;
 #[no_mangle]
 static WAKING_TARGET_CPU_OFF: u32 = 32;
+/// Capture transport, `capture::TRANSPORT_*`: 0 = CAPTURE_EVENTS ring
+/// buffer, 1 = CAPTURE_PERF perf event array. Frozen .rodata, so the
+/// verifier only walks the branch taken: a kernel without ringbuf never
+/// verifies a bpf_ringbuf_* call (see `emit`).
+#[no_mangle]
+static CAPTURE_TRANSPORT: u32 = 0;
 
 #[inline(always)]
 fn setting(v: &'static u32) -> u32 {
@@ -122,6 +132,12 @@ static CAPTURE: Array<CaptureControl> = Array::with_max_entries(1, 0);
 #[map(name = "CAPTURE_EVENTS")]
 static CAPTURE_EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
 
+/// The same records through bpf_perf_event_output, one perf buffer per CPU
+/// (max_entries 0: aya sizes it to the possible CPUs), for kernels without
+/// BPF_MAP_TYPE_RINGBUF (before 5.8) or when forced.
+#[map(name = "CAPTURE_PERF")]
+static CAPTURE_PERF: PerfEventByteArray = PerfEventByteArray::new(0);
+
 /// Per-CPU counts of records that could not be written, by `capture::lost`.
 #[map(name = "CAPTURE_LOST")]
 static CAPTURE_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(capture::lost::COUNT, 0);
@@ -160,8 +176,28 @@ fn header(kind: u32) -> EventHeader {
     }
 }
 
+/// Writes one capture record to the transport chosen at load. `ctx` is the
+/// program's context (bpf_perf_event_output needs it). Either way a record
+/// that does not fit is counted in CAPTURE_LOST[lost] on this CPU.
 #[inline(always)]
-fn emit<T: 'static>(ev: T, lost: u32) {
+fn emit<T: 'static>(ctx: *mut c_void, ev: T, lost: u32) {
+    if setting(&CAPTURE_TRANSPORT) == capture::TRANSPORT_PERF_ARRAY {
+        // aya-ebpf's PerfEventByteArray::output drops the helper's return
+        // value; call it directly to see -ENOSPC (perf buffer full).
+        let ret = unsafe {
+            bpf_perf_event_output(
+                ctx,
+                &CAPTURE_PERF as *const _ as *mut c_void,
+                BPF_F_CURRENT_CPU,
+                &ev as *const T as *mut c_void,
+                core::mem::size_of::<T>() as u64,
+            )
+        };
+        if ret != 0 {
+            capture_lost(lost);
+        }
+        return;
+    }
     match CAPTURE_EVENTS.reserve::<T>(0) {
         Some(mut e) => {
             e.write(ev);
@@ -174,6 +210,7 @@ fn emit<T: 'static>(ev: T, lost: u32) {
 
 #[inline(always)]
 fn emit_switch(
+    ctx: *mut c_void,
     prev: u32,
     prev_state: i64,
     next: u32,
@@ -182,6 +219,7 @@ fn emit_switch(
     comm: [u8; 16],
 ) {
     emit(
+        ctx,
         SwitchEvent {
             hdr: header(capture::KIND_SWITCH),
             prev_state,
@@ -280,6 +318,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
                 )
             };
             emit_switch(
+                ctx.as_ptr(),
                 prev as u32,
                 state,
                 next as u32,
@@ -313,9 +352,15 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
                 ctx_comm(base, fixed_layout::SWITCH_NEXT_COMM as usize),
             )
         };
-        emit_switch(prev, state, next, prev_prio, next_prio, unsafe {
-            core::mem::transmute::<[u64; 2], [u8; 16]>(comm)
-        });
+        emit_switch(
+            ctx.as_ptr(),
+            prev,
+            state,
+            next,
+            prev_prio,
+            next_prio,
+            unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(comm) },
+        );
     }
     0
 }
@@ -435,8 +480,9 @@ unsafe fn ctx_comm(base: *const u8, off: usize) -> [u64; 2] {
 }
 
 #[inline(always)]
-fn emit_waking(pid: i32, prio: i32, target_cpu: i32, comm: [u8; 16]) {
+fn emit_waking(ctx: *mut c_void, pid: i32, prio: i32, target_cpu: i32, comm: [u8; 16]) {
     emit(
+        ctx,
         WakingEvent {
             hdr: header(capture::KIND_WAKING),
             pid,
@@ -462,7 +508,7 @@ pub fn sched_waking(ctx: TracePointContext) -> u32 {
             )
         };
         if let (Ok(pid), Ok(prio), Ok(cpu), Ok(comm)) = f {
-            emit_waking(pid, prio, cpu, comm);
+            emit_waking(ctx.as_ptr(), pid, prio, cpu, comm);
         }
     }
     0
@@ -480,7 +526,7 @@ pub fn sched_waking_fixed(ctx: TracePointContext) -> u32 {
                 ctx_comm(base, fixed_layout::WAKING_COMM as usize),
             )
         };
-        emit_waking(pid, prio, cpu, unsafe {
+        emit_waking(ctx.as_ptr(), pid, prio, cpu, unsafe {
             core::mem::transmute::<[u64; 2], [u8; 16]>(comm)
         });
     }
@@ -611,7 +657,7 @@ pub fn page_fault_user(ctx: TracePointContext) -> u32 {
 /// Capture only: one fault in `fault_period` of each process goes to the
 /// ring buffer with its user stack.
 #[inline(always)]
-fn maybe_sample_fault<C: StackIdContext>(ctx: &C) {
+fn maybe_sample_fault<C: StackIdContext + EbpfContext>(ctx: &C) {
     let c = capture_control();
     if c.flags & capture::FLAG_FAULTS == 0 {
         return;
@@ -649,6 +695,7 @@ fn maybe_sample_fault<C: StackIdContext>(ctx: &C) {
         }
     };
     emit(
+        ctx.as_ptr(),
         FaultEvent {
             hdr: header(capture::KIND_FAULT),
             tgid,

@@ -78,12 +78,46 @@ fn switches(t: &Value) -> Vec<(u64, Option<i64>, Value)> {
     out
 }
 
+/// VOL_SW + INVOL_SW of `pid` in vitalsd's top table.
+fn kernel_switches(table: &str, pid: i64) -> u64 {
+    let row: Vec<&str> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.first().and_then(|p| p.parse::<i64>().ok()) == Some(pid))
+        .unwrap_or_else(|| panic!("no row for {pid} in\n{table}"));
+    // PID PROCESS ONCPU_MS CORE_EQ% VOL_SW INVOL_SW ...
+    row[4].parse::<u64>().unwrap() + row[5].parse::<u64>().unwrap()
+}
+
+/// `--capture-transport` values and the name vitalsd reports for each.
+const RINGBUF: (&str, &str) = ("ringbuf", "ringbuf");
+const PERF_ARRAY: (&str, &str) = ("perf", "perf_event_array");
+
 #[test]
 fn pipe_ping_pong_gives_every_switch_sleeping_prev_state_and_monotonic_cpus() {
+    ping_pong_switches(RINGBUF);
+}
+
+/// The perf event array fallback delivers the same records.
+#[test]
+fn perf_array_ping_pong_gives_every_switch_and_monotonic_cpus() {
+    ping_pong_switches(PERF_ARRAY);
+}
+
+fn ping_pong_switches((transport, reported): (&str, &str)) {
     const N: u64 = 3000;
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.pftrace");
-    let rec = Recorder::start(&trace, &["--duration", "4s", "--sched"]);
+    let rec = Recorder::start(
+        &trace,
+        &[
+            "--duration",
+            "4s",
+            "--sched",
+            "--capture-transport",
+            transport,
+        ],
+    );
     let mut w = Workload::spawn(&["pingpong", &N.to_string()]);
     let line = w.read_line();
     let tids: HashSet<i64> = line
@@ -99,6 +133,7 @@ fn pipe_ping_pong_gives_every_switch_sleeping_prev_state_and_monotonic_cpus() {
     let table = rec.wait();
     w.finish();
     assert!(table.contains("capture: "), "{table}");
+    assert!(table.contains(&format!("transport {reported} ")), "{table}");
 
     let t = decode_trace_with(&trace, &["--capture"]);
     // trace_processor picks the prev_state encoding from this.
@@ -114,10 +149,31 @@ fn pipe_ping_pong_gives_every_switch_sleeping_prev_state_and_monotonic_cpus() {
         .iter()
         .filter(|(_, _, s)| tids.contains(&s["next_pid"].as_i64().unwrap()))
         .count() as u64;
+    // Every switch the always-on counters saw is in the trace: the
+    // workload's threads (the two and the main one) left a CPU as often in
+    // the trace as its VOL_SW + INVOL_SW say. The first switch of each CPU
+    // has no known prev, hence the slack.
+    let mut threads = tids.clone();
+    threads.insert(pid);
+    let traced_outs = sw
+        .iter()
+        .filter(|(_, prev, _)| prev.is_some_and(|p| threads.contains(&p)))
+        .count() as u64;
+    let counted = kernel_switches(&table, pid);
+    let ncpus = std::thread::available_parallelism().unwrap().get() as u64;
+    eprintln!(
+        "{transport}: {traced_outs} switch-outs traced, {counted} counted, {ins} switches in"
+    );
     assert!(
-        ins >= 2 * N,
-        "{ins} switches into {tids:?}, want >= {}",
-        2 * N
+        traced_outs + ncpus + 2 >= counted,
+        "{traced_outs} switch-outs of {threads:?} traced, {counted} counted by the kernel\n{table}"
+    );
+    // The workload pins both threads to one CPU, so every round switches
+    // twice, over either transport.
+    let want = 2 * N;
+    assert!(
+        ins >= want,
+        "{ins} switches into {tids:?}, want >= {want}\n{table}"
     );
 
     // Delta-decoded timestamps never go backwards on a CPU, across bundles.
@@ -232,11 +288,38 @@ fn sampled_fault_stacks_name_the_faulting_function() {
 
 #[test]
 fn a_tiny_ring_buffer_loses_events_and_the_trace_says_so() {
+    tiny_buffer_loses_events(RINGBUF);
+}
+
+/// One page per CPU of perf buffer: bpf_perf_event_output fails, the
+/// kernel-side counter and the perf buffers' lost reports both see it.
+#[test]
+fn a_tiny_perf_array_loses_events_and_the_trace_says_so() {
+    let table = tiny_buffer_loses_events(PERF_ARRAY);
+    let reported: u64 = table
+        .split("reported lost by perf buffers")
+        .next()
+        .and_then(|r| r.rsplit('(').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no perf loss report in:\n{table}"));
+    assert!(reported > 0, "{table}");
+}
+
+/// Returns vitalsd's output.
+fn tiny_buffer_loses_events((transport, reported): (&str, &str)) -> String {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.pftrace");
     let rec = Recorder::start(
         &trace,
-        &["--duration", "3s", "--sched", "--capture-buffer-kb", "4"],
+        &[
+            "--duration",
+            "3s",
+            "--sched",
+            "--capture-buffer-kb",
+            "4",
+            "--capture-transport",
+            transport,
+        ],
     );
     let mut w = Workload::spawn(&["pingpong", "20000"]);
     let _tids = w.read_line();
@@ -266,27 +349,63 @@ fn a_tiny_ring_buffer_loses_events_and_the_trace_says_so() {
         .iter()
         .find(|d| d["name"] == "capture_ringbuf_lost_events")
         .expect("loss counter track");
+    assert!(
+        track["description"]
+            .as_str()
+            .is_some_and(|d| d.ends_with(&format!("transport: {reported}"))),
+        "{track}"
+    );
     let series = t["counters"][track["uuid"].to_string()].as_array().unwrap();
     assert_eq!(series.last().unwrap()[1].as_u64(), Some(lost));
+    table
 }
 
 /// The portable programs (offsets from tracefs, probe reads) capture the
 /// same records as the fixed-layout ones.
 #[test]
 fn portable_layout_programs_capture_switches_and_wakings() {
+    use vitalsd::bpf::{AccountingConfig, CaptureSizing, CaptureTransport, TracepointLayout};
+    let acc = lib_capture(AccountingConfig {
+        force_portable_layout: true,
+        capture: Some(CaptureSizing::default()),
+        ..AccountingConfig::default()
+    });
+    assert_eq!(acc.0, TracepointLayout::Portable);
+    assert_eq!(acc.1, CaptureTransport::RingBuf);
+}
+
+/// As on a kernel without BPF_MAP_TYPE_RINGBUF: the object loads with
+/// CAPTURE_EVENTS rewritten to an array (the verifier never reaches the
+/// ringbuf calls) and auto picks the perf array, for both program layouts.
+#[test]
+fn without_ringbuf_the_object_loads_and_captures_through_the_perf_array() {
+    use vitalsd::bpf::{AccountingConfig, CaptureSizing, CaptureTransport, TracepointLayout};
+    for portable in [false, true] {
+        let acc = lib_capture(AccountingConfig {
+            force_portable_layout: portable,
+            assume_no_ringbuf: true,
+            capture: Some(CaptureSizing::default()),
+            ..AccountingConfig::default()
+        });
+        assert_eq!(acc.0 == TracepointLayout::Portable, portable);
+        assert_eq!(acc.1, CaptureTransport::PerfArray);
+    }
+}
+
+/// Loads with `cfg`, captures a 500-round ping-pong and checks the counts.
+fn lib_capture(
+    cfg: vitalsd::bpf::AccountingConfig,
+) -> (
+    vitalsd::bpf::TracepointLayout,
+    vitalsd::bpf::CaptureTransport,
+) {
     use vitalsd::{
-        bpf::{Accounting, AccountingConfig, CaptureSizing, TracepointLayout},
+        bpf::Accounting,
         capture::{Capture, CaptureOptions},
         perfetto::TraceWriter,
     };
     require_root();
-    let mut acc = Accounting::load(&AccountingConfig {
-        force_portable_layout: true,
-        capture: Some(CaptureSizing::default()),
-        ..AccountingConfig::default()
-    })
-    .unwrap();
-    assert_eq!(acc.layout(), TracepointLayout::Portable);
+    let mut acc = Accounting::load(&cfg).unwrap();
     let opts = CaptureOptions {
         sched: true,
         ..CaptureOptions::default()
@@ -302,4 +421,6 @@ fn portable_layout_programs_capture_switches_and_wakings() {
     assert!(stats.switch_events >= 1000, "{stats:?}");
     assert!(stats.waking_events >= 500, "{stats:?}");
     assert_eq!(stats.lost_sched, 0, "{stats:?}");
+    assert_eq!(stats.transport, Some(acc.capture_transport()));
+    (acc.layout(), acc.capture_transport())
 }

@@ -9,6 +9,9 @@
 //! columns alone, and ring-buffer loss (the kernel's per-CPU counter as
 //! vitalsd reports it, and bundles flagged lost_events). Targets: <= 10
 //! bytes per switch, no loss at the default buffer size.
+//!
+//! `--transport perf` runs the same over the per-CPU perf event array (the
+//! fallback for kernels without ringbuf), with the same total buffer bytes.
 
 use std::process::{Command, Stdio};
 
@@ -49,7 +52,7 @@ for p in t.packet:
 print(switches, wakings, bundles, bundle_bytes, switch_bytes, lost_bundles)
 "#;
 
-pub fn run() -> Result<()> {
+pub fn run(transport: &str) -> Result<()> {
     let root = workspace_root();
     let vitalsd = root.join("target/release/vitalsd");
     if !vitalsd.exists() {
@@ -76,6 +79,8 @@ pub fn run() -> Result<()> {
             "5s",
             "--top",
             "5",
+            "--capture-transport",
+            transport,
             "--out",
         ])
         .arg(&trace)
@@ -116,7 +121,7 @@ pub fn run() -> Result<()> {
         bail!("measure output {m:?}");
     };
     let per = |b: u64| b as f64 / switches.max(1) as f64;
-    println!("cargo xtask bench capture: vitalsd record --sched --duration 5s during perf bench sched pipe (unpinned)");
+    println!("cargo xtask bench capture --transport {transport}: vitalsd record --sched --capture-transport {transport} --duration 5s during perf bench sched pipe (unpinned)");
     println!(
         "  sched_switch events written   {switches} ({:.0}/s)",
         switches as f64 / 5.0

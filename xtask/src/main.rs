@@ -77,7 +77,11 @@ enum Bench {
         seconds: u64,
     },
     /// Capture tier under perf bench sched pipe: bytes per switch, ring-buffer loss.
-    Capture,
+    Capture {
+        /// Capture transport: `ringbuf` or `perf` (per-CPU perf event array).
+        #[arg(long, default_value = "ringbuf", value_parser = ["ringbuf", "perf"])]
+        transport: String,
+    },
 }
 
 fn main() -> Result<()> {
@@ -105,7 +109,7 @@ fn main() -> Result<()> {
                 Bench::Overhead { rounds, loops } => bench_overhead::run(rounds, loops),
                 Bench::Idle { seconds } => bench_idle::run(seconds),
                 Bench::Scan => bench_scan::run(&workspace_root().join("target/release/vitalsd")),
-                Bench::Capture => bench_capture::run(),
+                Bench::Capture { transport } => bench_capture::run(&transport),
             }
         }
     }

@@ -5,7 +5,10 @@ use std::{path::PathBuf, sync::atomic::Ordering, time::Duration};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use vitalsd::{
-    bpf::{AccountingConfig, CaptureSizing, FaultSourceChoice, MapLimits, PinMode},
+    bpf::{
+        AccountingConfig, CaptureSizing, CaptureTransportChoice, FaultSourceChoice, MapLimits,
+        PinMode,
+    },
     capture::CaptureOptions,
     config::{parse_duration, Config},
     heapprofd::{
@@ -105,9 +108,15 @@ enum Command {
         /// Sample one fault in N per process (with --faults).
         #[arg(long, default_value_t = CaptureOptions::default().fault_period)]
         fault_period: u32,
-        /// Capture ring buffer size in KiB (a power of two).
+        /// Capture ring buffer size in KiB (a power of two). With the perf
+        /// array it is split over the online CPUs (at least a page each).
         #[arg(long, default_value_t = CaptureSizing::default().ring_bytes / 1024)]
         capture_buffer_kb: u32,
+        /// How capture records reach user space: `ringbuf`
+        /// (BPF_MAP_TYPE_RINGBUF, Linux 5.8+), `perf` (per-CPU perf event
+        /// array) or `auto` (ringbuf where the kernel has it).
+        #[arg(long, default_value = "auto")]
+        capture_transport: CaptureTransportChoice,
     },
     /// One window of procfs vitals, like `dumpsys cpuinfo`: load, per-process
     /// CPU (% total = user + kernel) and faults, then the system line.
@@ -287,6 +296,7 @@ fn main() -> Result<()> {
             faults,
             fault_period,
             capture_buffer_kb,
+            capture_transport,
         } => {
             let stop = signal_flags()?.stop;
             let capture = CaptureOptions {
@@ -310,6 +320,7 @@ fn main() -> Result<()> {
                     pins: pins.map(PinMode::AttachFrom).unwrap_or_default(),
                     capture: capture.any().then(|| CaptureSizing {
                         ring_bytes: capture_buffer_kb.saturating_mul(1024),
+                        transport: capture_transport,
                         ..CaptureSizing::default()
                     }),
                     ..AccountingConfig::default()

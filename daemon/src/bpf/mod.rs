@@ -14,8 +14,9 @@ use std::{
 
 use aya::{
     maps::{
-        Array, HashMap as AyaHashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf,
-        StackTraceMap,
+        perf::{PerfEventArray, PerfEventArrayBuffer},
+        Array, HashMap as AyaHashMap, MapData, MapError, MapType, PerCpuArray, PerCpuHashMap,
+        RingBuf, StackTraceMap,
     },
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -82,6 +83,67 @@ pub enum BpfError {
     CaptureNotConfigured,
     #[error("a capture is already running")]
     CaptureRunning,
+    #[error("capture transport `ringbuf` was requested but this kernel has no BPF_MAP_TYPE_RINGBUF (Linux 5.8+); use `perf` or `auto`")]
+    NoRingBuf,
+    #[error("opening the capture perf buffer of cpu {cpu}: {message}")]
+    PerfBuffer { cpu: u32, message: String },
+}
+
+/// How capture records get from the programs to user space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CaptureTransportChoice {
+    /// The ring buffer where the kernel has one, else the perf array.
+    #[default]
+    Auto,
+    RingBuf,
+    PerfArray,
+}
+
+impl std::str::FromStr for CaptureTransportChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "ringbuf" | "ring" => Ok(Self::RingBuf),
+            "perf" | "perf-array" => Ok(Self::PerfArray),
+            _ => Err(format!(
+                "unknown capture transport {s:?} (auto, ringbuf, perf)"
+            )),
+        }
+    }
+}
+
+/// The capture transport in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureTransport {
+    /// BPF_MAP_TYPE_RINGBUF: one buffer shared by all CPUs, no wakeups.
+    RingBuf,
+    /// BPF_MAP_TYPE_PERF_EVENT_ARRAY: one perf buffer per CPU.
+    PerfArray,
+}
+
+impl CaptureTransport {
+    pub fn name(self) -> &'static str {
+        match self {
+            CaptureTransport::RingBuf => "ringbuf",
+            CaptureTransport::PerfArray => "perf_event_array",
+        }
+    }
+
+    fn rodata(self) -> u32 {
+        match self {
+            CaptureTransport::RingBuf => capture::TRANSPORT_RINGBUF,
+            CaptureTransport::PerfArray => capture::TRANSPORT_PERF_ARRAY,
+        }
+    }
+}
+
+/// The user-space end of the capture transport: lent to a capture by
+/// `capture_start`, handed back by `capture_stop`.
+pub enum CaptureOutput {
+    Ring(RingBuf<MapData>),
+    /// (cpu, that CPU's perf buffer), for every online CPU.
+    Perf(Vec<(u32, PerfEventArrayBuffer<MapData>)>),
 }
 
 /// Which fault source to use.
@@ -190,6 +252,9 @@ pub struct AccountingConfig {
     pub capture: Option<CaptureSizing>,
     /// Pinned objects on a bpffs (Android user builds: bpfloader's pins).
     pub pins: PinMode,
+    /// Behave as on a kernel without BPF_MAP_TYPE_RINGBUF (the object
+    /// rewrite and the perf array); for tests of that path.
+    pub assume_no_ringbuf: bool,
 }
 
 /// Where programs and maps come from.
@@ -263,6 +328,9 @@ pub struct CaptureSizing {
     pub stack_entries: u32,
     /// Processes whose fault-sampling counters are tracked at once (LRU).
     pub fault_processes: u32,
+    /// Ring buffer or perf event array (`vitalsd record --capture-transport`).
+    /// With the perf array, `ring_bytes` is split over the online CPUs.
+    pub transport: CaptureTransportChoice,
 }
 
 impl Default for CaptureSizing {
@@ -273,6 +341,7 @@ impl Default for CaptureSizing {
             ring_bytes: 8 << 20,
             stack_entries: 4096,
             fault_processes: 4096,
+            transport: CaptureTransportChoice::Auto,
         }
     }
 }
@@ -287,6 +356,7 @@ impl Default for AccountingConfig {
             force_wake_hash: false,
             capture: None,
             pins: PinMode::Load,
+            assume_no_ringbuf: false,
         }
     }
 }
@@ -376,8 +446,10 @@ pub struct Accounting {
     layout: TracepointLayout,
     runq_wait: bool,
     capture_sizing: Option<CaptureSizing>,
-    /// The ring buffer, while no capture holds it.
-    ring: Option<RingBuf<MapData>>,
+    /// Where capture records go (meaningful only with `capture_sizing`).
+    transport: CaptureTransport,
+    /// The transport's buffers, while no capture holds them.
+    ring: Option<CaptureOutput>,
     /// sched_waking link while a capture with FLAG_SCHED runs.
     waking_link: Option<TracePointLinkId>,
 }
@@ -495,8 +567,39 @@ impl Accounting {
         };
         let wake_array_flag = u32::from(wake_array);
         let track_wait_flag = u32::from(cfg.runq_wait);
+        // Only the capture tier uses CAPTURE_EVENTS, but the map exists in
+        // the object whatever runs, so probe even without a capture.
+        let ringbuf_ok =
+            !cfg.assume_no_ringbuf && aya::sys::is_map_supported(MapType::RingBuf).unwrap_or(false);
+        let transport = match (cfg.capture.map(|c| c.transport), ringbuf_ok) {
+            (Some(CaptureTransportChoice::PerfArray), _) | (_, false) => {
+                if cfg.capture.map(|c| c.transport) == Some(CaptureTransportChoice::RingBuf) {
+                    return Err(BpfError::NoRingBuf);
+                }
+                CaptureTransport::PerfArray
+            }
+            _ => CaptureTransport::RingBuf,
+        };
+        let transport_flag = transport.rodata();
+        let patched;
+        let object: &[u8] = if ringbuf_ok {
+            EBPF_OBJECT
+        } else {
+            // aya creates every map in the object and fails the load when
+            // one cannot be created; EbpfLoader::allow_unsupported_maps does
+            // not help (it only lets aya *wrap* map types it has no Rust
+            // type for, after the kernel created them). So on a kernel
+            // without ringbuf, CAPTURE_EVENTS is rewritten into a 1-entry
+            // ARRAY in a copy of the object. The programs still reference
+            // it, but only from the ringbuf branch of `emit`, which the
+            // verifier never walks: CAPTURE_TRANSPORT is 1 in frozen .rodata.
+            log::info!("kernel has no BPF_MAP_TYPE_RINGBUF: capture uses the perf event array");
+            patched = object_without_ringbuf(EBPF_OBJECT)?;
+            patched.bytes()
+        };
         let mut loader = EbpfLoader::new();
         loader
+            .override_global(names::G_CAPTURE_TRANSPORT, &transport_flag, true)
             .override_global(names::G_NR_CPUS, &nr_cpus, true)
             .override_global(names::G_WAKE_ARRAY, &wake_array_flag, true)
             .override_global(names::G_TRACK_WAIT, &track_wait_flag, true)
@@ -518,7 +621,14 @@ impl Accounting {
         loader
             .map_max_entries(
                 names::CAPTURE_EVENTS,
-                sizing.map_or(page, |c| c.ring_bytes.max(page).next_power_of_two()),
+                // The ring buffer goes unused with the perf array: minimum.
+                match (sizing, transport, ringbuf_ok) {
+                    (_, _, false) => 1,
+                    (Some(c), CaptureTransport::RingBuf, _) => {
+                        c.ring_bytes.max(page).next_power_of_two()
+                    }
+                    _ => page,
+                },
             )
             .map_max_entries(
                 names::CAPTURE_STACKS,
@@ -528,7 +638,7 @@ impl Accounting {
                 names::CAPTURE_FAULT_CTR,
                 sizing.map_or(1, |c| c.fault_processes.max(1)),
             );
-        let mut ebpf = loader.load(EBPF_OBJECT).map_err(BpfError::Load)?;
+        let mut ebpf = loader.load(object).map_err(BpfError::Load)?;
 
         let wakeup_new = tracefs.format("sched", "sched_wakeup_new")?;
         let fixed_matches = offsets[0].1 == fixed_layout::SWITCH_PREV_PID
@@ -615,27 +725,29 @@ impl Accounting {
             );
         }
         log::info!(
-            "eBPF accounting {}: fault source {}; {:?} tracepoint layout; wakeup times in {}; {} possible CPUs; BTF {}",
+            "eBPF accounting {}: fault source {}; {:?} tracepoint layout; wakeup times in {}; {} possible CPUs; BTF {}; capture transport {}",
             if pin_to.is_some() { "loaded" } else { "attached" },
             fault_source.describe(),
             layout,
             if wake_array { "an array (pid_max small)" } else { "a bounded hash" },
             nr_cpus,
-            if features.btf_vmlinux { "yes" } else { "no" }
+            if features.btf_vmlinux { "yes" } else { "no" },
+            match sizing {
+                Some(_) => transport.name(),
+                None => "none (capture not configured)",
+            }
         );
         // Loaded (verified) now, attached only while a capture runs.
         let waking_prog = match layout {
             TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,
             TracepointLayout::Portable => names::PROG_SCHED_WAKING,
         };
-        let ring = if sizing.is_some() {
-            load_tracepoint(&mut ebpf, waking_prog)?;
-            let map = ebpf
-                .take_map(names::CAPTURE_EVENTS)
-                .ok_or(BpfError::Missing(names::CAPTURE_EVENTS))?;
-            Some(RingBuf::try_from(map).map_err(map_err(names::CAPTURE_EVENTS))?)
-        } else {
-            None
+        let ring = match sizing {
+            Some(c) => {
+                load_tracepoint(&mut ebpf, waking_prog)?;
+                Some(take_capture_output(&mut ebpf, transport, c, page)?)
+            }
+            None => None,
         };
         Ok(Self {
             ebpf: Some(ebpf),
@@ -647,6 +759,7 @@ impl Accounting {
             layout,
             runq_wait: cfg.runq_wait,
             capture_sizing: sizing,
+            transport,
             ring,
             waking_link: None,
         })
@@ -660,7 +773,7 @@ impl Accounting {
         &mut self,
         flags: u32,
         fault_period: u32,
-    ) -> Result<RingBuf<MapData>, BpfError> {
+    ) -> Result<CaptureOutput, BpfError> {
         if self.capture_sizing.is_none() {
             return Err(BpfError::CaptureNotConfigured);
         }
@@ -709,7 +822,7 @@ impl Accounting {
 
     /// Clears the CAPTURE flag and detaches sched_waking. Records already
     /// in `ring` stay readable; drain it before or after handing it back.
-    pub fn capture_stop(&mut self, ring: RingBuf<MapData>) -> Result<(), BpfError> {
+    pub fn capture_stop(&mut self, ring: CaptureOutput) -> Result<(), BpfError> {
         let res = self.capture_pause();
         self.ring = Some(ring);
         res
@@ -774,6 +887,11 @@ impl Accounting {
                 source,
             }),
         }
+    }
+
+    /// Where capture records go (set at load).
+    pub fn capture_transport(&self) -> CaptureTransport {
+        self.transport
     }
 
     /// Is `runq_wait_ns` measured? When not, it is not zero but unknown.
@@ -1052,6 +1170,7 @@ impl Accounting {
             layout,
             runq_wait,
             capture_sizing: None,
+            transport: CaptureTransport::RingBuf,
             ring: None,
             waking_link: None,
         })
@@ -1064,6 +1183,109 @@ impl Accounting {
         } else {
             "aya"
         }
+    }
+}
+
+/// Takes the capture transport's map out of `ebpf`, with its buffers: for
+/// the perf array one perf buffer per online CPU, opened now so the memory
+/// is reserved at load as the ring buffer's is.
+fn take_capture_output(
+    ebpf: &mut Ebpf,
+    transport: CaptureTransport,
+    sizing: CaptureSizing,
+    page: u32,
+) -> Result<CaptureOutput, BpfError> {
+    match transport {
+        CaptureTransport::RingBuf => {
+            let map = ebpf
+                .take_map(names::CAPTURE_EVENTS)
+                .ok_or(BpfError::Missing(names::CAPTURE_EVENTS))?;
+            Ok(CaptureOutput::Ring(
+                RingBuf::try_from(map).map_err(map_err(names::CAPTURE_EVENTS))?,
+            ))
+        }
+        CaptureTransport::PerfArray => {
+            let map = ebpf
+                .take_map(names::CAPTURE_PERF)
+                .ok_or(BpfError::Missing(names::CAPTURE_PERF))?;
+            let mut arr: PerfEventArray<MapData> =
+                PerfEventArray::try_from(map).map_err(map_err(names::CAPTURE_PERF))?;
+            let cpus = crate::system::online_cpus(Path::new("/sys"))?;
+            let pages = perf_pages_per_cpu(sizing.ring_bytes, page, cpus.len());
+            let mut bufs = Vec::with_capacity(cpus.len());
+            for cpu in cpus {
+                let buf = arr
+                    .open(cpu, Some(pages))
+                    .map_err(|e| BpfError::PerfBuffer {
+                        cpu,
+                        message: e.to_string(),
+                    })?;
+                bufs.push((cpu, buf));
+            }
+            Ok(CaptureOutput::Perf(bufs))
+        }
+    }
+}
+
+/// Data pages of each CPU's perf buffer: `ring_bytes` split over the CPUs,
+/// rounded down to a power of two (perf wants one), at least one page.
+pub fn perf_pages_per_cpu(ring_bytes: u32, page: u32, cpus: usize) -> usize {
+    let per_cpu = (ring_bytes as usize / cpus.max(1) / page.max(1) as usize).max(1);
+    1 << per_cpu.ilog2()
+}
+
+/// A copy of the eBPF object in which the CAPTURE_EVENTS map definition
+/// (aya-ebpf's legacy `bpf_map_def` in the `maps` section: type, key size,
+/// value size, max entries, ...) says BPF_MAP_TYPE_ARRAY with 4-byte keys
+/// and values, which every kernel can create.
+fn object_without_ringbuf(obj: &[u8]) -> Result<AlignedObject, BpfError> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    const BPF_MAP_TYPE_ARRAY: u32 = 2;
+    let file = object::File::parse(obj).map_err(|_| BpfError::Missing(names::CAPTURE_EVENTS))?;
+    let sym = file
+        .symbols()
+        .find(|s| s.name() == Ok(names::CAPTURE_EVENTS))
+        .ok_or(BpfError::Missing(names::CAPTURE_EVENTS))?;
+    let section = sym
+        .section_index()
+        .and_then(|i| file.section_by_index(i).ok())
+        .ok_or(BpfError::Missing(names::CAPTURE_EVENTS))?;
+    let (file_off, _) = section
+        .file_range()
+        .ok_or(BpfError::Missing(names::CAPTURE_EVENTS))?;
+    let at = (file_off + sym.address() - section.address()) as usize;
+    let mut out = AlignedObject::new(obj);
+    for (i, v) in [BPF_MAP_TYPE_ARRAY, 4, 4, 1].into_iter().enumerate() {
+        out.bytes_mut()[at + 4 * i..at + 4 * i + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    Ok(out)
+}
+
+/// An ELF image in 8-byte-aligned memory, as aya's parser wants it (what
+/// `include_bytes_aligned!` gives the embedded object).
+struct AlignedObject {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl AlignedObject {
+    fn new(bytes: &[u8]) -> Self {
+        let mut o = Self {
+            words: vec![0; bytes.len().div_ceil(8)],
+            len: bytes.len(),
+        };
+        o.bytes_mut().copy_from_slice(bytes);
+        o
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `words` holds at least `len` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above; u8 has no alignment or validity requirements.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr() as *mut u8, self.len) }
     }
 }
 
@@ -1197,5 +1419,42 @@ mod pin_name_tests {
             pinned_prog_candidates(dir, names::PROG_SCHED_SWITCH),
             [dir.join("prog_vitals_sched_switch")]
         );
+    }
+}
+
+#[cfg(test)]
+mod transport_tests {
+    use super::*;
+
+    #[test]
+    fn perf_buffers_split_the_ring_bytes_in_powers_of_two_pages() {
+        assert_eq!(perf_pages_per_cpu(8 << 20, 4096, 2), 1024);
+        assert_eq!(perf_pages_per_cpu(8 << 20, 4096, 3), 512);
+        assert_eq!(perf_pages_per_cpu(4096, 4096, 2), 1);
+        assert_eq!(perf_pages_per_cpu(0, 4096, 0), 1);
+    }
+
+    #[test]
+    fn the_no_ringbuf_object_has_capture_events_as_a_one_entry_array() {
+        use object::{Object, ObjectSection, ObjectSymbol};
+        let patched = object_without_ringbuf(EBPF_OBJECT).unwrap();
+        assert_eq!(patched.bytes().as_ptr() as usize % 8, 0);
+        let def = |obj: &[u8]| -> Vec<u32> {
+            let f = object::File::parse(obj).unwrap();
+            let sym = f
+                .symbols()
+                .find(|s| s.name() == Ok(names::CAPTURE_EVENTS))
+                .unwrap();
+            let sec = f.section_by_index(sym.section_index().unwrap()).unwrap();
+            let data = sec.data().unwrap();
+            let at = (sym.address() - sec.address()) as usize;
+            (0..4)
+                .map(|i| u32::from_le_bytes(data[at + 4 * i..at + 4 * i + 4].try_into().unwrap()))
+                .collect()
+        };
+        // BPF_MAP_TYPE_RINGBUF (27) with the placeholder size before.
+        assert_eq!(def(EBPF_OBJECT)[0], 27);
+        assert_eq!(def(patched.bytes()), vec![2, 4, 4, 1]);
+        assert_eq!(patched.bytes().len(), EBPF_OBJECT.len());
     }
 }

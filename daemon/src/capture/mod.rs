@@ -4,11 +4,14 @@
 //! CPU, flushed every sample interval) and PerfSample callstack samples.
 //!
 //! Kernel side: `ebpf-programs` emits into the CAPTURE_EVENTS ring buffer
-//! only while the CAPTURE flag is set; `Accounting::capture_start/stop`
-//! flip it. The always-on tier is unchanged while no capture runs.
+//! (or, where the kernel has no ringbuf or it is forced, the CAPTURE_PERF
+//! perf event array) only while the CAPTURE flag is set;
+//! `Accounting::capture_start/stop` flip it. The always-on tier is
+//! unchanged while no capture runs.
 
 pub mod compact_sched;
 pub mod fault_stacks;
+pub mod perf_array;
 pub mod ringbuf;
 
 use std::{
@@ -24,7 +27,7 @@ use vitals_common::capture as cap;
 use vitals_proto::protos::{process_tree, trace_packet, ProcessTree, TracePacket};
 
 use crate::{
-    bpf::{Accounting, BpfError},
+    bpf::{Accounting, BpfError, CaptureTransport},
     perfetto::{
         CounterSpec, CounterUnit, CounterValue, PerfettoError, TraceWriter, TrackUuid,
         DEFAULT_SEQUENCE_ID,
@@ -99,13 +102,18 @@ pub struct CaptureStats {
     pub lost_faults: u64,
     /// Fault samples whose stack could not be taken.
     pub lost_stacks: u64,
+    /// Perf array only: samples the perf buffers reported lost
+    /// (PERF_RECORD_LOST), summed over CPUs. The same drops the kernel-side
+    /// counter sees as -ENOSPC, so a cross-check, not extra loss.
+    pub perf_reported_lost: u64,
+    pub transport: Option<CaptureTransport>,
     pub fault: fault_stacks::FaultStats,
 }
 
 impl CaptureStats {
     pub fn render(&self) -> String {
         format!(
-            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not); ring buffer lost: {} sched, {} fault records; {} stacks not taken",
+            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not); ring buffer lost: {} sched, {} fault records; {} stacks not taken; transport {} ({} reported lost by perf buffers)",
             self.switch_events,
             self.waking_events,
             self.bundles,
@@ -118,6 +126,8 @@ impl CaptureStats {
             self.lost_sched,
             self.lost_faults,
             self.lost_stacks,
+            self.transport.map_or("none", CaptureTransport::name),
+            self.perf_reported_lost,
         )
     }
 }
@@ -132,6 +142,10 @@ pub struct Capture {
     last_lost: Vec<[u64; cap::lost::COUNT as usize]>,
     lost_track: Option<TrackUuid>,
     last_lost_total: u64,
+    /// Perf array: PERF_RECORD_LOST counts per CPU since capture start.
+    perf_lost: Vec<u64>,
+    /// Which `cap::lost` kind perf-reported losses are charged to.
+    perf_lost_kind: u32,
     seen_tids: HashSet<i32>,
     /// Seen tids not yet named in a ProcessTree packet.
     new_tids: HashMap<i32, Comm>,
@@ -155,11 +169,13 @@ impl Capture {
             Ok(d) => d,
             Err(e) => return Err(CaptureError::Thread(e)),
         };
+        let transport = acc.capture_transport();
         log::info!(
-            "capture started: sched {}, faults {} (1 in {})",
+            "capture started: sched {}, faults {} (1 in {}); transport {}",
             opts.sched,
             opts.faults,
-            opts.fault_period
+            opts.fault_period,
+            transport.name()
         );
         Ok(Self {
             proc_root: proc_root.to_owned(),
@@ -169,11 +185,22 @@ impl Capture {
             base_lost,
             lost_track: None,
             last_lost_total: 0,
+            perf_lost: Vec::new(),
+            // A lost-sample report does not say what was lost; sched
+            // records outnumber fault samples by orders of magnitude.
+            perf_lost_kind: if opts.sched {
+                cap::lost::SCHED
+            } else {
+                cap::lost::FAULT
+            },
             seen_tids: HashSet::from([0]),
             new_tids: HashMap::new(),
             tgids: HashMap::new(),
             faults: FaultStacks::new(proc_root),
-            stats: CaptureStats::default(),
+            stats: CaptureStats {
+                transport: Some(transport),
+                ..CaptureStats::default()
+            },
         })
     }
 
@@ -215,6 +242,14 @@ impl Capture {
                     self.stats.fault_samples += 1;
                     self.faults.push(f);
                 }
+                Record::Lost { cpu, count } => {
+                    let i = cpu as usize;
+                    if self.perf_lost.len() <= i {
+                        self.perf_lost.resize(i + 1, 0);
+                    }
+                    self.perf_lost[i] += count;
+                    self.stats.perf_reported_lost += count;
+                }
             }
         }
     }
@@ -243,8 +278,23 @@ impl Capture {
         ts_boot_ns: u64,
     ) -> Result<(), CaptureError> {
         self.take_records();
-        let lost = acc.capture_lost()?;
+        let lost = self.merge_lost(acc.capture_lost()?);
         self.write_pending(acc, writer, ts_boot_ns, &lost, false)
+    }
+
+    /// The kernel-side per-CPU loss counters with the perf buffers' own
+    /// reports folded in. bpf_perf_event_output returns -ENOSPC for exactly
+    /// the samples the perf ring then reports in PERF_RECORD_LOST, so the
+    /// two count the same drops: per CPU, the loss since capture start is
+    /// the larger of the two (the report may lag; the counter also sees
+    /// other failures), never their sum.
+    fn merge_lost(&self, kernel: Vec<LostCounts>) -> Vec<LostCounts> {
+        merge_lost(
+            kernel,
+            &self.base_lost,
+            &self.perf_lost,
+            self.perf_lost_kind,
+        )
     }
 
     fn write_pending<W: Write>(
@@ -342,9 +392,10 @@ impl Capture {
                 None => {
                     let u = writer.global_counter_track(
                         &CounterSpec::new("capture_ringbuf_lost_events", CounterUnit::Count)
-                            .with_description(
-                                "capture records dropped because the ring buffer was full (sched + fault samples), since capture start",
-                            ),
+                            .with_description(format!(
+                                "capture records dropped because the ring buffer was full (sched + fault samples), since capture start; transport: {}",
+                                self.stats.transport.map_or("none", CaptureTransport::name)
+                            )),
                     )?;
                     self.lost_track = Some(u);
                     u
@@ -374,7 +425,7 @@ impl Capture {
             }
             ring = r;
         }
-        let lost = acc.capture_lost()?;
+        let lost = self.merge_lost(acc.capture_lost()?);
         self.write_pending(acc, writer, ts_boot_ns, &lost, true)?;
         if let Some(ring) = ring {
             acc.capture_stop(ring)?;
@@ -384,6 +435,28 @@ impl Capture {
     }
 }
 
+type LostCounts = [u64; cap::lost::COUNT as usize];
+
+/// See `Capture::merge_lost`. `kernel` and `base` are cumulative per-CPU
+/// counters, `perf` per-CPU reports since `base`, charged to `kind`.
+fn merge_lost(
+    mut kernel: Vec<LostCounts>,
+    base: &[LostCounts],
+    perf: &[u64],
+    kind: u32,
+) -> Vec<LostCounts> {
+    if kernel.len() < perf.len() {
+        kernel.resize(perf.len(), [0; cap::lost::COUNT as usize]);
+    }
+    let k = kind as usize;
+    for (cpu, &reported) in perf.iter().enumerate() {
+        let b = base.get(cpu).map_or(0, |b| b[k]);
+        let seen = kernel[cpu][k].saturating_sub(b);
+        kernel[cpu][k] = b + seen.max(reported);
+    }
+    kernel
+}
+
 /// The thread group of `tid` from /proc/<tid>/status (tids are reachable
 /// there even though readdir lists only processes). None once it is gone.
 fn read_tgid(proc_root: &Path, tid: i32) -> Option<i32> {
@@ -391,4 +464,23 @@ fn read_tgid(proc_root: &Path, tid: i32) -> Option<i32> {
     s.lines()
         .find_map(|l| l.strip_prefix("Tgid:"))
         .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perf_loss_reports_and_kernel_counter_count_the_same_drops_once() {
+        let base = vec![[5, 1, 0], [0, 0, 0]];
+        // cpu 0: counter saw 7 since base, perf reported 7 (same drops);
+        // cpu 1: the perf report is ahead of the counter read;
+        // cpu 2: only a report, no counter slot yet.
+        let kernel = vec![[12, 1, 0], [2, 0, 0]];
+        let merged = merge_lost(kernel, &base, &[7, 3, 4], cap::lost::SCHED);
+        assert_eq!(merged, vec![[12, 1, 0], [3, 0, 0], [4, 0, 0]]);
+        // Fault-only captures charge reports to FAULT.
+        let merged = merge_lost(vec![[0, 0, 0]], &[], &[2], cap::lost::FAULT);
+        assert_eq!(merged, vec![[0, 2, 0]]);
+    }
 }

@@ -1,7 +1,8 @@
-//! The ring-buffer drain thread: polls the capture ring buffer (records are
-//! submitted with BPF_RB_NO_WAKEUP, so no epoll), decodes records and hands
-//! them to the record loop in batches, so the kernel side never waits on
-//! trace writing.
+//! The drain thread: polls the capture transport (ring buffer records are
+//! submitted with BPF_RB_NO_WAKEUP, so no epoll; the perf array's per-CPU
+//! buffers are polled the same way), decodes records and hands them to the
+//! record loop in batches, so the kernel side never waits on trace writing.
+//! Both transports carry the same bytes and share `decode`.
 
 use std::{
     sync::{
@@ -12,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{MapData, RingBuf};
+use crate::bpf::CaptureOutput;
 use vitals_common::{capture, FaultEvent, SwitchEvent, WakingEvent};
 
 use super::{
@@ -32,6 +33,12 @@ pub enum Record {
         rec: WakingRec,
     },
     Fault(FaultRec),
+    /// Perf array only: the perf buffer of `cpu` reported `count` samples
+    /// it had no room for (PERF_RECORD_LOST).
+    Lost {
+        cpu: u32,
+        count: u64,
+    },
 }
 
 fn read<T: Copy>(b: &[u8]) -> Option<T> {
@@ -89,15 +96,16 @@ pub fn decode(b: &[u8]) -> Option<Record> {
 
 pub struct Drainer {
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<RingBuf<MapData>>>,
+    thread: Option<JoinHandle<CaptureOutput>>,
     pub rx: mpsc::Receiver<Vec<Record>>,
 }
 
 impl Drainer {
     /// Discards anything left from an earlier capture, then polls every
     /// `poll` until stopped.
-    pub fn start(mut ring: RingBuf<MapData>, poll: Duration) -> std::io::Result<Self> {
-        while ring.next().is_some() {}
+    pub fn start(mut out: CaptureOutput, poll: Duration) -> std::io::Result<Self> {
+        // Leftovers (records and perf loss reports) belong to no capture.
+        drain_into(&mut out, &mut Vec::new());
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
         let flag = Arc::clone(&stop);
@@ -109,11 +117,7 @@ impl Drainer {
                     // more full drain picks up everything submitted so far.
                     let last = flag.load(Ordering::Acquire);
                     let mut batch = Vec::new();
-                    while let Some(item) = ring.next() {
-                        if let Some(r) = decode(&item) {
-                            batch.push(r);
-                        }
-                    }
+                    drain_into(&mut out, &mut batch);
                     if !batch.is_empty() && tx.send(batch).is_err() {
                         break;
                     }
@@ -122,7 +126,7 @@ impl Drainer {
                     }
                     std::thread::sleep(poll);
                 }
-                ring
+                out
             })?;
         Ok(Self {
             stop,
@@ -131,12 +135,24 @@ impl Drainer {
         })
     }
 
-    /// Final drain; returns the ring buffer and the batches not yet taken.
-    pub fn stop(self) -> (Option<RingBuf<MapData>>, Vec<Vec<Record>>) {
+    /// Final drain; returns the transport and the batches not yet taken.
+    pub fn stop(self) -> (Option<CaptureOutput>, Vec<Vec<Record>>) {
         self.stop.store(true, Ordering::Release);
         let ring = self.thread.and_then(|t| t.join().ok());
         let batches = self.rx.try_iter().collect();
         (ring, batches)
+    }
+}
+
+/// Everything readable now, decoded, from either transport.
+fn drain_into(out: &mut CaptureOutput, batch: &mut Vec<Record>) {
+    match out {
+        CaptureOutput::Ring(ring) => {
+            while let Some(item) = ring.next() {
+                batch.extend(decode(&item));
+            }
+        }
+        CaptureOutput::Perf(bufs) => super::perf_array::drain(bufs, batch),
     }
 }
 

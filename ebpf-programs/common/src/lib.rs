@@ -137,6 +137,10 @@ pub mod capture {
     pub const FLAG_SCHED: u32 = 1;
     pub const FLAG_FAULTS: u32 = 2;
 
+    /// `CAPTURE_TRANSPORT` values: where the records go.
+    pub const TRANSPORT_RINGBUF: u32 = 0;
+    pub const TRANSPORT_PERF_ARRAY: u32 = 1;
+
     /// `EventHeader::kind`: which record follows the header.
     pub const KIND_SWITCH: u32 = 1;
     pub const KIND_WAKING: u32 = 2;
@@ -144,7 +148,9 @@ pub mod capture {
 
     /// Indexes into the per-CPU `CAPTURE_LOST` array.
     pub mod lost {
-        /// Ring buffer full: a sched_switch/sched_waking record was dropped.
+        /// Ring buffer (or perf buffer) full: a sched_switch/sched_waking
+        /// record was dropped. With the perf array, user space adds the
+        /// perf buffer's own PERF_RECORD_LOST counts to its view of this.
         pub const SCHED: u32 = 0;
         /// Ring buffer full: a fault sample was dropped.
         pub const FAULT: u32 = 1;
@@ -231,6 +237,7 @@ pub mod names {
     pub const DROPS: &str = "DROPS";
     pub const CAPTURE: &str = "CAPTURE";
     pub const CAPTURE_EVENTS: &str = "CAPTURE_EVENTS";
+    pub const CAPTURE_PERF: &str = "CAPTURE_PERF";
     pub const CAPTURE_LOST: &str = "CAPTURE_LOST";
     pub const CAPTURE_STACKS: &str = "CAPTURE_STACKS";
     pub const CAPTURE_FAULT_CTR: &str = "CAPTURE_FAULT_CTR";
@@ -266,6 +273,7 @@ pub mod names {
     pub const G_WAKING_PID: &str = "WAKING_PID_OFF";
     pub const G_WAKING_PRIO: &str = "WAKING_PRIO_OFF";
     pub const G_WAKING_TARGET_CPU: &str = "WAKING_TARGET_CPU_OFF";
+    pub const G_CAPTURE_TRANSPORT: &str = "CAPTURE_TRANSPORT";
 }
 
 #[cfg(feature = "user")]

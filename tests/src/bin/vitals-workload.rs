@@ -188,6 +188,10 @@ fn main() {
                 let go = go.clone();
                 let tx = tx.clone();
                 std::thread::spawn(move || {
+                    // Both on one CPU: every round is exactly two switches
+                    // (each thread blocks in read() or is preempted by the
+                    // wakeup), whatever the tracing costs the waker.
+                    pin_to(0);
                     tx.send(unsafe { libc::gettid() } as i64).unwrap();
                     go.wait();
                     let mut b = [0u8; 1];
