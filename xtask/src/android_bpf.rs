@@ -912,23 +912,41 @@ mod tests {
             }
             assert!(!got.is_empty(), "{}: no map relocations", spec.section);
             assert_eq!(got, expected, "{}", spec.section);
-            // Nothing left pointing at .rodata: no ld_imm64 without a
-            // relocation (bpfloader would load address 0).
+            // Nothing left pointing at .rodata (bpfloader would load address
+            // 0): the ld_imm64s without a relocation must be exactly the
+            // aya object's plain 64-bit constants (e.g. BPF_F_CURRENT_CPU),
+            // same immediates; a .rodata pointer there had a relocation.
             let relocated: Vec<u64> = got.iter().map(|(o, _)| *o).collect();
-            let mut k = 0;
-            while k < code.len() {
-                if code[k] == BPF_LD_IMM64 {
-                    assert!(
-                        relocated.contains(&(k as u64)),
-                        "{}: unrelocated ld_imm64 at insn {}",
-                        spec.section,
-                        k / INSN
-                    );
-                    k += 2 * INSN;
-                } else {
-                    k += INSN;
+            let aya_code = &aya_sec.data().unwrap()
+                [aya_sym.address() as usize..(aya_sym.address() + aya_sym.size()) as usize];
+            let aya_relocated: Vec<u64> = aya_sec
+                .relocations()
+                .map(|(o, _)| o.wrapping_sub(aya_sym.address()))
+                .collect();
+            let plain_constants = |code: &[u8], relocated: &[u64]| {
+                let mut imms = Vec::new();
+                let mut k = 0;
+                while k + 2 * INSN <= code.len() {
+                    if code[k] == BPF_LD_IMM64 {
+                        if !relocated.contains(&(k as u64)) {
+                            let lo = u32::from_le_bytes(code[k + 4..k + 8].try_into().unwrap());
+                            let hi = u32::from_le_bytes(code[k + 12..k + 16].try_into().unwrap());
+                            imms.push(u64::from(hi) << 32 | u64::from(lo));
+                        }
+                        k += 2 * INSN;
+                    } else {
+                        k += INSN;
+                    }
                 }
-            }
+                imms.sort_unstable();
+                imms
+            };
+            assert_eq!(
+                plain_constants(code, &relocated),
+                plain_constants(aya_code, &aya_relocated),
+                "{}: unrelocated ld_imm64s differ from the aya object's constants",
+                spec.section
+            );
         }
         // Only our program sections are code sections bpfloader would see.
         let code_secs = obj
