@@ -285,3 +285,55 @@ impl Bpftrace {
             .unwrap_or_default()
     }
 }
+
+/// `vitalsd record` running in the background.
+pub struct Recording {
+    pub child: Child,
+}
+
+impl Recording {
+    /// Starts `vitalsd record ARGS` and returns once its log (stderr) shows
+    /// `marker`, e.g. "eBPF accounting attached" or "capture started".
+    pub fn start(args: &[&str], marker: &str) -> Self {
+        require_root();
+        let mut child = Command::new(vitalsd_bin())
+            .arg("record")
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning vitalsd record");
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                err.read_line(&mut line).unwrap() > 0,
+                "vitalsd exited before logging {marker:?}"
+            );
+            if line.contains(marker) {
+                break;
+            }
+        }
+        // Keep draining stderr so the recorder never blocks on it.
+        std::thread::spawn(move || {
+            let mut l = String::new();
+            while err.read_line(&mut l).unwrap_or(0) > 0 {
+                l.clear();
+            }
+        });
+        Self { child }
+    }
+
+    /// Waits for it to finish successfully; returns what it printed.
+    pub fn wait(self) -> String {
+        let out = self.child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "vitalsd record failed: {}",
+            out.status
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}

@@ -4,62 +4,19 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    io::{BufRead, BufReader},
     path::Path,
-    process::{Child, Command, Stdio},
 };
 
 use serde_json::Value;
 use vitals_tests::*;
 
-struct Recorder {
-    child: Child,
-}
-
-impl Recorder {
-    /// Starts `vitalsd record` and returns once the capture is running.
-    fn start(trace: &Path, args: &[&str]) -> Self {
-        require_root();
-        let mut child = Command::new(vitalsd_bin())
-            .arg("record")
-            .args(["--interval", "500ms", "--top", "0", "--out"])
-            .arg(trace)
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut err = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(
-                err.read_line(&mut line).unwrap() > 0,
-                "vitalsd exited before the capture started"
-            );
-            if line.contains("capture started") {
-                break;
-            }
-        }
-        std::thread::spawn(move || {
-            let mut l = String::new();
-            while err.read_line(&mut l).unwrap_or(0) > 0 {
-                l.clear();
-            }
-        });
-        Self { child }
-    }
-
-    fn wait(self) -> String {
-        let out = self.child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "vitalsd record failed: {}",
-            out.status
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
+/// `vitalsd record --interval 500ms --top 0 --out TRACE ARGS`, returning
+/// once the capture is running.
+fn start(trace: &Path, args: &[&str]) -> Recording {
+    let trace = trace.to_str().unwrap();
+    let mut all = vec!["--interval", "500ms", "--top", "0", "--out", trace];
+    all.extend_from_slice(args);
+    Recording::start(&all, "capture started")
 }
 
 /// (cpu, switch) in file order, each with the prev pid implied by the
@@ -108,7 +65,7 @@ fn ping_pong_switches((transport, reported): (&str, &str)) {
     const N: u64 = 3000;
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.pftrace");
-    let rec = Recorder::start(
+    let rec = start(
         &trace,
         &[
             "--duration",
@@ -233,7 +190,7 @@ fn ping_pong_switches((transport, reported): (&str, &str)) {
 fn sampled_fault_stacks_name_the_faulting_function() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.pftrace");
-    let rec = Recorder::start(
+    let rec = start(
         &trace,
         &["--duration", "3s", "--faults", "--fault-period", "4"],
     );
@@ -309,7 +266,7 @@ fn a_tiny_perf_array_loses_events_and_the_trace_says_so() {
 fn tiny_buffer_loses_events((transport, reported): (&str, &str)) -> String {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.pftrace");
-    let rec = Recorder::start(
+    let rec = start(
         &trace,
         &[
             "--duration",

@@ -1,61 +1,13 @@
 //! `vitalsd record` end to end: the binary, the printed table, and the trace
 //! decoded with the official Perfetto schema.
 
-use std::{
-    io::{BufRead, BufReader},
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+use std::{process::Command, time::Duration};
 
 use vitals_tests::*;
 
-struct Recorder {
-    child: Child,
-}
-
-impl Recorder {
-    /// Starts `vitalsd record` and returns once its programs are attached.
-    fn start(args: &[&str]) -> Self {
-        require_root();
-        let mut child = Command::new(vitalsd_bin())
-            .arg("record")
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut err = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(
-                err.read_line(&mut line).unwrap() > 0,
-                "vitalsd exited before attaching"
-            );
-            if line.contains("eBPF accounting attached") {
-                break;
-            }
-        }
-        // Keep draining stderr so the daemon never blocks on it.
-        std::thread::spawn(move || {
-            let mut l = String::new();
-            while err.read_line(&mut l).unwrap_or(0) > 0 {
-                l.clear();
-            }
-        });
-        Self { child }
-    }
-
-    fn wait(self) -> String {
-        let out = self.child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "vitalsd record failed: {}",
-            out.status
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
+/// `vitalsd record ARGS`, returning once its programs are attached.
+fn start(args: &[&str]) -> Recording {
+    Recording::start(args, "eBPF accounting attached")
 }
 
 /// The printed ONCPU_MS column for `pid`.
@@ -74,7 +26,7 @@ fn printed_oncpu_ms(table: &str, pid: u32) -> String {
 fn trace_holds_system_info_process_tree_and_counters_equal_to_the_table() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.pftrace");
-    let rec = Recorder::start(&[
+    let rec = start(&[
         "--duration",
         "3s",
         "--interval",
@@ -159,7 +111,7 @@ fn trace_holds_system_info_process_tree_and_counters_equal_to_the_table() {
 fn sigint_stops_early_and_leaves_a_valid_trace() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.pftrace");
-    let rec = Recorder::start(&["--duration", "120s", "--out", trace.to_str().unwrap()]);
+    let rec = start(&["--duration", "120s", "--out", trace.to_str().unwrap()]);
     std::thread::sleep(Duration::from_millis(1500));
     unsafe { libc::kill(rec.child.id() as i32, libc::SIGINT) };
     let table = rec.wait();
@@ -176,7 +128,7 @@ fn sigint_stops_early_and_leaves_a_valid_trace() {
 fn tiny_map_bound_counts_drops_and_recording_completes() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.pftrace");
-    let rec = Recorder::start(&[
+    let rec = start(&[
         "--duration",
         "2s",
         "--max-tasks",
