@@ -94,6 +94,16 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("{req:?}: {e}\n{}", self.log()))
     }
 
+    /// Runs `vitalsctl --socket <ours> ARGS` as root.
+    fn vitalsctl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(vitalsd_bin().with_file_name("vitalsctl"))
+            .arg("--socket")
+            .arg(self.socket())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
     fn list(&self) -> Vec<Value> {
         self.call(&Request::List {}).as_array().unwrap().clone()
     }
@@ -466,12 +476,7 @@ fn heap_config(extra: &str) -> String {
 #[test]
 fn vitalsctl_heap_stores_the_profile_with_heapprofds_outcome() {
     let mut d = Daemon::start(&heap_config(""));
-    let out = Command::new(vitalsd_bin().with_file_name("vitalsctl"))
-        .args(["--socket"])
-        .arg(d.socket())
-        .args(["heap", "--name", "surfaceflinger", "--duration", "300ms"])
-        .output()
-        .unwrap();
+    let out = d.vitalsctl(&["heap", "--name", "surfaceflinger", "--duration", "300ms"]);
     assert!(
         out.status.success(),
         "{}\n{}",
@@ -511,14 +516,8 @@ fn vitalsctl_heap_stores_the_profile_with_heapprofds_outcome() {
     d.stop();
     d.spawn();
     assert_eq!(d.list().len(), 1, "restart kept the profile");
-    let heap = |d: &Daemon| {
-        Command::new(vitalsd_bin().with_file_name("vitalsctl"))
-            .args(["--socket"])
-            .arg(d.socket())
-            .args(["heap", "--name", "surfaceflinger", "--duration", "200ms"])
-            .output()
-            .unwrap()
-    };
+    let heap =
+        |d: &Daemon| d.vitalsctl(&["heap", "--name", "surfaceflinger", "--duration", "200ms"]);
     assert!(heap(&d).status.success(), "{}", d.log());
     let third = heap(&d);
     assert!(!third.status.success());
@@ -566,12 +565,7 @@ fn a_rule_heap_profiles_its_allowlisted_offender_beside_the_capture() {
 #[test]
 fn a_sched_capture_through_the_daemon_holds_the_switch_timeline() {
     let d = Daemon::start("");
-    let out = Command::new(vitalsd_bin().with_file_name("vitalsctl"))
-        .args(["--socket"])
-        .arg(d.socket())
-        .args(["--json", "capture", "--duration", "1s", "--sched"])
-        .output()
-        .unwrap();
+    let out = d.vitalsctl(&["--json", "capture", "--duration", "1s", "--sched"]);
     assert!(
         out.status.success(),
         "{}\n{}",
