@@ -943,51 +943,12 @@ impl Accounting {
             }
         }
 
-        {
-            let tasks: PerCpuHashMap<&MapData, u32, TaskCounters> =
-                PerCpuHashMap::try_from(self.map(names::TASKS)?).map_err(map_err(names::TASKS))?;
-            for item in tasks.iter() {
-                let (tid, per_cpu) = match item {
-                    Ok(kv) => kv,
-                    // Freed between get_next_key and lookup: normal.
-                    Err(MapError::KeyNotFound) => continue,
-                    Err(e) => {
-                        return Err(BpfError::Map {
-                            name: names::TASKS,
-                            source: e,
-                        })
-                    }
-                };
-                let mut sum = TaskCounters::default();
-                for c in per_cpu.iter() {
-                    sum.add(c);
-                }
-                snap.tasks.insert(tid, sum);
-            }
-        }
-
-        {
-            let faults: PerCpuHashMap<&MapData, u32, FaultCounters> =
-                PerCpuHashMap::try_from(self.map(names::PROCESS_FAULTS)?)
-                    .map_err(map_err(names::PROCESS_FAULTS))?;
-            for item in faults.iter() {
-                let (tgid, per_cpu) = match item {
-                    Ok(kv) => kv,
-                    Err(MapError::KeyNotFound) => continue,
-                    Err(e) => {
-                        return Err(BpfError::Map {
-                            name: names::PROCESS_FAULTS,
-                            source: e,
-                        })
-                    }
-                };
-                let mut sum = FaultCounters::default();
-                for c in per_cpu.iter() {
-                    sum.add(c);
-                }
-                snap.process_faults.insert(tgid, sum);
-            }
-        }
+        snap.tasks = sum_per_cpu_hash(self.map(names::TASKS)?, names::TASKS, TaskCounters::add)?;
+        snap.process_faults = sum_per_cpu_hash(
+            self.map(names::PROCESS_FAULTS)?,
+            names::PROCESS_FAULTS,
+            FaultCounters::add,
+        )?;
 
         {
             let cpu_state: PerCpuArray<&MapData, CpuState> =
@@ -1310,6 +1271,32 @@ fn check_capabilities() -> Result<(), BpfError> {
         missing: missing.join(" and "),
         have: crate::privileges::describe(&have),
     })
+}
+
+/// Every entry of a per-CPU hash keyed by u32, its slots summed over
+/// possible CPUs with `add`. Keys freed between get_next_key and the lookup
+/// are skipped: that race is normal for tasks exiting during the walk.
+fn sum_per_cpu_hash<V: aya::Pod + Default>(
+    map: &aya::maps::Map,
+    name: &'static str,
+    add: fn(&mut V, &V),
+) -> Result<HashMap<u32, V>, BpfError> {
+    let hash: PerCpuHashMap<&MapData, u32, V> =
+        PerCpuHashMap::try_from(map).map_err(map_err(name))?;
+    let mut out = HashMap::new();
+    for item in hash.iter() {
+        let (key, per_cpu) = match item {
+            Ok(kv) => kv,
+            Err(MapError::KeyNotFound) => continue,
+            Err(source) => return Err(BpfError::Map { name, source }),
+        };
+        let mut sum = V::default();
+        for slot in per_cpu.iter() {
+            add(&mut sum, slot);
+        }
+        out.insert(key, sum);
+    }
+    Ok(out)
 }
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> BpfError {
