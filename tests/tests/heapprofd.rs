@@ -14,7 +14,8 @@ use prost::Message;
 use vitals_tests::fake_perfetto_bin;
 use vitalsd::heapprofd::{
     config::heapprofd_config, metadata_path, HeapProfileRequest, Issue, RateLimitError,
-    RateLimiter, RateLimits, RunError, RunnerConfig, SessionRunner, SessionStatus, TargetStatus,
+    RateLimiter, RateLimits, RunError, RunnerConfig, SessionReport, SessionRunner, SessionStatus,
+    TargetStatus,
 };
 use vitalsd::perfetto::protos::TraceConfig;
 
@@ -65,6 +66,16 @@ fn request(name: &str) -> HeapProfileRequest {
         flush_timeout_ms: 0,
         ..Default::default()
     }
+}
+
+/// One session of `target` against the fake client in `mode`, without rate
+/// limits; returns the report and the trace path.
+fn session(dir: &Path, mode: &str, target: &str) -> (SessionReport, PathBuf) {
+    let out = dir.join("heap.pftrace");
+    let report = runner(dir, mode, unlimited())
+        .run(&request(target), &out, &AtomicBool::new(false))
+        .unwrap();
+    (report, out)
 }
 
 fn unlimited() -> RateLimits {
@@ -130,11 +141,7 @@ fn success_records_profile_and_metadata() {
 #[test]
 fn buffer_overrun_is_reported() {
     let dir = tempfile::tempdir().unwrap();
-    let r = runner(dir.path(), "overrun", unlimited());
-    let out = dir.path().join("heap.pftrace");
-    let report = r
-        .run(&request("system_server"), &out, &AtomicBool::new(false))
-        .unwrap();
+    let (report, out) = session(dir.path(), "overrun", "system_server");
     assert_eq!(report.status, SessionStatus::Completed);
     let p = &report.outcome.as_ref().unwrap().processes[0];
     assert_eq!(p.issues, vec![Issue::BufferOverran]);
@@ -151,11 +158,7 @@ fn buffer_overrun_is_reported() {
 #[test]
 fn no_profile_gives_likely_causes() {
     let dir = tempfile::tempdir().unwrap();
-    let r = runner(dir.path(), "no-profile", unlimited());
-    let out = dir.path().join("heap.pftrace");
-    let report = r
-        .run(&request("surfaceflinger"), &out, &AtomicBool::new(false))
-        .unwrap();
+    let (report, _) = session(dir.path(), "no-profile", "surfaceflinger");
     assert_eq!(report.status, SessionStatus::Completed);
     let o = report.outcome.unwrap();
     assert!(o.processes.is_empty());
@@ -172,11 +175,7 @@ fn no_profile_gives_likely_causes() {
 #[test]
 fn nonzero_exit_is_a_failed_session() {
     let dir = tempfile::tempdir().unwrap();
-    let r = runner(dir.path(), "exit1", unlimited());
-    let out = dir.path().join("heap.pftrace");
-    let report = r
-        .run(&request("surfaceflinger"), &out, &AtomicBool::new(false))
-        .unwrap();
+    let (report, out) = session(dir.path(), "exit1", "surfaceflinger");
     match &report.status {
         SessionStatus::Failed {
             exit_code: Some(1),
@@ -194,11 +193,7 @@ fn nonzero_exit_is_a_failed_session() {
 #[test]
 fn hang_past_timeout_gets_sigterm_and_flushes() {
     let dir = tempfile::tempdir().unwrap();
-    let r = runner(dir.path(), "hang", unlimited());
-    let out = dir.path().join("heap.pftrace");
-    let report = r
-        .run(&request("surfaceflinger"), &out, &AtomicBool::new(false))
-        .unwrap();
+    let (report, _) = session(dir.path(), "hang", "surfaceflinger");
     assert_eq!(report.status, SessionStatus::TimedOut { killed: false });
     // The client flushed on SIGTERM, so the profile is there.
     assert!(report.outcome.unwrap().all_targets_profiled());
@@ -207,11 +202,7 @@ fn hang_past_timeout_gets_sigterm_and_flushes() {
 #[test]
 fn client_ignoring_sigterm_is_killed() {
     let dir = tempfile::tempdir().unwrap();
-    let r = runner(dir.path(), "hang-hard", unlimited());
-    let out = dir.path().join("heap.pftrace");
-    let report = r
-        .run(&request("surfaceflinger"), &out, &AtomicBool::new(false))
-        .unwrap();
+    let (report, _) = session(dir.path(), "hang-hard", "surfaceflinger");
     assert_eq!(report.status, SessionStatus::TimedOut { killed: true });
     assert!(report.outcome.is_none());
 }
