@@ -111,11 +111,23 @@ fn trace_holds_system_info_process_tree_and_counters_equal_to_the_table() {
 fn sigint_stops_early_and_leaves_a_valid_trace() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.pftrace");
-    let rec = start(&["--duration", "120s", "--out", trace.to_str().unwrap()]);
+    let rec = start(&["--duration", "60s", "--out", trace.to_str().unwrap()]);
     std::thread::sleep(Duration::from_millis(1500));
     unsafe { libc::kill(rec.child.id() as i32, libc::SIGINT) };
     let table = rec.wait();
     assert!(table.contains("trace: "), "{table}");
+    // The recording says how long it ran: stopped by the signal, not by
+    // the minute it was asked for.
+    let recorded_s: f64 = table
+        .lines()
+        .find_map(|l| l.strip_prefix("vitalsd record: "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no duration line in:\n{table}"));
+    assert!(
+        recorded_s < 30.0,
+        "ran {recorded_s} s of 60 despite SIGINT at 1.5 s"
+    );
     let t = decode_trace(&trace);
     assert!(t["packet_count"].as_u64().unwrap() > 3);
     assert!(
