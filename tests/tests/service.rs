@@ -302,6 +302,8 @@ fn sigterm_cuts_a_running_capture_and_stores_it() {
     let m = &index.as_array().unwrap()[0];
     assert_eq!(m["id"], id.as_str());
     assert!(m["status"].as_str().unwrap().contains("stopped"), "{m}");
+    // Cut at the signal (after ~1.5 s), not run out to its 60 s.
+    assert!(m["duration_ms"].as_u64().unwrap() < 30_000, "{m}");
     decode_trace(&d.store().join(format!("{id}.pftrace")));
 }
 
