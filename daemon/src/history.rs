@@ -5,7 +5,7 @@
 
 use std::{collections::VecDeque, sync::Arc};
 
-use crate::tracker::Window;
+use crate::tracker::{TaskWindow, Window};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProcessVitals {
@@ -35,45 +35,45 @@ pub struct VitalsSample {
 /// CPU, the busiest by major faults and by RSS, and every process whose
 /// name a rule watches, so a named rule never loses sight of its target.
 pub fn summarize(win: &Window, k: usize, watched: &[String]) -> VitalsSample {
-    let mono = win.clocks.monotonic_ns.unwrap_or(0) as f64 / 1e9;
-    let all: Vec<ProcessVitals> = win
-        .processes
-        .iter()
-        .filter(|p| !p.removed)
-        .map(|p| ProcessVitals {
-            pid: p.pid,
-            starttime_ticks: p.starttime_ticks,
-            name: Arc::from(p.name().as_str()),
-            core_equivalent_pct: p.core_equivalent_pct.unwrap_or(0.0),
-            majflt_per_s: match (&p.delta, mono > 0.0) {
-                (Some(d), true) => d.majflt as f64 / mono,
-                _ => 0.0,
-            },
-            rss_kb: p.status.as_ref().and_then(|s| s.vm_rss_kb),
-        })
-        .collect();
-    let mut keep = vec![false; all.len()];
-    let mut mark_top = |n: usize, key: &dyn Fn(&ProcessVitals) -> f64| {
-        let mut idx: Vec<usize> = (0..all.len()).collect();
-        idx.sort_by(|&a, &b| key(&all[b]).total_cmp(&key(&all[a])));
+    let mono_s = win.clocks.monotonic_ns.unwrap_or(0) as f64 / 1e9;
+    let majflt_per_s = |p: &TaskWindow| match (&p.delta, mono_s > 0.0) {
+        (Some(d), true) => d.majflt as f64 / mono_s,
+        _ => 0.0,
+    };
+    let rss_kb = |p: &TaskWindow| p.status.as_ref().and_then(|s| s.vm_rss_kb);
+    let live: Vec<&TaskWindow> = win.processes.iter().filter(|p| !p.removed).collect();
+    // Choose by the window's own numbers first; names and the kept rows are
+    // built only for the chosen few, not for every process every sample.
+    let mut keep = vec![false; live.len()];
+    let mut mark_top = |n: usize, key: &dyn Fn(&TaskWindow) -> f64| {
+        let mut idx: Vec<usize> = (0..live.len()).collect();
+        idx.sort_by(|&a, &b| key(live[b]).total_cmp(&key(live[a])));
         for &i in idx.iter().take(n) {
-            if key(&all[i]) > 0.0 {
+            if key(live[i]) > 0.0 {
                 keep[i] = true;
             }
         }
     };
-    mark_top(k, &|p| p.core_equivalent_pct);
-    mark_top(k.div_ceil(4), &|p| p.majflt_per_s);
-    mark_top(k.div_ceil(4), &|p| p.rss_kb.unwrap_or(0) as f64);
-    for (i, p) in all.iter().enumerate() {
-        if watched.iter().any(|w| w.as_str() == &*p.name) {
+    mark_top(k, &|p| p.core_equivalent_pct.unwrap_or(0.0));
+    mark_top(k.div_ceil(4), &majflt_per_s);
+    mark_top(k.div_ceil(4), &|p| rss_kb(p).unwrap_or(0) as f64);
+    for (i, p) in live.iter().enumerate() {
+        if watched.iter().any(|w| p.has_name(w)) {
             keep[i] = true;
         }
     }
-    let processes = all
-        .into_iter()
+    let processes = live
+        .iter()
         .zip(keep)
-        .filter_map(|(p, k)| k.then_some(p))
+        .filter(|(_, k)| *k)
+        .map(|(p, _)| ProcessVitals {
+            pid: p.pid,
+            starttime_ticks: p.starttime_ticks,
+            name: Arc::from(p.name().as_str()),
+            core_equivalent_pct: p.core_equivalent_pct.unwrap_or(0.0),
+            majflt_per_s: majflt_per_s(p),
+            rss_kb: rss_kb(p),
+        })
         .collect();
     let psi_avg10 = std::array::from_fn(|i| match &win.pressure[i] {
         Some(crate::procfs::PsiState::Available(p)) => {

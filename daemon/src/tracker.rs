@@ -154,6 +154,15 @@ impl TaskWindow {
             _ => self.comm.to_string_lossy(),
         }
     }
+
+    /// `self.name() == name`, without allocating (runs for every process
+    /// every sample in the daemon).
+    pub fn has_name(&self, name: &str) -> bool {
+        match self.cmdline.as_deref() {
+            Some(c) if !c.is_empty() => crate::procfs::cmdline::name_from_cmdline(c) == name,
+            _ => self.comm.as_bytes() == name.as_bytes(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
