@@ -2,22 +2,6 @@
 //! zombies. Read once per process instance (it rarely changes and costs a
 //! page walk of the target's memory), not every window.
 
-use std::path::{Path, PathBuf};
-
-use thiserror::Error;
-
-use super::read_into;
-
-#[derive(Debug, Error)]
-pub enum CmdlineError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
 /// argv as the kernel holds it: NUL-separated. A process may rewrite its
 /// argv area (setproctitle), so the bytes are not guaranteed UTF-8 or
 /// NUL-terminated; trailing NULs are dropped and invalid UTF-8 replaced.
@@ -42,16 +26,6 @@ pub fn parse_cmdline(bytes: &[u8]) -> String {
 pub fn name_from_cmdline(cmdline: &str) -> &str {
     let argv0 = cmdline.split(' ').next().unwrap_or("");
     argv0.rsplit('/').next().unwrap_or(argv0)
-}
-
-pub fn read_cmdline(path: &Path, buf: &mut Vec<u8>) -> Result<String, CmdlineError> {
-    match read_into(path, buf) {
-        Ok(()) => Ok(parse_cmdline(buf)),
-        Err(source) => Err(CmdlineError::Read {
-            path: path.to_owned(),
-            source,
-        }),
-    }
 }
 
 #[cfg(test)]

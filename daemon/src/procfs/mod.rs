@@ -20,14 +20,14 @@ mod proptests;
 pub(crate) mod testutil;
 
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-pub use cmdline::{parse_cmdline, CmdlineError};
+pub use cmdline::parse_cmdline;
 pub use loadavg::{parse_loadavg, LoadAvg, LoadAvgError};
-pub use pid_stat::{parse_pid_stat, Comm, PidStat, PidStatError};
-pub use pid_status::{parse_pid_status, PidStatus, PidStatusError};
+pub use pid_stat::{parse_pid_stat, Comm, PidStat};
+pub use pid_status::{parse_pid_status, PidStatus};
 pub use pressure::{parse_pressure, Pressure, PressureError, PsiRecord, PsiResource, PsiState};
 pub use sampler::{
     scan_once, scan_repeat, ProcessSample, Sample, SampleOptions, Sampler, SamplerError,
@@ -37,6 +37,23 @@ pub use stat::{parse_stat, CpuTimes, StatError, SystemStat};
 
 /// The default procfs mount point.
 pub const DEFAULT_PROC_ROOT: &str = "/proc";
+
+/// A procfs file that could not be read or parsed, with its path.
+#[derive(Debug, Error)]
+pub enum FileError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("parsing {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: ParseError,
+    },
+}
 
 /// What went wrong inside a file's text. Shared by all parsers; each reader
 /// wraps it with the path that failed.

@@ -9,27 +9,8 @@
 //! fields at the end do not break us.
 
 use std::fmt;
-use std::path::PathBuf;
-
-use thiserror::Error;
 
 use super::{fields, parse_i64, parse_u64, ParseError};
-
-#[derive(Debug, Error)]
-pub enum PidStatError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("parsing {path}: {source}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: ParseError,
-    },
-}
 
 /// A task's comm, stored inline so a scan allocates nothing per task.
 /// TASK_COMM_LEN is 16, but workqueue workers show longer names

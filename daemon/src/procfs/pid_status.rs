@@ -4,27 +4,7 @@
 //! HashMap of every line (~55 allocations per process per scan) and we need
 //! six keys. Kernel threads have no Vm*/Rss* lines, so those are optional.
 
-use std::path::PathBuf;
-
-use thiserror::Error;
-
 use super::{fields, parse_u64, ParseError};
-
-#[derive(Debug, Error)]
-pub enum PidStatusError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("parsing {path}: {source}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: ParseError,
-    },
-}
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PidStatus {

@@ -7,27 +7,12 @@
 //! (psi_proc_init returns early) or reads fail with EOPNOTSUPP: both are
 //! reported as `PsiState::Unavailable`, not as errors.
 
-use std::path::{Path, PathBuf};
-
-use thiserror::Error;
+use std::path::Path;
 
 use super::{fields, parse_u64, read_into, ParseError};
 
-#[derive(Debug, Error)]
-pub enum PressureError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("parsing {path}: {source}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: ParseError,
-    },
-}
+/// Reading or parsing the file failed; carries its path.
+pub type PressureError = super::FileError;
 
 /// One "some"/"full" line. Averages are percentages of wall time; total is
 /// cumulative stall time in microseconds.

@@ -5,27 +5,12 @@
 //! of each `cpuN` line (a plain Vec), so after a hotplug event the i-th entry
 //! is a different CPU and per-CPU deltas would silently mix CPUs.
 
-use std::path::{Path, PathBuf};
-
-use thiserror::Error;
+use std::path::Path;
 
 use super::{fields, parse_u64, read_into, ParseError};
 
-#[derive(Debug, Error)]
-pub enum StatError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("parsing {path}: {source}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: ParseError,
-    },
-}
+/// Reading or parsing the file failed; carries its path.
+pub type StatError = super::FileError;
 
 /// One `cpu` line, in USER_HZ ticks. `guest` and `guest_nice` are already
 /// included in `user` and `nice` by the kernel (account_guest_time adds to
