@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::util::workspace_root;
+use crate::util::{bpf_progs, set_bpf_stats, workspace_root};
 
 struct Cost {
     cpu_ticks: u64,
@@ -75,36 +75,23 @@ fn start_vitalsd(dir: &Path) -> Result<Child> {
     Ok(child)
 }
 
-fn bpf_prog_ids() -> Result<HashSet<u64>> {
-    let out = Command::new("bpftool")
-        .args(["prog", "show", "--json"])
-        .output()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    Ok(v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p["id"].as_u64())
-        .collect())
-}
-
+/// Total kernel run time of the programs `ids`.
 fn bpf_run_time_ns(ids: &HashSet<u64>) -> Result<u64> {
-    let out = Command::new("bpftool")
-        .args(["prog", "show", "--json"])
-        .output()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    Ok(v.as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| p["id"].as_u64().is_some_and(|id| ids.contains(&id)))
-        .filter_map(|p| p["run_time_ns"].as_u64())
+    Ok(bpf_progs()?
+        .iter()
+        .filter(|(id, _)| ids.contains(id))
+        .map(|(_, p)| p.run_time_ns)
         .sum())
 }
 
 pub fn run(seconds: u64) -> Result<()> {
     let dir = tempfile_dir()?;
-    let before = bpf_prog_ids()?;
+    let before: HashSet<u64> = bpf_progs()?.into_keys().collect();
     let mut vitalsd = start_vitalsd(&dir)?;
-    let ours: HashSet<u64> = bpf_prog_ids()?.difference(&before).copied().collect();
+    let ours: HashSet<u64> = bpf_progs()?
+        .into_keys()
+        .filter(|id| !before.contains(id))
+        .collect();
     // Let start-up (load, first scans) settle before measuring.
     std::thread::sleep(Duration::from_secs(2));
     let n = (seconds + 5).to_string();
@@ -168,7 +155,7 @@ pub fn run(seconds: u64) -> Result<()> {
     );
 
     // Kernel side: vitalsd's eBPF programs, with stats on for 10 s.
-    std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")?;
+    set_bpf_stats(true)?;
     let t = Instant::now();
     let measured = (|| -> Result<(u64, u64)> {
         let r0 = bpf_run_time_ns(&ours)?;
@@ -176,7 +163,7 @@ pub fn run(seconds: u64) -> Result<()> {
         Ok((r0, bpf_run_time_ns(&ours)?))
     })();
     let secs = t.elapsed().as_secs_f64();
-    std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0")?;
+    set_bpf_stats(false)?;
     let (r0, r1) = measured?;
     println!(
         "vitalsd eBPF programs in the kernel: {:.3}% of one core on this idle machine ({} programs, bpf_stats over {:.0} s)",

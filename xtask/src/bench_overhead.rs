@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::util::{output, workspace_root};
+use crate::util::{bpf_progs, output, set_bpf_stats, workspace_root, ProgStat};
 
 const BPFTRACE_PROG: &str = "tracepoint:sched:sched_switch { if (@start[args->prev_pid] > 0) { @oncpu[args->prev_pid] += nsecs - @start[args->prev_pid]; } @start[args->next_pid] = nsecs; }";
 
@@ -142,39 +142,6 @@ fn median(mut v: Vec<f64>) -> f64 {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
-}
-
-#[derive(Debug, Clone)]
-struct ProgStat {
-    name: String,
-    run_time_ns: u64,
-    run_cnt: u64,
-}
-
-fn bpf_progs() -> Result<HashMap<u64, ProgStat>> {
-    let json = output(Command::new("bpftool").args(["prog", "show", "--json"]))?;
-    let v: serde_json::Value = serde_json::from_str(&json).context("bpftool json")?;
-    let mut out = HashMap::new();
-    for p in v.as_array().into_iter().flatten() {
-        let id = p["id"].as_u64().unwrap_or(0);
-        out.insert(
-            id,
-            ProgStat {
-                name: p["name"].as_str().unwrap_or("?").to_owned(),
-                run_time_ns: p["run_time_ns"].as_u64().unwrap_or(0),
-                run_cnt: p["run_cnt"].as_u64().unwrap_or(0),
-            },
-        );
-    }
-    Ok(out)
-}
-
-fn set_bpf_stats(on: bool) -> Result<()> {
-    std::fs::write(
-        "/proc/sys/kernel/bpf_stats_enabled",
-        if on { "1" } else { "0" },
-    )
-    .context("writing kernel.bpf_stats_enabled")
 }
 
 pub fn run(rounds: usize, loops: u64) -> Result<()> {

@@ -3,6 +3,8 @@ use std::{
     process::Command,
 };
 
+use std::collections::HashMap;
+
 use anyhow::{bail, Context, Result};
 
 pub fn workspace_root() -> PathBuf {
@@ -42,4 +44,40 @@ pub fn output(cmd: &mut Command) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[derive(Debug, Clone)]
+/// One loaded BPF program, as `bpftool prog show --json` reports it
+/// (run_time_ns/run_cnt move only while kernel.bpf_stats_enabled=1).
+pub struct ProgStat {
+    pub name: String,
+    pub run_time_ns: u64,
+    pub run_cnt: u64,
+}
+
+/// Every loaded BPF program by id.
+pub fn bpf_progs() -> Result<HashMap<u64, ProgStat>> {
+    let json = output(Command::new("bpftool").args(["prog", "show", "--json"]))?;
+    let v: serde_json::Value = serde_json::from_str(&json).context("bpftool json")?;
+    let mut out = HashMap::new();
+    for p in v.as_array().into_iter().flatten() {
+        let id = p["id"].as_u64().unwrap_or(0);
+        out.insert(
+            id,
+            ProgStat {
+                name: p["name"].as_str().unwrap_or("?").to_owned(),
+                run_time_ns: p["run_time_ns"].as_u64().unwrap_or(0),
+                run_cnt: p["run_cnt"].as_u64().unwrap_or(0),
+            },
+        );
+    }
+    Ok(out)
+}
+
+pub fn set_bpf_stats(on: bool) -> Result<()> {
+    std::fs::write(
+        "/proc/sys/kernel/bpf_stats_enabled",
+        if on { "1" } else { "0" },
+    )
+    .context("writing kernel.bpf_stats_enabled")
 }

@@ -176,15 +176,7 @@ fn main() -> Result<()> {
             }
             if !no_wait {
                 let m = wait_stored(&mut c, &id, "capture", "manual", duration, cli.json)?;
-                if cli.json {
-                    println!("{m}");
-                } else {
-                    println!(
-                        "stored {id}: {} bytes, {}",
-                        m["trace_bytes"],
-                        m["status"].as_str().unwrap_or("?")
-                    );
-                }
+                print_stored(&m, cli.json);
             } else if cli.json {
                 println!("{v}");
             }
@@ -214,14 +206,8 @@ fn main() -> Result<()> {
                 duration,
                 cli.json,
             )?;
-            if cli.json {
-                println!("{m}");
-            } else {
-                println!(
-                    "stored {id}: {} bytes, {}",
-                    m["trace_bytes"],
-                    m["status"].as_str().unwrap_or("?")
-                );
+            print_stored(&m, cli.json);
+            if !cli.json {
                 for t in m["heapprofd"]["outcome"]["targets"]
                     .as_array()
                     .into_iter()
@@ -321,6 +307,20 @@ fn wait_stored(
             eprint!(".");
         }
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// One stored capture's metadata: JSON, or a line for people.
+fn print_stored(m: &Value, json: bool) {
+    if json {
+        println!("{m}");
+    } else {
+        println!(
+            "stored {}: {} bytes, {}",
+            m["id"].as_str().unwrap_or("?"),
+            m["trace_bytes"],
+            m["status"].as_str().unwrap_or("?")
+        );
     }
 }
 
