@@ -6,7 +6,10 @@ use std::{
     fs::File,
     io::BufWriter,
     path::{Path, PathBuf},
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -26,8 +29,8 @@ use crate::{
     },
     privileges::{self, PrivilegeError},
     procfs::{
-        identity::{self, ProcessIdentity},
-        sampler::{Sample, SampleOptions, Sampler, SamplerError},
+        cmdline::{argv, name_from_cmdline},
+        sampler::{ProcessSample, Sample, SampleOptions, Sampler, SamplerError},
     },
     system::{self, SystemError},
     tracker::Tracker,
@@ -237,31 +240,33 @@ pub fn record_with(
         system_ram_bytes: None,
     })?;
 
-    // Every process alive now, with its real cmdline.
-    let mut known: HashMap<u32, ProcessIdentity> = HashMap::new();
-    let initial = identity::scan_processes(&opts.proc_root);
-    writer.write_process_tree(start.boottime_ns, &tree_entries(&initial))?;
-    prelude(&mut writer)?;
-    for p in initial {
-        known.insert(p.pid, p);
-    }
-    writer.flush()?;
-
     // procfs alongside: system CPU, load, pressure, per-process CPU, memory
-    // and faults as the kernel accounts them.
+    // and faults as the kernel accounts them; its scan also names processes.
     let hz = system::clock_ticks_per_second()?;
     let mut sampler = Sampler::new(
         &opts.proc_root,
         SampleOptions {
             threads: false,
             status: true,
-            cmdline: false,
+            cmdline: true,
         },
     );
     let mut tracker = Tracker::new(hz);
     let mut sample = Sample::default();
     sampler.sample_into(&mut sample)?;
     tracker.update(&sample);
+
+    // Every process alive now, with its real argv.
+    let mut known: HashMap<u32, ProcessIdentity> = sample
+        .processes
+        .iter()
+        .map(|p| (p.stat.pid as u32, ProcessIdentity::of(p)))
+        .collect();
+    let mut initial: Vec<&ProcessIdentity> = known.values().collect();
+    initial.sort_by_key(|p| p.pid);
+    writer.write_process_tree(start.boottime_ns, &tree_entries(initial))?;
+    prelude(&mut writer)?;
+    writer.flush()?;
 
     let mut totals = Totals::new();
     let mut tracks: HashMap<u32, ProcessTracks> = HashMap::new();
@@ -291,18 +296,30 @@ pub fn record_with(
             c.flush(&accounting, &mut writer, clocks.boottime_ns)?;
         }
 
-        // Name processes we have not seen yet before their first counter.
-        let mut new_entries = Vec::new();
-        for r in &rows {
-            if let std::collections::hash_map::Entry::Vacant(e) = known.entry(r.tgid) {
-                let id = identity::read_process(&opts.proc_root, r.tgid)
-                    .unwrap_or_else(|| ProcessIdentity::unknown(r.tgid));
-                new_entries.push(id.clone());
-                e.insert(id);
+        // Name processes we have not seen yet before their first counter,
+        // from this tick's scan (gone before it: unknown, named by pid).
+        let unseen: Vec<u32> = rows
+            .iter()
+            .map(|r| r.tgid)
+            .filter(|t| !known.contains_key(t))
+            .collect();
+        if !unseen.is_empty() {
+            let scanned: HashMap<u32, &ProcessSample> = sample
+                .processes
+                .iter()
+                .map(|p| (p.stat.pid as u32, p))
+                .collect();
+            for &tgid in &unseen {
+                let id = scanned
+                    .get(&tgid)
+                    .map(|p| ProcessIdentity::of(p))
+                    .unwrap_or_else(|| ProcessIdentity::unknown(tgid));
+                known.insert(tgid, id);
             }
-        }
-        if !new_entries.is_empty() {
-            writer.write_process_tree(clocks.boottime_ns, &tree_entries(&new_entries))?;
+            writer.write_process_tree(
+                clocks.boottime_ns,
+                &tree_entries(unseen.iter().map(|t| &known[t])),
+            )?;
         }
 
         for r in &rows {
@@ -388,19 +405,66 @@ pub fn record_with(
     })
 }
 
-fn tree_entries(ids: &[ProcessIdentity]) -> Vec<ProcessTreeEntry> {
-    ids.iter()
-        .map(|p| ProcessTreeEntry {
-            pid: p.pid as i32,
-            ppid: p.ppid as i32,
-            cmdline_is_comm: p.cmdline.is_empty(),
-            cmdline: if p.cmdline.is_empty() {
-                vec![p.comm.clone()]
-            } else {
-                p.cmdline.clone()
-            },
-            uid: None,
-            threads: Vec::new(),
+/// Who a process is, for naming its tracks and its ProcessTree entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ProcessIdentity {
+    pid: u32,
+    ppid: u32,
+    comm: String,
+    /// /proc/<pid>/stat field 22; with pid it identifies the instance.
+    starttime_ticks: u64,
+    /// NUL-separated argv (procfs::cmdline); empty for kernel threads.
+    cmdline: Arc<str>,
+}
+
+impl ProcessIdentity {
+    fn of(p: &ProcessSample) -> Self {
+        Self {
+            pid: p.stat.pid as u32,
+            ppid: p.stat.ppid.max(0) as u32,
+            comm: p.stat.comm.to_string_lossy(),
+            starttime_ticks: p.stat.starttime_ticks,
+            cmdline: p.cmdline.clone().unwrap_or_else(|| Arc::from("")),
+        }
+    }
+
+    /// A process that was gone before it could be read.
+    fn unknown(pid: u32) -> Self {
+        Self {
+            pid,
+            ppid: 0,
+            comm: format!("<{pid}>"),
+            starttime_ticks: 0,
+            cmdline: Arc::from(""),
+        }
+    }
+
+    /// argv[0]'s basename (Android app processes set argv[0] to the
+    /// package name), else comm.
+    fn name(&self) -> &str {
+        match name_from_cmdline(&self.cmdline) {
+            "" => &self.comm,
+            n => n,
+        }
+    }
+}
+
+fn tree_entries<'a>(ids: impl IntoIterator<Item = &'a ProcessIdentity>) -> Vec<ProcessTreeEntry> {
+    ids.into_iter()
+        .map(|p| {
+            let argv: Vec<String> = argv(&p.cmdline).map(str::to_owned).collect();
+            ProcessTreeEntry {
+                pid: p.pid as i32,
+                ppid: p.ppid as i32,
+                cmdline_is_comm: argv.is_empty(),
+                cmdline: if argv.is_empty() {
+                    vec![p.comm.clone()]
+                } else {
+                    argv
+                },
+                uid: None,
+                threads: Vec::new(),
+            }
         })
         .collect()
 }

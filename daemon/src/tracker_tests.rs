@@ -337,7 +337,9 @@ fn comm_with_spaces_and_parens_through_the_whole_path() {
     assert_eq!(p.comm.as_bytes(), b"my app) (x");
     assert_eq!(p.delta.unwrap().utime_ticks, 2);
     assert_eq!(p.status.unwrap().vm_rss_kb, Some(2048));
-    assert_eq!(p.cmdline.as_deref(), Some("/usr/bin/my app) (x --flag"));
+    let argv: Vec<&str> = crate::procfs::cmdline::argv(p.cmdline.as_deref().unwrap()).collect();
+    assert_eq!(argv, vec!["/usr/bin/my app) (x", "--flag"]);
+    assert_eq!(p.name(), "my app) (x");
 }
 
 #[test]

@@ -6,7 +6,6 @@
 //! Nothing here computes deltas: that is `crate::tracker`'s job.
 
 pub mod cmdline;
-pub mod identity;
 pub mod loadavg;
 pub mod pid_stat;
 pub mod pid_status;
