@@ -16,6 +16,8 @@ pub struct ProcessVitals {
     pub core_equivalent_pct: f64,
     pub majflt_per_s: f64,
     pub rss_kb: Option<u64>,
+    /// eBPF on-CPU time and runqueue wait over the window, when known.
+    pub ebpf: Option<crate::tracker::BpfDelta>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -34,7 +36,12 @@ pub struct VitalsSample {
 /// Picks what to keep from a tracker window: the `k` busiest processes by
 /// CPU, the busiest by major faults and by RSS, and every process whose
 /// name a rule watches, so a named rule never loses sight of its target.
-pub fn summarize(win: &Window, k: usize, watched: &[String]) -> VitalsSample {
+pub fn summarize(
+    win: &Window,
+    k: usize,
+    watched: &[String],
+    bpf: &std::collections::HashMap<u32, crate::tracker::BpfDelta>,
+) -> VitalsSample {
     let mono_s = win.clocks.monotonic_ns.unwrap_or(0) as f64 / 1e9;
     let majflt_per_s = |p: &TaskWindow| match (&p.delta, mono_s > 0.0) {
         (Some(d), true) => d.majflt as f64 / mono_s,
@@ -73,6 +80,7 @@ pub fn summarize(win: &Window, k: usize, watched: &[String]) -> VitalsSample {
             core_equivalent_pct: p.core_equivalent_pct.unwrap_or(0.0),
             majflt_per_s: majflt_per_s(p),
             rss_kb: rss_kb(p),
+            ebpf: bpf.get(&(p.pid as u32)).copied(),
         })
         .collect();
     let psi_avg10 = std::array::from_fn(|i| match &win.pressure[i] {

@@ -6,7 +6,7 @@
 //! socket runs on its own thread and reads what the main thread publishes.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     path::PathBuf,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -23,7 +23,8 @@ use crate::{
     capture::CaptureOptions,
     config::{CaptureSpec, Config},
     control::server::{
-        self, CaptureProgress, Command, DaemonState, ServerError, Shared, TopRow, TriggerRecord,
+        self, CaptureProgress, Command, DaemonState, ServerError, Shared, TopEbpf, TopRow,
+        TriggerRecord,
     },
     export,
     heapprofd::{
@@ -36,7 +37,7 @@ use crate::{
     record::{record_with, RecordError, RecordOptions, RecordSummary},
     store::{self, CaptureMeta, Limits, Pending, Store, StoreError, TriggerInfo},
     system::{self, SystemError},
-    tracker::Tracker,
+    tracker::{bpf_deltas, BpfDelta, DropCounters, Tracker},
     triggers::{Engine, Fired, SysfsProbe},
 };
 
@@ -440,6 +441,9 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
     let mut next_tick = Instant::now();
     let mut last_expiry = Instant::now();
     let mut read_errors = ReadErrors::default();
+    // eBPF counters of the previous sample, for per-window deltas.
+    let mut bpf_prev = HashMap::new();
+    let mut bpf_delta_drops = DropCounters::default();
 
     loop {
         let now = Instant::now();
@@ -602,10 +606,15 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
         // Always-on sample.
         // A failed read costs this sample, never the daemon: counted and
         // logged (once per streak), and the next tick tries again.
+        let mut bpf_window: HashMap<u32, BpfDelta> = HashMap::new();
         match accounting.read() {
             // Folding drains the EXITED map and keeps the drop counters current.
             Ok(snap) => {
-                totals.update(&snap);
+                let rows = totals.update(&snap);
+                bpf_window = bpf_deltas(&mut bpf_prev, &rows, &mut bpf_delta_drops)
+                    .into_iter()
+                    .map(|d| (d.tgid, d))
+                    .collect();
                 read_errors.bpf_streak = 0;
             }
             Err(e) => {
@@ -636,6 +645,7 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
                 w,
                 cfg.sampling.history_processes,
                 &engine.watched_processes(),
+                &bpf_window,
             ));
             let mut procs: Vec<&crate::tracker::TaskWindow> =
                 w.processes.iter().filter(|p| p.working).collect();
@@ -655,6 +665,12 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
                     minflt: p.delta.map(|d| d.minflt).unwrap_or(0),
                     majflt: p.delta.map(|d| d.majflt).unwrap_or(0),
                     rss_kb: p.status.as_ref().and_then(|s| s.vm_rss_kb),
+                    ebpf: bpf_window.get(&(p.pid as u32)).map(|d| TopEbpf {
+                        oncpu_ms: d.oncpu_ns as f64 / 1e6,
+                        runq_wait_ms: d.runq_wait_ns as f64 / 1e6,
+                        voluntary_switches: d.voluntary_switches,
+                        involuntary_switches: d.involuntary_switches,
+                    }),
                 })
                 .collect();
         }
@@ -717,6 +733,8 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
             .zip(totals.drops)
             .map(|(n, v)| (n.to_string(), v))
             .collect();
+        st.bpf_drops
+            .insert("negative_deltas".into(), bpf_delta_drops.negative_deltas);
         st.triggers_fired = engine.fired_total;
         st.triggers_skipped = engine
             .skipped

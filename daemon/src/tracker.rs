@@ -581,3 +581,94 @@ impl Tracker {
 #[cfg(test)]
 #[path = "tracker_tests.rs"]
 mod tests;
+
+/// One process's eBPF figures over a window: deltas of the cumulative
+/// counters `bpf::totals` keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BpfDelta {
+    pub tgid: u32,
+    pub oncpu_ns: u64,
+    pub runq_wait_ns: u64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+}
+
+/// Per-window eBPF deltas, by the same rules as the procfs ones: a process
+/// seen for the first time has no delta (its counters may span more than
+/// the window), and a counter that went backwards drops that process's
+/// delta and counts in `negative_deltas`, never clamped. `prev` becomes `cur`.
+pub fn bpf_deltas(
+    prev: &mut HashMap<u32, crate::bpf::totals::ProcessCounters>,
+    cur: &[crate::bpf::totals::ProcessCounters],
+    drops: &mut DropCounters,
+) -> Vec<BpfDelta> {
+    let mut out = Vec::new();
+    for c in cur {
+        if let Some(p) = prev.get(&c.tgid) {
+            let d = (|| {
+                Some(BpfDelta {
+                    tgid: c.tgid,
+                    oncpu_ns: c.oncpu_ns.checked_sub(p.oncpu_ns)?,
+                    runq_wait_ns: c.runq_wait_ns.checked_sub(p.runq_wait_ns)?,
+                    voluntary_switches: c.voluntary_switches.checked_sub(p.voluntary_switches)?,
+                    involuntary_switches: c
+                        .involuntary_switches
+                        .checked_sub(p.involuntary_switches)?,
+                })
+            })();
+            match d {
+                Some(d) => out.push(d),
+                None => drops.negative_deltas += 1,
+            }
+        }
+    }
+    prev.clear();
+    // An ended process's tgid may be reused: forget it.
+    prev.extend(cur.iter().filter(|c| !c.ended).map(|c| (c.tgid, *c)));
+    out
+}
+
+#[cfg(test)]
+mod bpf_delta_tests {
+    use super::*;
+    use crate::bpf::totals::ProcessCounters;
+
+    fn row(tgid: u32, oncpu_ns: u64, vol: u64) -> ProcessCounters {
+        ProcessCounters {
+            tgid,
+            oncpu_ns,
+            voluntary_switches: vol,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn first_sight_baseline_then_deltas_and_backwards_dropped() {
+        let mut prev = HashMap::new();
+        let mut drops = DropCounters::default();
+        assert!(bpf_deltas(&mut prev, &[row(1, 100, 1)], &mut drops).is_empty());
+        let d = bpf_deltas(&mut prev, &[row(1, 350, 4), row(2, 10, 0)], &mut drops);
+        assert_eq!(d.len(), 1);
+        assert_eq!(
+            (d[0].tgid, d[0].oncpu_ns, d[0].voluntary_switches),
+            (1, 250, 3)
+        );
+        let d = bpf_deltas(&mut prev, &[row(1, 300, 4), row(2, 30, 0)], &mut drops);
+        assert_eq!(d.len(), 1, "tgid 1 went backwards: dropped, not clamped");
+        assert_eq!((d[0].tgid, d[0].oncpu_ns), (2, 20));
+        assert_eq!(drops.negative_deltas, 1);
+    }
+
+    #[test]
+    fn ended_process_is_forgotten() {
+        let mut prev = HashMap::new();
+        let mut drops = DropCounters::default();
+        bpf_deltas(&mut prev, &[row(5, 100, 0)], &mut drops);
+        let mut last = row(5, 150, 0);
+        last.ended = true;
+        assert_eq!(bpf_deltas(&mut prev, &[last], &mut drops)[0].oncpu_ns, 50);
+        // A new process reusing tgid 5 starts from its own zero.
+        assert!(bpf_deltas(&mut prev, &[row(5, 7, 0)], &mut drops).is_empty());
+        assert_eq!(drops.negative_deltas, 0);
+    }
+}

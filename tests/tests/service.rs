@@ -673,3 +673,39 @@ fn a_full_disk_costs_at_most_that_capture_and_the_daemon_keeps_going() {
     });
     d.stop();
 }
+
+/// The always-on eBPF figures reach `top`: a spinner's on-CPU time over a
+/// 250 ms window is about 250 ms, beside procfs's core-equivalent %.
+#[test]
+fn top_carries_the_ebpf_figures_of_each_window() {
+    let d = Daemon::start("");
+    let mut w = Workload::spawn(&["spin", "4000"]);
+    w.expect("ready");
+    let pid = w.pid() as u64;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let row = loop {
+        let top = d.call(&Request::Top { n: 50 });
+        let row = top["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"].as_u64() == Some(pid) && !p["ebpf"].is_null())
+            .cloned();
+        if let Some(r) = row {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no eBPF row for the spinner in top: {top}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let oncpu_ms = row["ebpf"]["oncpu_ms"].as_f64().unwrap();
+    assert!(
+        (100.0..=400.0).contains(&oncpu_ms),
+        "spinner on-CPU {oncpu_ms} ms in a 250 ms window: {row}"
+    );
+    assert!(row["core_equivalent_pct"].as_f64().unwrap() > 0.0, "{row}");
+    w.expect("done");
+    w.finish();
+}

@@ -129,13 +129,31 @@ fn main() -> Result<()> {
                     loadavg(&v["loadavg"])
                 );
                 println!(
-                    "{:>7} {:<24} {:>9} {:>9} {:>8} {:>8} {:>10}",
-                    "PID", "PROCESS", "CORE_EQ%", "MACHINE%", "MINFLT", "MAJFLT", "RSS_KB"
+                    "{:>7} {:<24} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>8} {:>8} {:>10}",
+                    "PID",
+                    "PROCESS",
+                    "CORE_EQ%",
+                    "MACHINE%",
+                    "ONCPU_MS",
+                    "RUNQ_MS",
+                    "VOL_SW",
+                    "INV_SW",
+                    "MINFLT",
+                    "MAJFLT",
+                    "RSS_KB"
                 );
                 for p in v["processes"].as_array().into_iter().flatten() {
+                    // eBPF columns: "-" on a process's first window.
+                    let e = &p["ebpf"];
+                    let ms = |k: &str| {
+                        e[k].as_f64()
+                            .map(|v| format!("{v:.1}"))
+                            .unwrap_or("-".into())
+                    };
+                    let n = |k: &str| e[k].as_u64().map(|v| v.to_string()).unwrap_or("-".into());
                     println!(
-                        "{:>7} {:<24} {:>9.1} {:>9.1} {:>8} {:>8} {:>10}",
-                        p["pid"],
+                        "{:>7} {:<24} {:>9.1} {:>9.1} {:>9} {:>8} {:>7} {:>7} {:>8} {:>8} {:>10}",
+                        p["pid"].as_i64().unwrap_or(0),
                         p["name"]
                             .as_str()
                             .unwrap_or("?")
@@ -144,8 +162,12 @@ fn main() -> Result<()> {
                             .collect::<String>(),
                         p["core_equivalent_pct"].as_f64().unwrap_or(0.0),
                         p["machine_share_pct"].as_f64().unwrap_or(0.0),
-                        p["minflt"],
-                        p["majflt"],
+                        ms("oncpu_ms"),
+                        ms("runq_wait_ms"),
+                        n("voluntary_switches"),
+                        n("involuntary_switches"),
+                        p["minflt"].as_u64().unwrap_or(0),
+                        p["majflt"].as_u64().unwrap_or(0),
                         p["rss_kb"]
                             .as_u64()
                             .map(|k| k.to_string())
@@ -227,7 +249,7 @@ fn main() -> Result<()> {
                     "{:<40} {:<18} {:>10} {:>9.1}  {}\n",
                     m["id"].as_str().unwrap_or("?"),
                     m["trigger"]["rule"].as_str().unwrap_or("?"),
-                    m["trace_bytes"],
+                    m["trace_bytes"].as_u64().unwrap_or(0),
                     m["duration_ms"].as_f64().unwrap_or(0.0) / 1000.0,
                     m["status"].as_str().unwrap_or("?")
                 );

@@ -45,6 +45,18 @@ pub struct TopRow {
     pub minflt: u64,
     pub majflt: u64,
     pub rss_kb: Option<u64>,
+    /// The eBPF figures of the same window; None on a process's first
+    /// window (no delta yet) or when the maps could not be read.
+    pub ebpf: Option<TopEbpf>,
+}
+
+/// eBPF per-window figures of one process.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TopEbpf {
+    pub oncpu_ms: f64,
+    pub runq_wait_ms: f64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

@@ -404,6 +404,7 @@ mod tests {
             core_equivalent_pct: cpu,
             majflt_per_s: 0.0,
             rss_kb: Some(rss),
+            ebpf: None,
         }
     }
 
