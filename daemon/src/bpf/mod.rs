@@ -4,6 +4,7 @@
 //! (summing per-CPU slots over *possible* CPUs) and drains the EXITED map of
 //! final counters of freed tasks. It never clears a live map.
 
+pub mod btf;
 pub mod totals;
 pub mod tracefs;
 
