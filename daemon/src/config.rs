@@ -133,6 +133,9 @@ pub struct Sampling {
     pub fault_source: FaultSourceChoice,
     pub max_tasks: u32,
     pub runq_wait: bool,
+    /// Attach the classic sched tracepoints even where the kernel's BTF
+    /// allows tp_btf (which costs less per switch; see `bpf::SchedPrograms`).
+    pub classic_tracepoints: bool,
     /// Processes kept per history sample (the busiest by CPU, faults, RSS).
     pub history_processes: usize,
     /// bpffs directory of pinned programs and maps to attach (bpfloader's
@@ -278,6 +281,7 @@ impl Default for Sampling {
             fault_source: FaultSourceChoice::Auto,
             max_tasks: crate::bpf::MapLimits::default().max_tasks,
             runq_wait: true,
+            classic_tracepoints: false,
             history_processes: 16,
             pin_dir: None,
             proc_root: PathBuf::from("/proc"),

@@ -377,6 +377,7 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
             ..MapLimits::default()
         },
         runq_wait: cfg.sampling.runq_wait,
+        force_classic_tracepoints: cfg.sampling.classic_tracepoints,
         pins: cfg
             .sampling
             .pin_dir
@@ -478,6 +479,7 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
                     if new.sampling.fault_source != cfg.sampling.fault_source
                         || new.sampling.max_tasks != cfg.sampling.max_tasks
                         || new.sampling.runq_wait != cfg.sampling.runq_wait
+                        || new.sampling.classic_tracepoints != cfg.sampling.classic_tracepoints
                         || new.store.dir != cfg.store.dir
                         || new.control.socket != cfg.control.socket
                     {

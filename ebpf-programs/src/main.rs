@@ -19,18 +19,20 @@ use aya_ebpf::{
         bpf_ktime_get_ns,
         generated::{bpf_map_lookup_percpu_elem, bpf_perf_event_output},
     },
-    macros::{map, perf_event, tracepoint},
+    macros::{btf_tracepoint, map, perf_event, tracepoint},
     maps::{
         Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, PerfEventByteArray, RingBuf,
         StackTrace,
     },
-    programs::{tracing::StackIdContext, PerfEventContext, TracePointContext},
+    programs::{
+        tracing::StackIdContext, BtfTracePointContext, PerfEventContext, TracePointContext,
+    },
     EbpfContext,
 };
 use vitals_common::{
-    capture, drop_reason, fixed_layout, CaptureControl, CpuState, EventHeader, ExitKey, ExitedTask,
-    FaultCounters, FaultEvent, SwitchEvent, TaskCounters, WakingEvent, MAX_CPUS,
-    PREV_STATE_BLOCKED_MASK,
+    capture, drop_reason, fixed_layout, reported_prev_state, CaptureControl, CpuState, EventHeader,
+    ExitKey, ExitedTask, FaultCounters, FaultEvent, SwitchEvent, TaskCounters, WakingEvent,
+    MAX_CPUS, PREV_STATE_BLOCKED_MASK,
 };
 
 // ---- load-time settings (.rodata, set by the loader; the verifier treats
@@ -79,6 +81,18 @@ static WAKING_TARGET_CPU_OFF: u32 = 32;
 /// verifies a bpf_ringbuf_* call (see `emit`).
 #[no_mangle]
 static CAPTURE_TRANSPORT: u32 = 0;
+/// task_struct field offsets from the running kernel's BTF, for the
+/// `*_btf` programs (the loader sets them when it attaches those).
+#[no_mangle]
+static TASK_PID_OFF: u32 = 0;
+#[no_mangle]
+static TASK_TGID_OFF: u32 = 0;
+#[no_mangle]
+static TASK_PRIO_OFF: u32 = 0;
+#[no_mangle]
+static TASK_COMM_OFF: u32 = 0;
+#[no_mangle]
+static TASK_EXIT_STATE_OFF: u32 = 0;
 
 #[inline(always)]
 fn setting(v: &'static u32) -> u32 {
@@ -308,7 +322,12 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         )
     };
     if let (Ok(prev), Ok(state), Ok(next)) = fields {
-        on_switch(prev as u32, state, next as u32);
+        on_switch(
+            prev as u32,
+            reported_blocked(state),
+            next as u32,
+            current_tgid,
+        );
         if capture_control().flags & capture::FLAG_SCHED != 0 {
             let extra = unsafe {
                 (
@@ -343,7 +362,7 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
             *(base.add(fixed_layout::SWITCH_NEXT_PID as usize) as *const u32),
         )
     };
-    on_switch(prev, state, next);
+    on_switch(prev, reported_blocked(state), next, current_tgid);
     if capture_control().flags & capture::FLAG_SCHED != 0 {
         let (prev_prio, next_prio, comm) = unsafe {
             (
@@ -365,8 +384,84 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// The classic tracepoint's `prev_state` is the reported state
+/// (`__trace_sched_switch_state`): TASK_REPORT_MAX ("R+") when preempted,
+/// 0 ("R") when it called schedule() while runnable, a TASK_REPORT bit when
+/// it blocked.
 #[inline(always)]
-fn on_switch(prev: u32, prev_state: i64, next: u32) {
+fn reported_blocked(prev_state: i64) -> bool {
+    prev_state & PREV_STATE_BLOCKED_MASK != 0
+}
+
+#[inline(always)]
+fn current_tgid() -> u32 {
+    // At sched_switch `current` is still `prev`.
+    (bpf_get_current_pid_tgid() >> 32) as u32
+}
+
+/// A field of a `struct task_struct *` argument of a BTF tracepoint. The
+/// verifier checks the access against the kernel's BTF (the offset is a
+/// frozen .rodata constant, so it knows it) and turns it into a plain load.
+#[inline(always)]
+unsafe fn task_field<T: Copy>(task: *const u8, off: &'static u32) -> T {
+    unsafe { *(task.add(setting(off) as usize) as *const T) }
+}
+
+/// BTF variant (tp_btf) for kernels with /sys/kernel/btf/vmlinux. A raw
+/// tracepoint skips what a classic one does before the program runs
+/// (perf_trace_sched_switch filling a perf buffer record, trace_call_bpf),
+/// and it is not skipped while user space is inside a bpf() syscall on
+/// this CPU (raw tracepoints use a per-program recursion guard, not
+/// bpf_prog_active), so the reader's own map reads cannot hide a switch.
+/// Arguments: (bool preempt, struct task_struct *prev, struct task_struct
+/// *next, unsigned int prev_state), since Linux 5.18 (fa2c3254d7cf).
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch_btf(ctx: BtfTracePointContext) -> u32 {
+    let preempt: u64 = ctx.arg(0);
+    let prev_task: *const u8 = ctx.arg(1);
+    let next_task: *const u8 = ctx.arg(2);
+    let prev_state: u64 = ctx.arg(3);
+    let (prev, next) = unsafe {
+        (
+            task_field::<i32>(prev_task, &TASK_PID_OFF) as u32,
+            task_field::<i32>(next_task, &TASK_PID_OFF) as u32,
+        )
+    };
+    // __schedule counts a voluntary switch (nvcsw) exactly when it was not
+    // a preemption and the raw task state was not TASK_RUNNING.
+    let blocked = preempt as u8 == 0 && prev_state as u32 != 0;
+    on_switch(prev, blocked, next, || unsafe {
+        task_field::<i32>(prev_task, &TASK_TGID_OFF) as u32
+    });
+    if capture_control().flags & capture::FLAG_SCHED != 0 {
+        let (prev_prio, next_prio, exit_state, comm) = unsafe {
+            (
+                task_field::<i32>(prev_task, &TASK_PRIO_OFF),
+                task_field::<i32>(next_task, &TASK_PRIO_OFF),
+                task_field::<u32>(prev_task, &TASK_EXIT_STATE_OFF),
+                [
+                    task_field::<u64>(next_task, &TASK_COMM_OFF),
+                    *(next_task.add(setting(&TASK_COMM_OFF) as usize + 8) as *const u64),
+                ],
+            )
+        };
+        // The classic tracepoint's prev_state encoding, so the capture
+        // decoder sees one format whichever program recorded it.
+        emit_switch(
+            ctx.as_ptr(),
+            prev,
+            reported_prev_state(preempt as u8 != 0, prev_state as u32, exit_state),
+            next,
+            prev_prio,
+            next_prio,
+            unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(comm) },
+        );
+    }
+    0
+}
+
+#[inline(always)]
+fn on_switch(prev: u32, blocked: bool, next: u32, prev_tgid: impl FnOnce() -> u32) {
     let now = unsafe { bpf_ktime_get_ns() };
     let cpu = match CPU_STATE.get_ptr_mut(0) {
         Some(p) => unsafe { &mut *p },
@@ -393,13 +488,13 @@ fn on_switch(prev: u32, prev_state: i64, next: u32) {
             }
         }
         if prev != 0 {
-            // At sched_switch `current` is still `prev`. A tid never changes
+            // A tid never changes
             // thread group (exec by a non-leader takes over the leader's
             // pid), so learn it once.
             if t.tgid == 0 {
-                t.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+                t.tgid = prev_tgid();
             }
-            if prev_state & PREV_STATE_BLOCKED_MASK == 0 {
+            if !blocked {
                 t.involuntary_switches += 1;
                 // Still runnable: its runqueue wait starts now.
                 if setting(&TRACK_WAIT) != 0 {
@@ -464,6 +559,19 @@ pub fn sched_wakeup_fixed(ctx: TracePointContext) -> u32 {
 #[tracepoint(category = "sched", name = "sched_wakeup_new")]
 pub fn sched_wakeup_new_fixed(ctx: TracePointContext) -> u32 {
     on_wakeup(wakeup_pid_fixed(&ctx))
+}
+
+/// Arguments: (struct task_struct *p).
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn sched_wakeup_btf(ctx: BtfTracePointContext) -> u32 {
+    let p: *const u8 = ctx.arg(0);
+    on_wakeup(unsafe { task_field::<i32>(p, &TASK_PID_OFF) })
+}
+
+#[btf_tracepoint(function = "sched_wakeup_new")]
+pub fn sched_wakeup_new_btf(ctx: BtfTracePointContext) -> u32 {
+    let p: *const u8 = ctx.arg(0);
+    on_wakeup(unsafe { task_field::<i32>(p, &TASK_PID_OFF) })
 }
 
 /// A char[16] comm from the tracepoint context as two 8-byte loads at

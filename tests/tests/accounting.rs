@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use vitals_common::{drop_reason, TaskCounters};
 use vitals_tests::*;
 use vitalsd::bpf::{
-    Accounting, AccountingConfig, FaultSource, FaultSourceChoice, MapLimits, TracepointLayout,
+    Accounting, AccountingConfig, FaultSource, FaultSourceChoice, MapLimits, SchedPrograms,
+    TracepointLayout,
 };
 
 fn load(source: FaultSourceChoice) -> Accounting {
@@ -17,8 +18,25 @@ fn load(source: FaultSourceChoice) -> Accounting {
         ..Default::default()
     })
     .expect("loading the accounting programs");
-    // This kernel has the mainline layout: the fast programs must be chosen.
+    // This kernel has BTF with the 5.18+ sched_switch arguments, and the
+    // mainline tracepoint layout: the fast programs must be chosen.
+    assert_eq!(acc.sched_programs(), SchedPrograms::Btf);
     assert_eq!(acc.layout(), TracepointLayout::Fixed);
+    acc
+}
+
+/// The classic-tracepoint programs, as Android's bpfloader attaches them.
+fn load_classic(portable: bool) -> Accounting {
+    require_root();
+    let acc = Accounting::load(&AccountingConfig {
+        fault_source: FaultSourceChoice::Off,
+        force_classic_tracepoints: true,
+        force_portable_layout: portable,
+        ..Default::default()
+    })
+    .expect("loading the classic accounting programs");
+    assert_eq!(acc.sched_programs(), SchedPrograms::Classic);
+    assert_eq!(acc.layout() == TracepointLayout::Portable, portable);
     acc
 }
 
@@ -97,15 +115,22 @@ fn sleeping_child_switches_voluntarily() {
 /// The portable programs (offsets from tracefs, probe reads) count the same.
 #[test]
 fn portable_layout_programs_count_the_same() {
-    require_root();
-    let acc = Accounting::load(&AccountingConfig {
-        fault_source: FaultSourceChoice::Off,
-        force_portable_layout: true,
-        ..Default::default()
-    })
-    .unwrap();
-    assert_eq!(acc.layout(), TracepointLayout::Portable);
-    sleep_check(acc);
+    sleep_check(load_classic(true));
+}
+
+/// The classic fixed-layout programs (bpfloader's, on devices) count the
+/// same: voluntary switches, and against schedstat on-CPU time,
+/// involuntary switches and runqueue wait.
+#[test]
+fn classic_tracepoint_programs_count_the_same() {
+    sleep_check(load_classic(false));
+    spinners_check(|| load_classic(false));
+}
+
+/// The classic sched_wakeup programs measure the wakeup path alike.
+#[test]
+fn classic_wakeup_wait_matches_bpftrace() {
+    wakeup_check(load_classic(false));
 }
 
 /// Runqueue wait with wakeup times in the hash (hosts with a large pid_max).
@@ -287,7 +312,10 @@ fn full_task_map_counts_drops_and_keeps_working() {
 /// (measured: 79 us of run_delay against 3.3 ms by tracepoints, 300 wakeups).
 #[test]
 fn wakeup_wait_matches_bpftrace() {
-    let mut acc = load(FaultSourceChoice::Off);
+    wakeup_check(load(FaultSourceChoice::Off));
+}
+
+fn wakeup_check(mut acc: Accounting) {
     let mut spinner = Workload::spawn(&["pinned-spin", "0", "1500"]);
     spinner.expect("ready");
     let mut sleeper = Workload::spawn(&["pinned-sleep", "0", "300", "2"]);

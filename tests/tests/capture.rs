@@ -317,35 +317,46 @@ fn tiny_buffer_loses_events((transport, reported): (&str, &str)) -> String {
     table
 }
 
-/// The portable programs (offsets from tracefs, probe reads) capture the
-/// same records as the fixed-layout ones.
+/// The classic-tracepoint programs (what bpfloader attaches), in both
+/// layouts, capture the same records as the default tp_btf ones.
 #[test]
-fn portable_layout_programs_capture_switches_and_wakings() {
-    use vitalsd::bpf::{AccountingConfig, CaptureSizing, CaptureTransport, TracepointLayout};
-    let acc = lib_capture(AccountingConfig {
-        force_portable_layout: true,
-        capture: Some(CaptureSizing::default()),
-        ..AccountingConfig::default()
-    });
-    assert_eq!(acc.0, TracepointLayout::Portable);
-    assert_eq!(acc.1, CaptureTransport::RingBuf);
+fn classic_tracepoint_programs_capture_switches_and_wakings() {
+    use vitalsd::bpf::{
+        AccountingConfig, CaptureSizing, CaptureTransport, SchedPrograms, TracepointLayout,
+    };
+    for portable in [false, true] {
+        let (programs, layout, transport) = lib_capture(AccountingConfig {
+            force_classic_tracepoints: true,
+            force_portable_layout: portable,
+            capture: Some(CaptureSizing::default()),
+            ..AccountingConfig::default()
+        });
+        assert_eq!(programs, SchedPrograms::Classic);
+        assert_eq!(layout == TracepointLayout::Portable, portable);
+        assert_eq!(transport, CaptureTransport::RingBuf);
+    }
 }
 
 /// As on a kernel without BPF_MAP_TYPE_RINGBUF: the object loads with
 /// CAPTURE_EVENTS rewritten to an array (the verifier never reaches the
-/// ringbuf calls) and auto picks the perf array, for both program layouts.
+/// ringbuf calls) and auto picks the perf array, for the tp_btf programs
+/// and both classic layouts.
 #[test]
 fn without_ringbuf_the_object_loads_and_captures_through_the_perf_array() {
-    use vitalsd::bpf::{AccountingConfig, CaptureSizing, CaptureTransport, TracepointLayout};
-    for portable in [false, true] {
-        let acc = lib_capture(AccountingConfig {
+    use vitalsd::bpf::{
+        AccountingConfig, CaptureSizing, CaptureTransport, SchedPrograms, TracepointLayout,
+    };
+    for (classic, portable) in [(false, false), (true, false), (true, true)] {
+        let (programs, layout, transport) = lib_capture(AccountingConfig {
+            force_classic_tracepoints: classic,
             force_portable_layout: portable,
             assume_no_ringbuf: true,
             capture: Some(CaptureSizing::default()),
             ..AccountingConfig::default()
         });
-        assert_eq!(acc.0 == TracepointLayout::Portable, portable);
-        assert_eq!(acc.1, CaptureTransport::PerfArray);
+        assert_eq!(programs == SchedPrograms::Classic, classic);
+        assert_eq!(layout == TracepointLayout::Portable, portable);
+        assert_eq!(transport, CaptureTransport::PerfArray);
     }
 }
 
@@ -353,6 +364,7 @@ fn without_ringbuf_the_object_loads_and_captures_through_the_perf_array() {
 fn lib_capture(
     cfg: vitalsd::bpf::AccountingConfig,
 ) -> (
+    vitalsd::bpf::SchedPrograms,
     vitalsd::bpf::TracepointLayout,
     vitalsd::bpf::CaptureTransport,
 ) {
@@ -379,5 +391,5 @@ fn lib_capture(
     assert!(stats.waking_events >= 500, "{stats:?}");
     assert_eq!(stats.lost_sched, 0, "{stats:?}");
     assert_eq!(stats.transport, Some(acc.capture_transport()));
-    (acc.layout(), acc.capture_transport())
+    (acc.sched_programs(), acc.layout(), acc.capture_transport())
 }

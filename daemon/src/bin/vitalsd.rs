@@ -84,6 +84,10 @@ enum Command {
         /// Do not account runqueue wait (saves the sched_wakeup programs).
         #[arg(long)]
         no_runq_wait: bool,
+        /// Attach the classic sched tracepoints (what Android's bpfloader
+        /// attaches) even where the kernel's BTF allows the cheaper tp_btf.
+        #[arg(long)]
+        classic_tracepoints: bool,
         /// Rows of the top table (0 = all).
         #[arg(long, default_value_t = 15)]
         top: usize,
@@ -288,6 +292,7 @@ fn main() -> Result<()> {
             max_tasks,
             max_processes,
             no_runq_wait,
+            classic_tracepoints,
             top,
             pins,
             keep_privileges,
@@ -317,6 +322,7 @@ fn main() -> Result<()> {
                         ..MapLimits::default()
                     },
                     runq_wait: !no_runq_wait,
+                    force_classic_tracepoints: classic_tracepoints,
                     pins: pins.map(PinMode::AttachFrom).unwrap_or_default(),
                     capture: capture.any().then(|| CaptureSizing {
                         ring_bytes: capture_buffer_kb.saturating_mul(1024),

@@ -22,9 +22,9 @@ use aya::{
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         trace_point::TracePointLinkId,
-        PerfEvent, ProgramError, TracePoint,
+        BtfTracePoint, PerfEvent, ProgramError, TracePoint,
     },
-    Ebpf, EbpfError, EbpfLoader,
+    Btf, Ebpf, EbpfError, EbpfLoader,
 };
 use thiserror::Error;
 use vitals_common::{
@@ -245,6 +245,9 @@ pub struct AccountingConfig {
     /// Use the portable (offsets-from-tracefs) scheduler programs even where
     /// the fast fixed-layout ones would do; for tests of that path.
     pub force_portable_layout: bool,
+    /// Attach the classic scheduler tracepoints even where the kernel's BTF
+    /// allows the raw (tp_btf) ones; for tests of that path.
+    pub force_classic_tracepoints: bool,
     /// Keep wakeup times in the bounded hash even where pid_max would
     /// allow the array; for tests of that path.
     pub force_wake_hash: bool,
@@ -354,6 +357,7 @@ impl Default for AccountingConfig {
             limits: MapLimits::default(),
             runq_wait: true,
             force_portable_layout: false,
+            force_classic_tracepoints: false,
             force_wake_hash: false,
             capture: None,
             pins: PinMode::Load,
@@ -385,6 +389,20 @@ pub enum TracepointLayout {
     Fixed,
     /// Offsets from tracefs format files, read with bpf_probe_read_kernel.
     Portable,
+}
+
+/// How the always-on scheduler programs (sched_switch, sched_wakeup,
+/// sched_wakeup_new) are attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchedPrograms {
+    /// BTF raw tracepoints (tp_btf, Linux 5.5+ with CONFIG_DEBUG_INFO_BTF):
+    /// the program gets the tracepoint's arguments as they are, without
+    /// the perf buffer record a classic tracepoint fills first, and it is
+    /// not skipped while user space sits in a bpf() syscall.
+    Btf,
+    /// Classic tracepoints, in `Accounting::layout`'s variant; the only
+    /// kind Android's bpfloader attaches.
+    Classic,
 }
 
 /// What the kernel offers, probed before loading.
@@ -445,6 +463,7 @@ pub struct Accounting {
     features: Features,
     limits: MapLimits,
     layout: TracepointLayout,
+    sched_programs: SchedPrograms,
     runq_wait: bool,
     capture_sizing: Option<CaptureSizing>,
     /// Where capture records go (meaningful only with `capture_sizing`).
@@ -598,7 +617,41 @@ impl Accounting {
             patched = object_without_ringbuf(EBPF_OBJECT)?;
             patched.bytes()
         };
+        // Raw tracepoints where the kernel's BTF describes them as the
+        // programs expect; classic ones otherwise (and always for pins:
+        // bpfloader attaches only classic tracepoints).
+        let btf_offsets =
+            if cfg.force_classic_tracepoints || pin_to.is_some() || !features.btf_vmlinux {
+                None
+            } else {
+                match btf::task_struct_offsets(Path::new(VMLINUX_BTF)) {
+                    Ok(o) => Some(o),
+                    Err(e) => {
+                        log::info!("{e}; attaching the classic scheduler tracepoints");
+                        None
+                    }
+                }
+            };
+        // One parse of vmlinux BTF serves the loader and the tp_btf loads.
+        let vmlinux_btf = if features.btf_vmlinux {
+            Btf::from_sys_fs().ok()
+        } else {
+            None
+        };
+        let task_offsets = btf_offsets.map(|o| {
+            [
+                (names::G_TASK_PID, o.pid),
+                (names::G_TASK_TGID, o.tgid),
+                (names::G_TASK_PRIO, o.prio),
+                (names::G_TASK_COMM, o.comm),
+                (names::G_TASK_EXIT_STATE, o.exit_state),
+            ]
+        });
         let mut loader = EbpfLoader::new();
+        loader.btf(vmlinux_btf.as_ref());
+        for (name, off) in task_offsets.iter().flatten() {
+            loader.override_global(name, off, true);
+        }
         loader
             .override_global(names::G_CAPTURE_TRANSPORT, &transport_flag, true)
             .override_global(names::G_NR_CPUS, &nr_cpus, true)
@@ -653,28 +706,25 @@ impl Accounting {
         } else {
             TracepointLayout::Portable
         };
-        let (switch_prog, wakeup_prog, wakeup_new_prog) = match layout {
-            TracepointLayout::Fixed => (
-                names::PROG_SCHED_SWITCH_FIXED,
-                names::PROG_SCHED_WAKEUP_FIXED,
-                names::PROG_SCHED_WAKEUP_NEW_FIXED,
-            ),
-            TracepointLayout::Portable => (
-                names::PROG_SCHED_SWITCH,
-                names::PROG_SCHED_WAKEUP,
-                names::PROG_SCHED_WAKEUP_NEW,
-            ),
-        };
-        attach_tracepoint(&mut ebpf, switch_prog, "sched", "sched_switch", pin_to)?;
+        let mut events = vec!["sched_switch"];
         if cfg.runq_wait {
-            attach_tracepoint(&mut ebpf, wakeup_prog, "sched", "sched_wakeup", pin_to)?;
-            attach_tracepoint(
-                &mut ebpf,
-                wakeup_new_prog,
-                "sched",
-                "sched_wakeup_new",
-                pin_to,
-            )?;
+            events.extend(["sched_wakeup", "sched_wakeup_new"]);
+        }
+        let mut sched_programs = SchedPrograms::Classic;
+        if let (Some(_), Some(btf)) = (&btf_offsets, &vmlinux_btf) {
+            // A kernel or policy that refuses them (verifier, LSM) costs
+            // the cheaper attach, not the accounting.
+            match attach_btf_sched(&mut ebpf, &events, btf) {
+                Ok(()) => sched_programs = SchedPrograms::Btf,
+                Err(e) => log::warn!("{e}; attaching the classic scheduler tracepoints"),
+            }
+        }
+        drop(vmlinux_btf);
+        if sched_programs == SchedPrograms::Classic {
+            for event in &events {
+                let name = sched_program(SchedPrograms::Classic, layout, event);
+                attach_tracepoint(&mut ebpf, name, "sched", event, pin_to)?;
+            }
         }
         attach_tracepoint(
             &mut ebpf,
@@ -726,10 +776,13 @@ impl Accounting {
             );
         }
         log::info!(
-            "eBPF accounting {}: fault source {}; {:?} tracepoint layout; wakeup times in {}; {} possible CPUs; BTF {}; capture transport {}",
+            "eBPF accounting {}: fault source {}; scheduler programs {}; wakeup times in {}; {} possible CPUs; BTF {}; capture transport {}",
             if pin_to.is_some() { "loaded" } else { "attached" },
             fault_source.describe(),
-            layout,
+            match sched_programs {
+                SchedPrograms::Btf => "tp_btf".to_string(),
+                SchedPrograms::Classic => format!("classic tracepoints, {layout:?} layout"),
+            },
             if wake_array { "an array (pid_max small)" } else { "a bounded hash" },
             nr_cpus,
             if features.btf_vmlinux { "yes" } else { "no" },
@@ -758,6 +811,7 @@ impl Accounting {
             features,
             limits: cfg.limits,
             layout,
+            sched_programs,
             runq_wait: cfg.runq_wait,
             capture_sizing: sizing,
             transport,
@@ -900,8 +954,14 @@ impl Accounting {
         self.runq_wait
     }
 
+    /// The classic programs' layout (sched_waking during captures, and the
+    /// scheduler programs when `sched_programs` is `Classic`).
     pub fn layout(&self) -> TracepointLayout {
         self.layout
+    }
+
+    pub fn sched_programs(&self) -> SchedPrograms {
+        self.sched_programs
     }
 
     pub fn fault_source(&self) -> FaultSource {
@@ -1130,6 +1190,7 @@ impl Accounting {
             features,
             limits: cfg.limits,
             layout,
+            sched_programs: SchedPrograms::Classic,
             runq_wait,
             capture_sizing: None,
             transport: CaptureTransport::RingBuf,
@@ -1311,6 +1372,78 @@ fn load_tracepoint(ebpf: &mut Ebpf, name: &'static str) -> Result<(), BpfError> 
         .try_into()
         .map_err(|source| BpfError::Program { name, source })?;
     prog.load()
+        .map_err(|source| BpfError::Program { name, source })
+}
+
+const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// The program for scheduler `event` ("sched_switch", "sched_wakeup",
+/// "sched_wakeup_new").
+fn sched_program(kind: SchedPrograms, layout: TracepointLayout, event: &str) -> &'static str {
+    use names::*;
+    let [switch, wakeup, wakeup_new] = match (kind, layout) {
+        (SchedPrograms::Btf, _) => [
+            PROG_SCHED_SWITCH_BTF,
+            PROG_SCHED_WAKEUP_BTF,
+            PROG_SCHED_WAKEUP_NEW_BTF,
+        ],
+        (SchedPrograms::Classic, TracepointLayout::Fixed) => [
+            PROG_SCHED_SWITCH_FIXED,
+            PROG_SCHED_WAKEUP_FIXED,
+            PROG_SCHED_WAKEUP_NEW_FIXED,
+        ],
+        (SchedPrograms::Classic, TracepointLayout::Portable) => {
+            [PROG_SCHED_SWITCH, PROG_SCHED_WAKEUP, PROG_SCHED_WAKEUP_NEW]
+        }
+    };
+    match event {
+        "sched_switch" => switch,
+        "sched_wakeup" => wakeup,
+        _ => wakeup_new,
+    }
+}
+
+/// Loads (verifies) every tp_btf scheduler program, then attaches them;
+/// all or none: on an error the ones loaded are unloaded again, which
+/// detaches them.
+fn attach_btf_sched(ebpf: &mut Ebpf, events: &[&str], btf: &Btf) -> Result<(), BpfError> {
+    let result = (|| {
+        for event in events {
+            let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
+            btf_program(ebpf, name)?
+                .load(event, btf)
+                .map_err(|source| BpfError::Program { name, source })?;
+        }
+        for event in events {
+            let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
+            btf_program(ebpf, name)?
+                .attach()
+                .map_err(|source| BpfError::Attach {
+                    name,
+                    target: format!("tp_btf/{event}"),
+                    source,
+                })?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        for event in events {
+            let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
+            if let Ok(p) = btf_program(ebpf, name) {
+                let _ = p.unload();
+            }
+        }
+    }
+    result
+}
+
+fn btf_program<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut BtfTracePoint, BpfError> {
+    ebpf.program_mut(name)
+        .ok_or(BpfError::Missing(name))?
+        .try_into()
         .map_err(|source| BpfError::Program { name, source })
 }
 

@@ -108,6 +108,41 @@ pub const MAX_CPUS: u32 = 1024;
 /// Any of the low TASK_REPORT bits (S, D, T, t, X, Z, P, I) means it blocked.
 pub const PREV_STATE_BLOCKED_MASK: i64 = 0xff;
 
+/// The classic sched_switch tracepoint's `prev_state` (what the capture
+/// records and trace_processor decodes) from the raw arguments a BTF
+/// tracepoint gets: `__trace_sched_switch_state()` and
+/// `__task_state_index()` in include/trace/events/sched.h and
+/// include/linux/sched.h. `raw` is `prev->__state`, `exit_state` is
+/// `prev->exit_state`.
+#[inline(always)]
+pub fn reported_prev_state(preempt: bool, raw: u32, exit_state: u32) -> i64 {
+    const TASK_REPORT: u32 = 0x7f;
+    const TASK_IDLE: u32 = 0x402;
+    const TASK_REPORT_IDLE: u32 = 0x80;
+    const TASK_RTLOCK_WAIT: u32 = 0x1000;
+    const TASK_UNINTERRUPTIBLE: u32 = 0x2;
+    if preempt {
+        return fixed_layout::TASK_REPORT_MAX;
+    }
+    let mut state = (raw | exit_state) & TASK_REPORT;
+    if raw == TASK_IDLE {
+        state = TASK_REPORT_IDLE;
+    }
+    if raw & TASK_RTLOCK_WAIT != 0 {
+        state = TASK_UNINTERRUPTIBLE;
+    }
+    // 1 << (fls(state) - 1): the highest bit set. Unrolled; BPF has no
+    // count-leading-zeros instruction.
+    let mut bit = TASK_REPORT_IDLE;
+    while bit != 0 {
+        if state & bit != 0 {
+            return bit as i64;
+        }
+        bit >>= 1;
+    }
+    0
+}
+
 /// The tracepoint field layout of mainline kernels since 5.x (and Android
 /// GKI). When the running kernel's `format` files agree, the daemon attaches
 /// the `*_fixed` programs, which read these offsets straight from the
@@ -127,6 +162,8 @@ pub mod fixed_layout {
     pub const WAKING_PID: u32 = 24;
     pub const WAKING_PRIO: u32 = 28;
     pub const WAKING_TARGET_CPU: u32 = 32;
+    /// `prev_state` of a preempted task ("R+").
+    pub const TASK_REPORT_MAX: i64 = 0x100;
 }
 
 /// Capture mode: events written to the `CAPTURE_EVENTS` ring buffer while
@@ -250,6 +287,9 @@ pub mod names {
     pub const PROG_SCHED_SWITCH_FIXED: &str = "sched_switch_fixed";
     pub const PROG_SCHED_WAKEUP_FIXED: &str = "sched_wakeup_fixed";
     pub const PROG_SCHED_WAKEUP_NEW_FIXED: &str = "sched_wakeup_new_fixed";
+    pub const PROG_SCHED_SWITCH_BTF: &str = "sched_switch_btf";
+    pub const PROG_SCHED_WAKEUP_BTF: &str = "sched_wakeup_btf";
+    pub const PROG_SCHED_WAKEUP_NEW_BTF: &str = "sched_wakeup_new_btf";
     pub const PROG_SCHED_PROCESS_FREE: &str = "sched_process_free";
     pub const PROG_PAGE_FAULT_USER: &str = "page_fault_user";
     pub const PROG_PERF_MINFLT: &str = "perf_minflt";
@@ -274,6 +314,11 @@ pub mod names {
     pub const G_WAKING_PRIO: &str = "WAKING_PRIO_OFF";
     pub const G_WAKING_TARGET_CPU: &str = "WAKING_TARGET_CPU_OFF";
     pub const G_CAPTURE_TRANSPORT: &str = "CAPTURE_TRANSPORT";
+    pub const G_TASK_PID: &str = "TASK_PID_OFF";
+    pub const G_TASK_TGID: &str = "TASK_TGID_OFF";
+    pub const G_TASK_PRIO: &str = "TASK_PRIO_OFF";
+    pub const G_TASK_COMM: &str = "TASK_COMM_OFF";
+    pub const G_TASK_EXIT_STATE: &str = "TASK_EXIT_STATE_OFF";
 }
 
 #[cfg(feature = "user")]
@@ -309,5 +354,34 @@ impl TaskCounters {
         if self.tgid == 0 {
             self.tgid = o.tgid;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reported_prev_state_matches_the_kernels_encoding() {
+        // Preempted: "R+" whatever the state word says.
+        assert_eq!(reported_prev_state(true, 0x1, 0), 0x100);
+        // schedule() while TASK_RUNNING: "R".
+        assert_eq!(reported_prev_state(false, 0, 0), 0);
+        // S, D, T, t, P.
+        assert_eq!(reported_prev_state(false, 0x1, 0), 0x1);
+        assert_eq!(reported_prev_state(false, 0x2, 0), 0x2);
+        assert_eq!(reported_prev_state(false, 0x4, 0), 0x4);
+        assert_eq!(reported_prev_state(false, 0x8, 0), 0x8);
+        assert_eq!(reported_prev_state(false, 0x40, 0), 0x40);
+        // TASK_KILLABLE (WAKEKILL|UNINTERRUPTIBLE) reports D; a freezable
+        // sleep (FREEZABLE|INTERRUPTIBLE) reports S.
+        assert_eq!(reported_prev_state(false, 0x102, 0), 0x2);
+        assert_eq!(reported_prev_state(false, 0x2001, 0), 0x1);
+        // TASK_IDLE reports I; TASK_RTLOCK_WAIT reports D.
+        assert_eq!(reported_prev_state(false, 0x402, 0), 0x80);
+        assert_eq!(reported_prev_state(false, 0x1000, 0), 0x2);
+        // A dying task (TASK_DEAD) reports its exit_state: Z or X.
+        assert_eq!(reported_prev_state(false, 0x80, 0x20), 0x20);
+        assert_eq!(reported_prev_state(false, 0x80, 0x10), 0x10);
     }
 }
