@@ -2,10 +2,12 @@
 //! switch-heavy workload, side by side with bpftrace doing the same job.
 //!
 //! `perf bench sched pipe` pinned to CPU 0 (cross-CPU wakeups on shared VMs
-//! swamp everything otherwise), three ways with rounds interleaved: nothing
-//! attached, `vitalsd record`, and bpftrace summing on-CPU ns per pid. Then,
-//! in separate rounds because the stats themselves cost, each program's
-//! run_time_ns / run_cnt from kernel.bpf_stats_enabled.
+//! swamp everything otherwise), with rounds interleaved: nothing attached,
+//! `vitalsd record` (tp_btf where the kernel has BTF), the same without
+//! runqueue wait, the same on classic tracepoints (what Android's bpfloader
+//! attaches), and bpftrace summing on-CPU ns per pid. Then, in separate
+//! rounds because the stats themselves cost, each program's run_time_ns /
+//! run_cnt from kernel.bpf_stats_enabled.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -27,6 +29,9 @@ enum Config {
     /// vitalsd without runqueue-wait accounting: on-CPU time, switches and
     /// faults, i.e. a superset of what the bpftrace program does.
     VitalsdNoWait,
+    /// vitalsd on classic tracepoints, as Android's bpfloader attaches
+    /// them (the default uses tp_btf where the kernel has BTF).
+    VitalsdClassic,
     Bpftrace,
 }
 
@@ -36,6 +41,7 @@ impl Config {
             Config::Nothing => "nothing attached",
             Config::Vitalsd => "vitalsd record",
             Config::VitalsdNoWait => "vitalsd --no-runq-wait",
+            Config::VitalsdClassic => "vitalsd --classic-tracepoints",
             Config::Bpftrace => "bpftrace",
         }
     }
@@ -50,14 +56,14 @@ impl Tool {
     fn start(cfg: Config) -> Result<Option<Tool>> {
         let mut child = match cfg {
             Config::Nothing => return Ok(None),
-            Config::Vitalsd | Config::VitalsdNoWait => {
+            Config::Vitalsd | Config::VitalsdNoWait | Config::VitalsdClassic => {
                 Command::new(workspace_root().join("target/release/vitalsd"))
                     .args(["record", "--duration", "1h", "--interval", "1s", "--out"])
                     .arg(workspace_root().join("target/bench-overhead.pftrace"))
-                    .args(if cfg == Config::VitalsdNoWait {
-                        &["--no-runq-wait"][..]
-                    } else {
-                        &[][..]
+                    .args(match cfg {
+                        Config::VitalsdNoWait => &["--no-runq-wait"][..],
+                        Config::VitalsdClassic => &["--classic-tracepoints"][..],
+                        _ => &[][..],
                     })
                     .env("RUST_LOG", "info")
                     .stdout(Stdio::null())
@@ -73,7 +79,7 @@ impl Tool {
                 .context("starting bpftrace")?,
         };
         let (reader, marker): (Box<dyn std::io::Read + Send>, &str) = match cfg {
-            Config::Vitalsd | Config::VitalsdNoWait => (
+            Config::Vitalsd | Config::VitalsdNoWait | Config::VitalsdClassic => (
                 Box::new(child.stderr.take().unwrap()),
                 "eBPF accounting attached",
             ),
@@ -149,6 +155,7 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
         Config::Nothing,
         Config::Vitalsd,
         Config::VitalsdNoWait,
+        Config::VitalsdClassic,
         Config::Bpftrace,
     ];
     let mut results: HashMap<Config, Vec<f64>> = HashMap::new();
@@ -163,7 +170,7 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
             if let Some(t) = tool {
                 t.stop()?;
             }
-            println!("  round {round}: {:<18} {:>10.0} ops/s", cfg.name(), ops);
+            println!("  round {round}: {:<30} {:>10.0} ops/s", cfg.name(), ops);
             results.entry(cfg).or_default().push(ops);
         }
     }
@@ -172,10 +179,15 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
     let loss = |x: f64| (1.0 - x / base) * 100.0;
     let bt_loss = loss(med(Config::Bpftrace));
     println!("\nmedian ops/s and throughput loss against nothing attached ({base:.0} ops/s):");
-    for c in [Config::Vitalsd, Config::VitalsdNoWait, Config::Bpftrace] {
+    for c in [
+        Config::Vitalsd,
+        Config::VitalsdNoWait,
+        Config::VitalsdClassic,
+        Config::Bpftrace,
+    ] {
         let l = loss(med(c));
         println!(
-            "  {:<24} {:>10.0} ops/s  loss {:>5.1}%  loss ratio to bpftrace {:.2}",
+            "  {:<30} {:>10.0} ops/s  loss {:>5.1}%  loss ratio to bpftrace {:.2}",
             c.name(),
             med(c),
             l,
@@ -189,7 +201,12 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
     set_bpf_stats(true)?;
     let result = (|| -> Result<HashMap<Config, f64>> {
         let mut switch_cost = HashMap::new();
-        for cfg in [Config::Vitalsd, Config::VitalsdNoWait, Config::Bpftrace] {
+        for cfg in [
+            Config::Vitalsd,
+            Config::VitalsdNoWait,
+            Config::VitalsdClassic,
+            Config::Bpftrace,
+        ] {
             let before: HashSet<u64> = bpf_progs()?.into_keys().collect();
             let tool = Tool::start(cfg)?.unwrap();
             perf_bench(loops)?;
@@ -206,7 +223,7 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
                 }
                 let per = p.run_time_ns as f64 / p.run_cnt as f64;
                 println!(
-                    "  {:<18} {:<20} {:>8.1} ns/event over {} events",
+                    "  {:<30} {:<22} {:>8.1} ns/event over {} events",
                     cfg.name(),
                     p.name,
                     per,
