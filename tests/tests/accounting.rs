@@ -424,3 +424,45 @@ fn procfs_core_equivalent_agrees_with_ebpf() {
     w.expect("done");
     w.finish();
 }
+
+/// A task still running when the maps are read: its counters hold only
+/// finished slices, and the in-flight one comes from CPU_STATE (for the
+/// tp_btf programs in the runqueue clock, which user space reaches from
+/// CLOCK_MONOTONIC through the CPU's measured offset). Reference: the
+/// kernel's sum_exec_runtime from /proc/<pid>/schedstat, which includes
+/// the running slice (task_sched_runtime), read just after.
+#[test]
+fn running_task_inflight_time_matches_schedstat() {
+    running_task_check(load(FaultSourceChoice::Off));
+    running_task_check(load_classic(false));
+}
+
+fn running_task_check(mut acc: Accounting) {
+    let mut w = Workload::spawn(&["pinned-spin", "1", "1500"]);
+    w.expect("ready");
+    w.go();
+    std::thread::sleep(Duration::from_millis(1000));
+    let snap = acc.read().expect("reading maps");
+    let kernel_ns = schedstat(w.pid()).0 as f64;
+    let done_ns = snap.tasks.get(&w.pid()).map_or(0, |t| t.oncpu_ns);
+    let inflight_ns = snap.inflight_ns.get(&w.pid()).copied().unwrap_or(0);
+    let bpf_ns = (done_ns + inflight_ns) as f64;
+    eprintln!(
+        "spinner: {done_ns} ns in finished slices + {inflight_ns} ns in flight; kernel {kernel_ns}"
+    );
+    assert!(kernel_ns > 0.5e9, "the spinner ran only {kernel_ns} ns");
+    // A lower bound: read before the kernel's figure (1 ms of slack for
+    // the clock offset's measurement).
+    assert!(
+        bpf_ns <= kernel_ns + 1e6,
+        "eBPF {bpf_ns} ns exceeds the kernel's {kernel_ns} ns read after it"
+    );
+    assert_within_pct(
+        "running spinner on-CPU vs sum_exec_runtime",
+        bpf_ns,
+        kernel_ns,
+        5.0,
+    );
+    w.expect("done");
+    w.finish();
+}

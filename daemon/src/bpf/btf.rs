@@ -492,40 +492,33 @@ mod tests {
             .expect("running bpftool (cargo xtask setup installs it)");
         assert!(dump.status.success(), "bpftool: {dump:?}");
         let text = String::from_utf8_lossy(&dump.stdout);
-        let mut in_task = false;
-        let mut found = 0;
-        for line in text.lines() {
-            if line.starts_with('[') {
-                if in_task {
-                    break;
+        // bpftool's byte offset of `task_struct.member`.
+        let bpftool_offset = |member: &str| -> u32 {
+            let mut inside = false;
+            for line in text.lines() {
+                if line.starts_with('[') {
+                    if inside {
+                        break;
+                    }
+                    inside = line.contains("STRUCT 'task_struct' ");
+                    continue;
                 }
-                in_task = line.contains("STRUCT 'task_struct'");
-                continue;
-            }
-            if !in_task {
-                continue;
-            }
-            for (name, want) in [
-                ("'pid'", offsets.pid),
-                ("'tgid'", offsets.tgid),
-                ("'prio'", offsets.prio),
-                ("'comm'", offsets.comm),
-            ] {
-                if line.trim_start().starts_with(name) {
+                if inside && line.trim_start().starts_with(&format!("'{member}' ")) {
                     let bits: u32 = line
                         .split("bits_offset=")
                         .nth(1)
                         .and_then(|s| s.split_whitespace().next())
                         .and_then(|s| s.parse().ok())
                         .unwrap();
-                    assert_eq!(bits / 8, want, "{name}");
-                    found += 1;
+                    return bits / 8;
                 }
             }
-        }
-        assert_eq!(
-            found, 4,
-            "bpftool showed task_struct's pid, tgid, prio and comm"
-        );
+            panic!("bpftool shows no task_struct.{member}");
+        };
+        assert_eq!(offsets.pid, bpftool_offset("pid"));
+        assert_eq!(offsets.tgid, bpftool_offset("tgid"));
+        assert_eq!(offsets.prio, bpftool_offset("prio"));
+        assert_eq!(offsets.comm, bpftool_offset("comm"));
+        assert_eq!(offsets.exit_state, bpftool_offset("exit_state"));
     }
 }
