@@ -159,6 +159,10 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
         Config::Bpftrace,
     ];
     let mut results: HashMap<Config, Vec<f64>> = HashMap::new();
+    // Per round, each config's loss against that round's nothing-attached
+    // run divided by bpftrace's loss in the same round: pairing within a
+    // round cancels the drift between rounds on a shared VM.
+    let mut paired: HashMap<Config, Vec<f64>> = HashMap::new();
     set_bpf_stats(false)?;
     println!("perf bench sched pipe -l {loops}, taskset -c 0, {rounds} interleaved rounds");
     for round in 0..rounds {
@@ -172,6 +176,12 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
             }
             println!("  round {round}: {:<30} {:>10.0} ops/s", cfg.name(), ops);
             results.entry(cfg).or_default().push(ops);
+        }
+        let this = |c: Config| results[&c][round];
+        let bt_loss = 1.0 - this(Config::Bpftrace) / this(Config::Nothing);
+        for c in [Config::Vitalsd, Config::VitalsdNoWait, Config::VitalsdClassic] {
+            let l = 1.0 - this(c) / this(Config::Nothing);
+            paired.entry(c).or_default().push(l / bt_loss.max(1e-9));
         }
     }
     let med = |c: Config| median(results[&c].clone());
@@ -192,6 +202,19 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
             med(c),
             l,
             l / bt_loss.max(1e-9)
+        );
+    }
+    println!("\nloss ratio to bpftrace paired within each round (median, and quartiles):");
+    for c in [Config::Vitalsd, Config::VitalsdNoWait, Config::VitalsdClassic] {
+        let mut v = paired[&c].clone();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let q = |f: f64| v[((v.len() - 1) as f64 * f).round() as usize];
+        println!(
+            "  {:<30} {:.2}  ({:.2} .. {:.2})",
+            c.name(),
+            median(v.clone()),
+            q(0.25),
+            q(0.75)
         );
     }
     println!("  (target: vitalsd's loss at most half of bpftrace's, ratio <= 0.50)");

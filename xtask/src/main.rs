@@ -64,9 +64,11 @@ enum Cmd {
 enum Bench {
     /// perf bench sched pipe: nothing vs vitalsd vs bpftrace.
     Overhead {
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 9)]
         rounds: usize,
-        #[arg(long, default_value_t = 200_000)]
+        /// perf bench sched pipe loops per run (500k: about a second, long
+        /// enough that a stray burst on the shared VM moves one run little).
+        #[arg(long, default_value_t = 500_000)]
         loops: u64,
     },
     /// procfs scans with 1000 processes / 5000 threads: vitalsd vs top, top -H, pidstat -t.
