@@ -179,7 +179,11 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
         }
         let this = |c: Config| results[&c][round];
         let bt_loss = 1.0 - this(Config::Bpftrace) / this(Config::Nothing);
-        for c in [Config::Vitalsd, Config::VitalsdNoWait, Config::VitalsdClassic] {
+        for c in [
+            Config::Vitalsd,
+            Config::VitalsdNoWait,
+            Config::VitalsdClassic,
+        ] {
             let l = 1.0 - this(c) / this(Config::Nothing);
             paired.entry(c).or_default().push(l / bt_loss.max(1e-9));
         }
@@ -205,7 +209,11 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
         );
     }
     println!("\nloss ratio to bpftrace paired within each round (median, and quartiles):");
-    for c in [Config::Vitalsd, Config::VitalsdNoWait, Config::VitalsdClassic] {
+    for c in [
+        Config::Vitalsd,
+        Config::VitalsdNoWait,
+        Config::VitalsdClassic,
+    ] {
         let mut v = paired[&c].clone();
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let q = |f: f64| v[((v.len() - 1) as f64 * f).round() as usize];

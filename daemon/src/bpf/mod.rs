@@ -851,14 +851,8 @@ impl Accounting {
                 TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,
                 TracepointLayout::Portable => names::PROG_SCHED_WAKING,
             };
-            let prog: &mut TracePoint = self
-                .ebpf
-                .as_mut()
-                .ok_or(BpfError::CaptureNotConfigured)?
-                .program_mut(name)
-                .ok_or(BpfError::Missing(name))?
-                .try_into()
-                .map_err(|source| BpfError::Program { name, source })?;
+            let ebpf = self.ebpf.as_mut().ok_or(BpfError::CaptureNotConfigured)?;
+            let prog: &mut TracePoint = program(ebpf, name)?;
             let link = prog
                 .attach("sched", "sched_waking")
                 .map_err(|source| BpfError::Attach {
@@ -1366,11 +1360,7 @@ fn map_err(name: &'static str) -> impl Fn(MapError) -> BpfError {
 }
 
 fn load_tracepoint(ebpf: &mut Ebpf, name: &'static str) -> Result<(), BpfError> {
-    let prog: &mut TracePoint = ebpf
-        .program_mut(name)
-        .ok_or(BpfError::Missing(name))?
-        .try_into()
-        .map_err(|source| BpfError::Program { name, source })?;
+    let prog: &mut TracePoint = program(ebpf, name)?;
     prog.load()
         .map_err(|source| BpfError::Program { name, source })
 }
@@ -1410,13 +1400,13 @@ fn attach_btf_sched(ebpf: &mut Ebpf, events: &[&str], btf: &Btf) -> Result<(), B
     let result = (|| {
         for event in events {
             let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
-            btf_program(ebpf, name)?
+            program::<BtfTracePoint>(ebpf, name)?
                 .load(event, btf)
                 .map_err(|source| BpfError::Program { name, source })?;
         }
         for event in events {
             let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
-            btf_program(ebpf, name)?
+            program::<BtfTracePoint>(ebpf, name)?
                 .attach()
                 .map_err(|source| BpfError::Attach {
                     name,
@@ -1429,7 +1419,7 @@ fn attach_btf_sched(ebpf: &mut Ebpf, events: &[&str], btf: &Btf) -> Result<(), B
     if result.is_err() {
         for event in events {
             let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
-            if let Ok(p) = btf_program(ebpf, name) {
+            if let Ok(p) = program::<BtfTracePoint>(ebpf, name) {
                 let _ = p.unload();
             }
         }
@@ -1437,10 +1427,11 @@ fn attach_btf_sched(ebpf: &mut Ebpf, events: &[&str], btf: &Btf) -> Result<(), B
     result
 }
 
-fn btf_program<'a>(
-    ebpf: &'a mut Ebpf,
-    name: &'static str,
-) -> Result<&'a mut BtfTracePoint, BpfError> {
+/// Program `name` of the object, as its program type.
+fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, BpfError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
     ebpf.program_mut(name)
         .ok_or(BpfError::Missing(name))?
         .try_into()
@@ -1455,11 +1446,7 @@ fn attach_tracepoint(
     event: &str,
     pin_to: Option<&Path>,
 ) -> Result<(), BpfError> {
-    let prog: &mut TracePoint = ebpf
-        .program_mut(name)
-        .ok_or(BpfError::Missing(name))?
-        .try_into()
-        .map_err(|source| BpfError::Program { name, source })?;
+    let prog: &mut TracePoint = program(ebpf, name)?;
     prog.load()
         .map_err(|source| BpfError::Program { name, source })?;
     if let Some(dir) = pin_to {
@@ -1487,11 +1474,7 @@ fn attach_perf_sw(
     cpus: &[u32],
     pin_to: Option<&Path>,
 ) -> Result<(), BpfError> {
-    let prog: &mut PerfEvent = ebpf
-        .program_mut(name)
-        .ok_or(BpfError::Missing(name))?
-        .try_into()
-        .map_err(|source| BpfError::Program { name, source })?;
+    let prog: &mut PerfEvent = program(ebpf, name)?;
     prog.load()
         .map_err(|source| BpfError::Program { name, source })?;
     if let Some(dir) = pin_to {
