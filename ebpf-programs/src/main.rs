@@ -30,9 +30,9 @@ use aya_ebpf::{
     EbpfContext,
 };
 use vitals_common::{
-    capture, drop_reason, fixed_layout, reported_prev_state, CaptureControl, CpuState, EventHeader,
-    ExitKey, ExitedTask, FaultCounters, FaultEvent, SwitchEvent, TaskCounters, WakingEvent,
-    MAX_CPUS, PREV_STATE_BLOCKED_MASK,
+    capture, drop_reason, fixed_layout, free_pid_offset, reported_prev_state, CaptureControl,
+    CpuState, EventHeader, ExitKey, ExitedTask, FaultCounters, FaultEvent, SwitchEvent,
+    TaskCounters, WakingEvent, MAX_CPUS, PREV_STATE_BLOCKED_MASK,
 };
 
 // ---- load-time settings (.rodata, set by the loader; the verifier treats
@@ -51,8 +51,10 @@ static SWITCH_PREV_STATE_OFF: u32 = 32;
 static SWITCH_NEXT_PID_OFF: u32 = 56;
 #[no_mangle]
 static WAKEUP_PID_OFF: u32 = 24;
+/// 0: not set (bpfloader): sched_process_free tells it from the record
+/// (`vitals_common::free_pid_offset`).
 #[no_mangle]
-static FREE_PID_OFF: u32 = 24;
+static FREE_PID_OFF: u32 = 0;
 /// 0: runqueue-wait accounting off (no wakeup programs attached either).
 #[no_mangle]
 static TRACK_WAIT: u32 = 1;
@@ -647,7 +649,14 @@ pub fn sched_waking_fixed(ctx: TracePointContext) -> u32 {
 /// Needs bpf_map_lookup_percpu_elem (Linux 5.19).
 #[tracepoint(category = "sched", name = "sched_process_free")]
 pub fn sched_process_free(ctx: TracePointContext) -> u32 {
-    let pid: i32 = match unsafe { ctx.read_at(setting(&FREE_PID_OFF) as usize) } {
+    let mut pid_off = setting(&FREE_PID_OFF);
+    if pid_off == 0 {
+        pid_off = match unsafe { ctx.read_at::<u32>(fixed_layout::FREE_COMM as usize) } {
+            Ok(word) => free_pid_offset(word),
+            Err(_) => return 0,
+        };
+    }
+    let pid: i32 = match unsafe { ctx.read_at(pid_off as usize) } {
         Ok(p) => p,
         Err(_) => return 0,
     };

@@ -228,7 +228,34 @@ fn spinners_check(load: impl FnOnce() -> Accounting) {
 
 #[test]
 fn exited_child_keeps_its_final_counters() {
-    let mut acc = load(FaultSourceChoice::Auto);
+    exited_check(load(FaultSourceChoice::Auto));
+}
+
+/// As bpfloader loads it (no .rodata): sched_process_free tells the pid
+/// offset from the record. This 6.18 kernel has `__data_loc comm`, so the
+/// old fixed offset 24 would read `prio` and lose every exit.
+#[test]
+fn exited_child_keeps_its_final_counters_with_the_pid_offset_from_the_record() {
+    require_root();
+    let free = vitalsd::bpf::tracefs::Tracefs::find_or_mount()
+        .unwrap()
+        .format("sched", "sched_process_free")
+        .unwrap();
+    assert_eq!(
+        free.offset_of("pid", 4).unwrap(),
+        12,
+        "this kernel's layout changed"
+    );
+    exited_check(
+        Accounting::load(&AccountingConfig {
+            free_pid_from_record: true,
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+}
+
+fn exited_check(mut acc: Accounting) {
     let mut totals = vitalsd::bpf::totals::Totals::new();
     totals.update(&acc.read().unwrap());
     let mut child = std::process::Command::new(workload_bin())

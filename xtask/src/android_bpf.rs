@@ -53,7 +53,9 @@
 //! cannot (it has no BPF_PSEUDO_MAP_VALUE), so every `.rodata` read in the
 //! kept programs is folded here to its compiled-in default. The kept
 //! programs are the `*_fixed` ones (no field offsets needed); NR_CPUS
-//! defaults to 0, which sched_process_free treats as "until the first NULL".
+//! defaults to 0, which sched_process_free treats as "until the first NULL",
+//! and FREE_PID_OFF to 0, "tell `pid`'s offset from the record" (it moved
+//! from 24 to 12 when `comm` became `__data_loc`).
 //!
 //! Map sizes: bpfloader cannot resize, so the object's compiled-in
 //! max_entries (= the daemon's MapLimits defaults) are what Android gets.

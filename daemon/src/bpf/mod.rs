@@ -251,6 +251,9 @@ pub struct AccountingConfig {
     /// Keep wakeup times in the bounded hash even where pid_max would
     /// allow the array; for tests of that path.
     pub force_wake_hash: bool,
+    /// Leave sched_process_free's pid offset unset, as bpfloader does, so
+    /// the program tells it from the record; for tests of that path.
+    pub free_pid_from_record: bool,
     /// Reserve the capture tier's kernel memory (ring buffer, stack map).
     /// None: those maps get their minimum size and captures are refused.
     pub capture: Option<CaptureSizing>,
@@ -359,6 +362,7 @@ impl Default for AccountingConfig {
             force_portable_layout: false,
             force_classic_tracepoints: false,
             force_wake_hash: false,
+            free_pid_from_record: false,
             capture: None,
             pins: PinMode::Load,
             assume_no_ringbuf: false,
@@ -663,6 +667,9 @@ impl Accounting {
             .map_max_entries(names::PROCESS_FAULTS, cfg.limits.max_processes)
             .map_max_entries(names::EXITED, cfg.limits.max_exited);
         for (name, off) in &offsets {
+            if *name == names::G_FREE_PID && cfg.free_pid_from_record {
+                continue;
+            }
             loader.override_global(name, off, true);
         }
         for (name, off, _) in &capture_offsets {

@@ -164,6 +164,30 @@ pub mod fixed_layout {
     pub const WAKING_TARGET_CPU: u32 = 32;
     /// `prev_state` of a preempted task ("R+").
     pub const TASK_REPORT_MAX: i64 = 0x100;
+    /// sched_process_free: `comm` at 8, then `pid` at 24 after a
+    /// `char comm[16]`, or at 12 after a `__data_loc char[] comm` (6.18
+    /// here); see `free_pid_offset`.
+    pub const FREE_COMM: u32 = 8;
+    pub const FREE_PID_AFTER_CHAR_COMM: u32 = 24;
+    pub const FREE_PID_AFTER_DATA_LOC_COMM: u32 = 12;
+}
+
+/// sched_process_free's `pid` offset, told from the record itself by the
+/// u32 at `fixed_layout::FREE_COMM`, for loaders that cannot pass the
+/// offset from tracefs (Android's bpfloader has no .rodata). A `__data_loc`
+/// is `length << 16 | offset` of the string in the record: a length of at
+/// least 1 (the NUL) and an offset past the fixed fields. The first four
+/// bytes of a `char comm[16]` can't look like that: the low half would need
+/// comm[1] == 0, and the kernel NUL-pads comm (strscpy_pad), so comm[2] and
+/// comm[3], the high half, would be 0 too.
+#[inline(always)]
+pub fn free_pid_offset(comm_word: u32) -> u32 {
+    let (len, off) = (comm_word >> 16, comm_word & 0xffff);
+    if (1..=0xff).contains(&len) && (16..=0xff).contains(&off) {
+        fixed_layout::FREE_PID_AFTER_DATA_LOC_COMM
+    } else {
+        fixed_layout::FREE_PID_AFTER_CHAR_COMM
+    }
 }
 
 /// Capture mode: events written to the `CAPTURE_EVENTS` ring buffer while
@@ -383,5 +407,21 @@ mod tests {
         // A dying task (TASK_DEAD) reports its exit_state: Z or X.
         assert_eq!(reported_prev_state(false, 0x80, 0x20), 0x20);
         assert_eq!(reported_prev_state(false, 0x80, 0x10), 0x10);
+    }
+
+    #[test]
+    fn free_pid_offset_tells_data_loc_from_char_comm() {
+        let char_comm = |s: &[u8]| {
+            let mut c = [0u8; 4];
+            c[..s.len().min(4)].copy_from_slice(&s[..s.len().min(4)]);
+            u32::from_le_bytes(c)
+        };
+        // `__data_loc char[] comm` as 6.18 writes it: "bash\0" at 20.
+        assert_eq!(free_pid_offset(5 << 16 | 20), 12);
+        assert_eq!(free_pid_offset(16 << 16 | 24), 12);
+        // `char comm[16]`: long names, short names, digits, one letter.
+        for comm in [&b"kworker/0:1"[..], b"sh", b"a", b"ab1", b"\x01", b"", b"0"] {
+            assert_eq!(free_pid_offset(char_comm(comm)), 24, "{comm:?}");
+        }
     }
 }
