@@ -636,12 +636,6 @@ impl Accounting {
                     }
                 }
             };
-        // One parse of vmlinux BTF serves the loader and the tp_btf loads.
-        let vmlinux_btf = if features.btf_vmlinux {
-            Btf::from_sys_fs().ok()
-        } else {
-            None
-        };
         let task_offsets = btf_offsets.map(|o| {
             [
                 (names::G_TASK_PID, o.pid),
@@ -652,7 +646,6 @@ impl Accounting {
             ]
         });
         let mut loader = EbpfLoader::new();
-        loader.btf(vmlinux_btf.as_ref());
         for (name, off) in task_offsets.iter().flatten() {
             loader.override_global(name, off, true);
         }
@@ -700,6 +693,16 @@ impl Accounting {
                 sizing.map_or(1, |c| c.fault_processes.max(1)),
             );
         let mut ebpf = loader.load(object).map_err(BpfError::Load)?;
+        // EbpfLoader::new() parsed vmlinux BTF (aya 0.14 always does, and
+        // hides it); free that before parsing it again for the tp_btf
+        // loads, so start-up holds one parse at a time, not two.
+        drop(loader);
+        crate::system::release_free_heap();
+        let vmlinux_btf = if btf_offsets.is_some() {
+            Btf::from_sys_fs().ok()
+        } else {
+            None
+        };
 
         let wakeup_new = tracefs.format("sched", "sched_wakeup_new")?;
         let fixed_matches = offsets[0].1 == fixed_layout::SWITCH_PREV_PID
@@ -727,6 +730,7 @@ impl Accounting {
             }
         }
         drop(vmlinux_btf);
+        crate::system::release_free_heap();
         if sched_programs == SchedPrograms::Classic {
             for event in &events {
                 let name = sched_program(SchedPrograms::Classic, layout, event);
