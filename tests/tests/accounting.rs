@@ -493,3 +493,55 @@ fn running_task_check(mut acc: Accounting) {
     w.expect("done");
     w.finish();
 }
+
+/// BPF_MAP_LOOKUP_BATCH and aya's per-key iteration read the same maps:
+/// 400 sleeping threads (more than one batch of 256) have identical
+/// counters both ways, and the key sets differ only by tasks that came or
+/// went between the two reads.
+#[test]
+fn batched_map_reads_match_iteration() {
+    use vitalsd::bpf::MapRead;
+    const THREADS: usize = 400;
+    let mut acc = load(FaultSourceChoice::Auto);
+    assert_eq!(acc.map_read(), MapRead::Batch);
+    let mut w = Workload::spawn(&["threads", &THREADS.to_string(), "3000"]);
+    // Every thread has spun its millisecond and sleeps for 3 s.
+    std::thread::sleep(Duration::from_millis(700));
+    let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{}/task", w.pid()))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
+        .filter(|&t| t != w.pid())
+        .collect();
+    assert_eq!(tids.len(), THREADS, "threads alive");
+    let batched = acc.read().expect("batched read");
+    assert_eq!(acc.map_read(), MapRead::Batch, "fell back to iteration");
+    acc.set_map_read(MapRead::Iterate);
+    let iterated = acc.read().expect("iterated read");
+    assert!(
+        batched.tasks.len() > THREADS,
+        "{} tasks",
+        batched.tasks.len()
+    );
+    for tid in &tids {
+        let (b, i) = (batched.tasks.get(tid), iterated.tasks.get(tid));
+        assert!(b.is_some(), "thread {tid} missing from the batched read");
+        assert_eq!(b, i, "thread {tid}: batched vs iterated counters");
+    }
+    assert_eq!(
+        batched.process_faults.get(&w.pid()),
+        iterated.process_faults.get(&w.pid())
+    );
+    let common = batched
+        .tasks
+        .keys()
+        .filter(|k| iterated.tasks.contains_key(k))
+        .count();
+    assert!(
+        common + 20 >= batched.tasks.len().max(iterated.tasks.len()),
+        "{common} common keys of {} batched, {} iterated",
+        batched.tasks.len(),
+        iterated.tasks.len()
+    );
+    w.expect("done");
+    w.finish();
+}

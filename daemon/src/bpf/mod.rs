@@ -4,12 +4,14 @@
 //! (summing per-CPU slots over *possible* CPUs) and drains the EXITED map of
 //! final counters of freed tasks. It never clears a live map.
 
+pub mod batch;
 pub mod btf;
 pub mod totals;
 pub mod tracefs;
 
 use std::{
     collections::HashMap,
+    os::fd::AsFd,
     path::{Path, PathBuf},
 };
 
@@ -88,6 +90,12 @@ pub enum BpfError {
     NoRingBuf,
     #[error("opening the capture perf buffer of cpu {cpu}: {message}")]
     PerfBuffer { cpu: u32, message: String },
+    #[error("reading map {name}: {source}")]
+    Batch {
+        name: &'static str,
+        #[source]
+        source: batch::BatchError,
+    },
 }
 
 /// How capture records get from the programs to user space.
@@ -476,6 +484,18 @@ pub struct Accounting {
     ring: Option<CaptureOutput>,
     /// sched_waking link while a capture with FLAG_SCHED runs.
     waking_link: Option<TracePointLinkId>,
+    /// How per-CPU hashes are read; `Batch` falls back to `Iterate` for
+    /// good on a kernel without batch lookups.
+    map_read: MapRead,
+}
+
+/// How `Accounting::read` walks the per-CPU hashes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapRead {
+    /// BPF_MAP_LOOKUP_BATCH (Linux 5.6+).
+    Batch,
+    /// aya's iterator: get_next_key + lookup per entry.
+    Iterate,
 }
 
 impl Accounting {
@@ -568,12 +588,7 @@ impl Accounting {
             (names::G_WAKEUP_PID, wakeup.offset_of("pid", 4)?),
             (names::G_FREE_PID, free.offset_of("pid", 4)?),
         ];
-        let nr_cpus = aya::util::nr_cpus().map_err(|(path, source)| {
-            BpfError::System(crate::system::SystemError::Read {
-                path: path.into(),
-                source,
-            })
-        })? as u32;
+        let nr_cpus = possible_cpu_count()? as u32;
 
         // Wakeup times in an array indexed by tid when pid_max keeps it
         // small (8 bytes a pid): its lookups are inlined, a hash's are not.
@@ -828,6 +843,7 @@ impl Accounting {
             transport,
             ring,
             waking_link: None,
+            map_read: MapRead::Batch,
         })
     }
 
@@ -1009,12 +1025,8 @@ impl Accounting {
             }
         }
 
-        snap.tasks = sum_per_cpu_hash(self.map(names::TASKS)?, names::TASKS, TaskCounters::add)?;
-        snap.process_faults = sum_per_cpu_hash(
-            self.map(names::PROCESS_FAULTS)?,
-            names::PROCESS_FAULTS,
-            FaultCounters::add,
-        )?;
+        snap.tasks = self.sum_per_cpu_hash(names::TASKS, TaskCounters::add)?;
+        snap.process_faults = self.sum_per_cpu_hash(names::PROCESS_FAULTS, FaultCounters::add)?;
 
         {
             let cpu_state: PerCpuArray<&MapData, CpuState> =
@@ -1039,6 +1051,46 @@ impl Accounting {
             }
         }
         Ok(snap)
+    }
+
+    /// How per-CPU hashes are read now.
+    pub fn map_read(&self) -> MapRead {
+        self.map_read
+    }
+
+    /// Forces a way of reading the per-CPU hashes; for tests comparing them.
+    #[doc(hidden)]
+    pub fn set_map_read(&mut self, how: MapRead) {
+        self.map_read = how;
+    }
+
+    /// One per-CPU hash with u32 keys, each key's slots summed with `add`.
+    fn sum_per_cpu_hash<V: aya::Pod + Default>(
+        &mut self,
+        name: &'static str,
+        add: fn(&mut V, &V),
+    ) -> Result<HashMap<u32, V>, BpfError> {
+        if self.map_read == MapRead::Batch {
+            if let aya::maps::Map::PerCpuHashMap(data) = self.map(name)? {
+                let ncpus = possible_cpu_count()?;
+                let mut out = HashMap::new();
+                let batched =
+                    batch::percpu_hash_u32::<V>(data.fd().as_fd(), ncpus, |key, slots| {
+                        let mut sum = V::default();
+                        for slot in slots {
+                            add(&mut sum, slot);
+                        }
+                        out.insert(key, sum);
+                    })
+                    .map_err(|source| BpfError::Batch { name, source })?;
+                if batched {
+                    return Ok(out);
+                }
+                log::info!("no BPF_MAP_LOOKUP_BATCH on this kernel; iterating the maps");
+                self.map_read = MapRead::Iterate;
+            }
+        }
+        sum_per_cpu_hash(self.map(name)?, name, add)
     }
 
     fn map(&self, name: &'static str) -> Result<&aya::maps::Map, BpfError> {
@@ -1201,6 +1253,7 @@ impl Accounting {
             transport: CaptureTransport::RingBuf,
             ring: None,
             waking_link: None,
+            map_read: MapRead::Batch,
         })
     }
 
@@ -1364,6 +1417,15 @@ fn sum_per_cpu_hash<V: aya::Pod + Default>(
         out.insert(key, sum);
     }
     Ok(out)
+}
+
+fn possible_cpu_count() -> Result<usize, BpfError> {
+    aya::util::nr_cpus().map_err(|(path, source)| {
+        BpfError::System(crate::system::SystemError::Read {
+            path: path.into(),
+            source,
+        })
+    })
 }
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> BpfError {
