@@ -416,7 +416,7 @@ unsafe fn task_field<T: Copy>(task: *const u8, off: &'static u32) -> T {
 /// this CPU (raw tracepoints use a per-program recursion guard, not
 /// bpf_prog_active), so the reader's own map reads cannot hide a switch.
 /// Arguments: (bool preempt, struct task_struct *prev, struct task_struct
-/// *next, unsigned int prev_state), since Linux 5.18 (fa2c3254d7cf).
+/// *next, unsigned int prev_state), since Linux 5.18 (prev_state moved to the end).
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch_btf(ctx: BtfTracePointContext) -> u32 {
     let preempt: u64 = ctx.arg(0);

@@ -36,7 +36,7 @@ pub struct TaskStructOffsets {
 /// (a pointer to a function prototype whose first parameter is the BPF
 /// context `void *`), typedefs resolved (`bool` is `_Bool`).
 const EXPECTED_PROTOS: [(&str, &[&str]); 3] = [
-    // Since Linux 5.18 (fa2c3254d7cf): prev_state moved to the end.
+    // Since Linux 5.18: prev_state moved to the end.
     (
         "btf_trace_sched_switch",
         &[
