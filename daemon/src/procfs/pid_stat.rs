@@ -85,6 +85,9 @@ pub struct PidStat {
     pub num_threads: u64,
     /// Field 22: ticks after boot. With pid it identifies a process instance.
     pub starttime_ticks: u64,
+    /// Field 24: resident pages (get_mm_rss(), the same count as status's
+    /// VmRSS). None when the line stops before it.
+    pub rss_pages: Option<u64>,
 }
 
 /// Parses the text of a /proc/<pid>/stat file.
@@ -127,6 +130,10 @@ pub fn parse_pid_stat(text: &[u8]) -> Result<PidStat, ParseError> {
     let num_threads = parse_u64("num_threads", next("num_threads")?)?;
     next("itrealvalue")?;
     let starttime_ticks = parse_u64("starttime", next("starttime")?)?;
+    let rss_pages = match (t.next(), t.next()) {
+        (Some(_vsize), Some(rss)) => Some(parse_u64("rss", rss)?),
+        _ => None,
+    };
 
     let to_i32 = |name, v: i64| i32::try_from(v).map_err(|_| ParseError::Malformed(name));
     Ok(PidStat {
@@ -142,6 +149,7 @@ pub fn parse_pid_stat(text: &[u8]) -> Result<PidStat, ParseError> {
         stime_ticks,
         num_threads,
         starttime_ticks,
+        rss_pages,
     })
 }
 
@@ -155,6 +163,20 @@ mod tests {
             "4242 ({comm}) S 1 4242 4242 0 -1 4194560 1500 20 7 1 330 120 0 0 20 0 3 0 98765 \
              10000 500 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
         )
+    }
+
+    #[test]
+    fn rss_pages_is_field_24_when_present() {
+        assert_eq!(
+            parse_pid_stat(line("x").as_bytes()).unwrap().rss_pages,
+            Some(500)
+        );
+        // A line that stops at starttime (field 22) still parses.
+        let short = "4242 (x) S 1 4242 4242 0 -1 4194560 1500 20 7 1 330 120 0 0 20 0 3 0 98765\n";
+        assert_eq!(parse_pid_stat(short.as_bytes()).unwrap().rss_pages, None);
+        let bad =
+            "4242 (x) S 1 4242 4242 0 -1 4194560 1500 20 7 1 330 120 0 0 20 0 3 0 98765 1 x\n";
+        assert!(parse_pid_stat(bad.as_bytes()).is_err());
     }
 
     #[test]

@@ -42,7 +42,11 @@ pub enum SamplerError {
 pub struct SampleOptions {
     /// Also read /proc/<pid>/task/<tid>/stat for every thread.
     pub threads: bool,
-    /// Also read /proc/<pid>/status (uid, RSS, swap) every scan.
+    /// Also read /proc/<pid>/status (uid, RSS, swap). Re-read when the
+    /// process's stat shows it ran, faulted or its RSS moved, and at least
+    /// every `STATUS_REFRESH_SCANS` scans; reused in between (an idle
+    /// process's status does not change, and reading every one every
+    /// second was a fifth of the daemon's idle CPU).
     pub status: bool,
     /// Read /proc/<pid>/cmdline once per process instance.
     pub cmdline: bool,
@@ -146,7 +150,33 @@ pub struct Sampler {
     tids: Vec<u32>,
     /// (pid, starttime) -> (cmdline, scan generation last seen).
     cmdlines: HashMap<(i32, u64), (Arc<str>, u64)>,
+    /// (pid, starttime) -> the last status read of that process instance.
+    statuses: HashMap<(i32, u64), CachedStatus>,
     generation: u64,
+}
+
+/// The most scans a process's status is reused for while its stat does
+/// not change (uid changes by setuid need not show in stat).
+pub const STATUS_REFRESH_SCANS: u64 = 10;
+
+struct CachedStatus {
+    status: PidStatus,
+    /// The stat fields that move when status's figures can: CPU time,
+    /// faults, threads, RSS.
+    fingerprint: (u64, u64, u64, u64, u64, Option<u64>),
+    read_generation: u64,
+    seen_generation: u64,
+}
+
+fn status_fingerprint(s: &PidStat) -> (u64, u64, u64, u64, u64, Option<u64>) {
+    (
+        s.utime_ticks,
+        s.stime_ticks,
+        s.minflt,
+        s.majflt,
+        s.num_threads,
+        s.rss_pages,
+    )
 }
 
 enum ReadOutcome {
@@ -166,6 +196,7 @@ impl Sampler {
             pids: Vec::new(),
             tids: Vec::new(),
             cmdlines: HashMap::new(),
+            statuses: HashMap::new(),
             generation: 0,
         }
     }
@@ -232,6 +263,7 @@ impl Sampler {
 
         let generation = self.generation;
         self.cmdlines.retain(|_, (_, seen)| *seen == generation);
+        self.statuses.retain(|_, c| c.seen_generation == generation);
         Ok(())
     }
 
@@ -293,23 +325,7 @@ impl Sampler {
         };
 
         let status = if self.opts.status {
-            self.set_path(format_args!("/{pid}/status"));
-            match self.read_current() {
-                ReadOutcome::Ok => match parse_pid_status(&self.buf) {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        debug!("parsing /{pid}/status: {e}");
-                        out.counts.read_failures += 1;
-                        None
-                    }
-                },
-                // The stat row is still good; the process exited since.
-                ReadOutcome::Vanished => None,
-                ReadOutcome::Failed => {
-                    out.counts.read_failures += 1;
-                    None
-                }
-            }
+            self.status_for(pid, &stat, out)
         } else {
             None
         };
@@ -329,6 +345,48 @@ impl Sampler {
         if self.opts.threads {
             self.scan_threads(pid, out);
         }
+    }
+
+    /// This process's status: the cached one while its stat is unchanged
+    /// and the cache is younger than STATUS_REFRESH_SCANS, else read.
+    fn status_for(&mut self, pid: u32, stat: &PidStat, out: &mut Sample) -> Option<PidStatus> {
+        let key = (stat.pid, stat.starttime_ticks);
+        let fingerprint = status_fingerprint(stat);
+        let generation = self.generation;
+        if let Some(c) = self.statuses.get_mut(&key) {
+            if c.fingerprint == fingerprint && generation - c.read_generation < STATUS_REFRESH_SCANS
+            {
+                c.seen_generation = generation;
+                return Some(c.status);
+            }
+        }
+        self.set_path(format_args!("/{pid}/status"));
+        let status = match self.read_current() {
+            ReadOutcome::Ok => match parse_pid_status(&self.buf) {
+                Ok(s) => s,
+                Err(e) => {
+                    debug!("parsing /{pid}/status: {e}");
+                    out.counts.read_failures += 1;
+                    return None;
+                }
+            },
+            // The stat row is still good; the process exited since.
+            ReadOutcome::Vanished => return None,
+            ReadOutcome::Failed => {
+                out.counts.read_failures += 1;
+                return None;
+            }
+        };
+        self.statuses.insert(
+            key,
+            CachedStatus {
+                status,
+                fingerprint,
+                read_generation: generation,
+                seen_generation: generation,
+            },
+        );
+        Some(status)
     }
 
     fn cmdline_for(&mut self, pid: u32, stat: &PidStat, out: &mut Sample) -> Option<Arc<str>> {
@@ -532,6 +590,61 @@ mod tests {
             .starts_with("processes=2 threads=3 read_failures=0"));
         let s = scan_once(fake.root(), false).unwrap();
         assert_eq!((s.processes, s.threads), (2, 0));
+    }
+
+    /// A process whose stat does not move keeps its last status (at most
+    /// STATUS_REFRESH_SCANS scans); one that ran is read again.
+    #[test]
+    fn status_is_reread_when_stat_moves_and_every_few_scans() {
+        let fake = FakeProc::new();
+        let c = [1, 0, 1, 10, 0, 0, 0, 0, 0, 0];
+        fake.set_stat(c, &[(0, c)]);
+        let mut t = Task {
+            pid: 7,
+            comm: "p",
+            minflt: 0,
+            majflt: 0,
+            utime: 5,
+            stime: 0,
+            starttime: 1,
+        };
+        fake.set_process(&t);
+        let rss = |kb: u64| format!("Name:\tp\nUid:\t1000\t1000\t1000\t1000\nVmRSS:\t {kb} kB\n");
+        let mut sampler = Sampler::new(
+            fake.root(),
+            SampleOptions {
+                status: true,
+                ..SampleOptions::default()
+            },
+        );
+        let rss_now = |sampler: &mut Sampler| {
+            sampler.sample().unwrap().processes[0]
+                .status
+                .unwrap()
+                .vm_rss_kb
+        };
+        assert_eq!(rss_now(&mut sampler), Some(2048));
+        // Status changes, stat does not: the cached status stands.
+        fake.write("7/status", &rss(4096));
+        assert_eq!(rss_now(&mut sampler), Some(2048));
+        // The process ran (utime moved): read again.
+        t.utime = 6;
+        fake.set_process(&t);
+        fake.write("7/status", &rss(4096));
+        assert_eq!(rss_now(&mut sampler), Some(4096));
+        // Unchanged stat: reused until STATUS_REFRESH_SCANS scans have
+        // passed since the read, then read again.
+        fake.write("7/status", &rss(8192));
+        for _ in 1..STATUS_REFRESH_SCANS {
+            assert_eq!(rss_now(&mut sampler), Some(4096));
+        }
+        assert_eq!(rss_now(&mut sampler), Some(8192));
+        // A new instance of the pid (other starttime) is never served the
+        // old one's status.
+        t.starttime = 2;
+        fake.set_process(&t);
+        fake.write("7/status", &rss(16384));
+        assert_eq!(rss_now(&mut sampler), Some(16384));
     }
 
     #[test]
