@@ -148,11 +148,18 @@ pub struct Sampler {
     dirent_buf: Vec<u8>,
     pids: Vec<u32>,
     tids: Vec<u32>,
-    /// (pid, starttime) -> (cmdline, scan generation last seen).
-    cmdlines: HashMap<(i32, u64), (Arc<str>, u64)>,
-    /// (pid, starttime) -> the last status read of that process instance.
-    statuses: HashMap<(i32, u64), CachedStatus>,
+    /// (pid, starttime), i.e. one process instance -> what is kept of it
+    /// between scans; dropped in the first scan that does not see it.
+    instances: HashMap<(i32, u64), InstanceCache>,
     generation: u64,
+}
+
+#[derive(Default)]
+struct InstanceCache {
+    seen_generation: u64,
+    /// Read once per instance (`SampleOptions::cmdline`).
+    cmdline: Option<Arc<str>>,
+    status: Option<CachedStatus>,
 }
 
 /// The most scans a process's status is reused for while its stat does
@@ -165,7 +172,6 @@ struct CachedStatus {
     /// faults, threads, RSS.
     fingerprint: (u64, u64, u64, u64, u64, Option<u64>),
     read_generation: u64,
-    seen_generation: u64,
 }
 
 fn status_fingerprint(s: &PidStat) -> (u64, u64, u64, u64, u64, Option<u64>) {
@@ -195,8 +201,7 @@ impl Sampler {
             dirent_buf: vec![0u8; 64 * 1024],
             pids: Vec::new(),
             tids: Vec::new(),
-            cmdlines: HashMap::new(),
-            statuses: HashMap::new(),
+            instances: HashMap::new(),
             generation: 0,
         }
     }
@@ -262,8 +267,8 @@ impl Sampler {
         self.pids = pids;
 
         let generation = self.generation;
-        self.cmdlines.retain(|_, (_, seen)| *seen == generation);
-        self.statuses.retain(|_, c| c.seen_generation == generation);
+        self.instances
+            .retain(|_, c| c.seen_generation == generation);
         Ok(())
     }
 
@@ -324,17 +329,20 @@ impl Sampler {
             }
         };
 
-        let status = if self.opts.status {
-            self.status_for(pid, &stat, out)
-        } else {
-            None
-        };
-
-        let cmdline = if self.opts.cmdline {
-            self.cmdline_for(pid, &stat, out)
-        } else {
-            None
-        };
+        let (mut status, mut cmdline) = (None, None);
+        if self.opts.status || self.opts.cmdline {
+            // Taken out while the files are read (they need &mut self).
+            let key = (stat.pid, stat.starttime_ticks);
+            let mut cache = self.instances.remove(&key).unwrap_or_default();
+            cache.seen_generation = self.generation;
+            if self.opts.status {
+                status = self.status_for(pid, &stat, &mut cache.status, out);
+            }
+            if self.opts.cmdline {
+                cmdline = self.cmdline_for(pid, &mut cache.cmdline, out);
+            }
+            self.instances.insert(key, cache);
+        }
 
         out.processes.push(ProcessSample {
             stat,
@@ -349,14 +357,18 @@ impl Sampler {
 
     /// This process's status: the cached one while its stat is unchanged
     /// and the cache is younger than STATUS_REFRESH_SCANS, else read.
-    fn status_for(&mut self, pid: u32, stat: &PidStat, out: &mut Sample) -> Option<PidStatus> {
-        let key = (stat.pid, stat.starttime_ticks);
+    fn status_for(
+        &mut self,
+        pid: u32,
+        stat: &PidStat,
+        cached: &mut Option<CachedStatus>,
+        out: &mut Sample,
+    ) -> Option<PidStatus> {
         let fingerprint = status_fingerprint(stat);
         let generation = self.generation;
-        if let Some(c) = self.statuses.get_mut(&key) {
+        if let Some(c) = cached {
             if c.fingerprint == fingerprint && generation - c.read_generation < STATUS_REFRESH_SCANS
             {
-                c.seen_generation = generation;
                 return Some(c.status);
             }
         }
@@ -377,30 +389,29 @@ impl Sampler {
                 return None;
             }
         };
-        self.statuses.insert(
-            key,
-            CachedStatus {
-                status,
-                fingerprint,
-                read_generation: generation,
-                seen_generation: generation,
-            },
-        );
+        *cached = Some(CachedStatus {
+            status,
+            fingerprint,
+            read_generation: generation,
+        });
         Some(status)
     }
 
-    fn cmdline_for(&mut self, pid: u32, stat: &PidStat, out: &mut Sample) -> Option<Arc<str>> {
-        let key = (stat.pid, stat.starttime_ticks);
-        let generation = self.generation;
-        if let Some((c, seen)) = self.cmdlines.get_mut(&key) {
-            *seen = generation;
+    /// This process instance's cmdline, read once.
+    fn cmdline_for(
+        &mut self,
+        pid: u32,
+        cached: &mut Option<Arc<str>>,
+        out: &mut Sample,
+    ) -> Option<Arc<str>> {
+        if let Some(c) = cached {
             return Some(c.clone());
         }
         self.set_path(format_args!("/{pid}/cmdline"));
         match self.read_current() {
             ReadOutcome::Ok => {
                 let c: Arc<str> = parse_cmdline(&self.buf).into();
-                self.cmdlines.insert(key, (c.clone(), generation));
+                *cached = Some(c.clone());
                 Some(c)
             }
             ReadOutcome::Vanished => None,
@@ -593,7 +604,8 @@ mod tests {
     }
 
     /// A process whose stat does not move keeps its last status (at most
-    /// STATUS_REFRESH_SCANS scans); one that ran is read again.
+    /// STATUS_REFRESH_SCANS scans); one that ran is read again. Its cmdline
+    /// is read once per instance.
     #[test]
     fn status_is_reread_when_stat_moves_and_every_few_scans() {
         let fake = FakeProc::new();
@@ -614,9 +626,17 @@ mod tests {
             fake.root(),
             SampleOptions {
                 status: true,
+                cmdline: true,
                 ..SampleOptions::default()
             },
         );
+        let cmdline_now = |sampler: &mut Sampler| {
+            sampler.sample().unwrap().processes[0]
+                .cmdline
+                .clone()
+                .unwrap()
+                .to_string()
+        };
         let rss_now = |sampler: &mut Sampler| {
             sampler.sample().unwrap().processes[0]
                 .status
@@ -624,6 +644,8 @@ mod tests {
                 .vm_rss_kb
         };
         assert_eq!(rss_now(&mut sampler), Some(2048));
+        fake.write("7/cmdline", "/usr/bin/other\0");
+        assert_eq!(cmdline_now(&mut sampler), "/usr/bin/p\0--flag");
         // Status changes, stat does not: the cached status stands.
         fake.write("7/status", &rss(4096));
         assert_eq!(rss_now(&mut sampler), Some(2048));
@@ -644,7 +666,9 @@ mod tests {
         t.starttime = 2;
         fake.set_process(&t);
         fake.write("7/status", &rss(16384));
+        fake.write("7/cmdline", "/usr/bin/other\0");
         assert_eq!(rss_now(&mut sampler), Some(16384));
+        assert_eq!(cmdline_now(&mut sampler), "/usr/bin/other");
     }
 
     #[test]
