@@ -882,11 +882,7 @@ impl Accounting {
             let prog: &mut TracePoint = program(ebpf, name)?;
             let link = prog
                 .attach("sched", "sched_waking")
-                .map_err(|source| BpfError::Attach {
-                    name,
-                    target: "tracepoint sched/sched_waking".into(),
-                    source,
-                })?;
+                .map_err(attach_err(name, "tracepoint sched/sched_waking"))?;
             self.waking_link = Some(link);
         }
         self.set_capture(CaptureControl {
@@ -1135,11 +1131,8 @@ impl Accounting {
                 .find_map(|p| TracePoint::from_pin(p).ok())
         };
         let mut attach = |mut prog: TracePoint, name: &'static str, cat: &str, ev: &str| {
-            prog.attach(cat, ev).map_err(|source| BpfError::Attach {
-                name,
-                target: format!("tracepoint {cat}/{ev} (pinned)"),
-                source,
-            })?;
+            prog.attach(cat, ev)
+                .map_err(attach_err(name, format!("tracepoint {cat}/{ev} (pinned)")))?;
             programs.push(PinnedProgram::TracePoint(prog));
             Ok::<(), BpfError>(())
         };
@@ -1217,11 +1210,10 @@ impl Accounting {
                         SamplePolicy::Period(1),
                         false,
                     )
-                    .map_err(|source| BpfError::Attach {
+                    .map_err(attach_err(
                         name,
-                        target: format!("perf software event {event:?} on cpu {cpu} (pinned)"),
-                        source,
-                    })?;
+                        format!("perf software event {event:?} on cpu {cpu} (pinned)"),
+                    ))?;
                 }
                 programs.push(PinnedProgram::Perf(prog));
                 found = true;
@@ -1432,10 +1424,25 @@ fn map_err(name: &'static str) -> impl Fn(MapError) -> BpfError {
     move |source| BpfError::Map { name, source }
 }
 
+fn program_err(name: &'static str) -> impl FnOnce(ProgramError) -> BpfError {
+    move |source| BpfError::Program { name, source }
+}
+
+fn attach_err(
+    name: &'static str,
+    target: impl Into<String>,
+) -> impl FnOnce(ProgramError) -> BpfError {
+    let target = target.into();
+    move |source| BpfError::Attach {
+        name,
+        target,
+        source,
+    }
+}
+
 fn load_tracepoint(ebpf: &mut Ebpf, name: &'static str) -> Result<(), BpfError> {
     let prog: &mut TracePoint = program(ebpf, name)?;
-    prog.load()
-        .map_err(|source| BpfError::Program { name, source })
+    prog.load().map_err(program_err(name))
 }
 
 const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -1475,17 +1482,13 @@ fn attach_btf_sched(ebpf: &mut Ebpf, events: &[&str], btf: &Btf) -> Result<(), B
             let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
             program::<BtfTracePoint>(ebpf, name)?
                 .load(event, btf)
-                .map_err(|source| BpfError::Program { name, source })?;
+                .map_err(program_err(name))?;
         }
         for event in events {
             let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
             program::<BtfTracePoint>(ebpf, name)?
                 .attach()
-                .map_err(|source| BpfError::Attach {
-                    name,
-                    target: format!("tp_btf/{event}"),
-                    source,
-                })?;
+                .map_err(attach_err(name, format!("tp_btf/{event}")))?;
         }
         Ok(())
     })();
@@ -1508,7 +1511,7 @@ where
     ebpf.program_mut(name)
         .ok_or(BpfError::Missing(name))?
         .try_into()
-        .map_err(|source| BpfError::Program { name, source })
+        .map_err(program_err(name))
 }
 
 /// Loads `name` and attaches it, or with `pin_to` pins it there instead.
@@ -1520,8 +1523,7 @@ fn attach_tracepoint(
     pin_to: Option<&Path>,
 ) -> Result<(), BpfError> {
     let prog: &mut TracePoint = program(ebpf, name)?;
-    prog.load()
-        .map_err(|source| BpfError::Program { name, source })?;
+    prog.load().map_err(program_err(name))?;
     if let Some(dir) = pin_to {
         let path = pinned_prog_path(dir, name);
         return prog.pin(&path).map_err(|e| BpfError::Pin {
@@ -1530,11 +1532,7 @@ fn attach_tracepoint(
         });
     }
     prog.attach(category, event)
-        .map_err(|source| BpfError::Attach {
-            name,
-            target: format!("tracepoint {category}/{event}"),
-            source,
-        })?;
+        .map_err(attach_err(name, format!("tracepoint {category}/{event}")))?;
     Ok(())
 }
 
@@ -1548,8 +1546,7 @@ fn attach_perf_sw(
     pin_to: Option<&Path>,
 ) -> Result<(), BpfError> {
     let prog: &mut PerfEvent = program(ebpf, name)?;
-    prog.load()
-        .map_err(|source| BpfError::Program { name, source })?;
+    prog.load().map_err(program_err(name))?;
     if let Some(dir) = pin_to {
         let path = pinned_prog_path(dir, name);
         return prog.pin(&path).map_err(|e| BpfError::Pin {
@@ -1564,11 +1561,10 @@ fn attach_perf_sw(
             SamplePolicy::Period(1),
             false,
         )
-        .map_err(|source| BpfError::Attach {
+        .map_err(attach_err(
             name,
-            target: format!("perf software event {event:?} on cpu {cpu}"),
-            source,
-        })?;
+            format!("perf software event {event:?} on cpu {cpu}"),
+        ))?;
     }
     Ok(())
 }
