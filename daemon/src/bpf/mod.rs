@@ -527,13 +527,12 @@ impl Accounting {
             }
             (FaultSourceChoice::Tracepoint, false) => return Err(BpfError::NoFaultTracepoint),
         };
-        for (cat, name) in [("sched", "sched_switch"), ("sched", "sched_process_free")] {
+        for (cat, name, path) in [
+            ("sched", "sched_switch", "sched/sched_switch"),
+            ("sched", "sched_process_free", "sched/sched_process_free"),
+        ] {
             if !tracefs.has_event(cat, name) {
-                return Err(BpfError::NoTracepoint(if name == "sched_switch" {
-                    "sched/sched_switch"
-                } else {
-                    "sched/sched_process_free"
-                }));
+                return Err(BpfError::NoTracepoint(path));
             }
         }
 
