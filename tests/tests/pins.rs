@@ -28,10 +28,14 @@ impl Drop for Bpffs {
     }
 }
 
+/// Records while the workload runs its whole job: the recorder is stopped
+/// with SIGINT (a clean stop that writes the final sample) only after the
+/// workload said "done", so a loaded machine stretching the spin in wall
+/// time cannot end the window early.
 fn record(pins: &std::path::Path, w: &mut Workload) -> (String, String) {
     let dir = tempfile::tempdir().unwrap();
     let child = Command::new(vitalsd_bin())
-        .args(["record", "--duration", "2s", "--top", "0", "--pins"])
+        .args(["record", "--duration", "300s", "--top", "0", "--pins"])
         .arg(pins)
         .arg("--out")
         .arg(dir.path().join("t.pftrace"))
@@ -40,9 +44,17 @@ fn record(pins: &std::path::Path, w: &mut Workload) -> (String, String) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let guard = KillOnDrop(child.id());
     std::thread::sleep(std::time::Duration::from_millis(700));
     w.go();
+    w.expect("done");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
     let out = child.wait_with_output().unwrap();
+    std::mem::forget(guard);
     assert!(
         out.status.success(),
         "{}",
@@ -53,6 +65,18 @@ fn record(pins: &std::path::Path, w: &mut Workload) -> (String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Kills the recorder if the test panics before stopping it.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0 as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
 }
 
 fn oncpu_ms(table: &str, pid: u32) -> f64 {
@@ -90,7 +114,6 @@ fn daemon_attaches_pinned_programs_and_reads_pinned_maps() {
     w.expect("ready");
     let (table, log) = record(fs.0.path(), &mut w);
     assert!(log.contains("attached from pins"), "{log}");
-    w.expect("done");
     let ms = oncpu_ms(&table, w.pid());
     assert!(
         ms >= 450.0,
@@ -107,7 +130,6 @@ fn without_pins_the_daemon_loads_its_own_object() {
     let (table, log) = record(empty.path(), &mut w);
     assert!(log.contains("loading with aya"), "{log}");
     assert!(!log.contains("attached from pins"));
-    w.expect("done");
     assert!(oncpu_ms(&table, w.pid()) >= 250.0);
     w.finish();
 }
