@@ -11,11 +11,12 @@ mod bench_overhead;
 mod bench_scan;
 mod dist;
 mod setup;
+mod suites;
 mod util;
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 use util::{cargo, run, workspace_root};
@@ -41,7 +42,13 @@ enum Cmd {
         out: Option<PathBuf>,
     },
     /// Setup, then every test: unit, property, schema and kernel integration.
-    Test,
+    /// Suites whose tools are missing (trace_processor, the Perfetto service,
+    /// an AOSP tree) are named at the end with how to run them.
+    Test {
+        /// Fail when any suite cannot run for a missing tool (CI passes this).
+        #[arg(long)]
+        require_all: bool,
+    },
     /// Package for an OEM device tree: binaries, vitalsd.rc, sepolicy/, an
     /// example config and an Android.bp of prebuilts, in target/dist/vitalsd/.
     Dist {
@@ -101,7 +108,7 @@ fn main() -> Result<()> {
                     .arg(&out),
             )
         }
-        Cmd::Test => test(),
+        Cmd::Test { require_all } => test(require_all),
         Cmd::Dist { target } => dist::run_dist(target),
         Cmd::AndroidBpf => android_bpf::run(&workspace_root()).map(|_| ()),
         Cmd::Bench { which } => {
@@ -121,7 +128,7 @@ fn build_release() -> Result<()> {
     run(cargo().args(["build", "--release", "-p", "vitalsd", "--bins"]))
 }
 
-fn test() -> Result<()> {
+fn test(require_all: bool) -> Result<()> {
     setup::all()?;
     // Unit, property and schema tests of every default member.
     run(cargo().args([
@@ -132,10 +139,57 @@ fn test() -> Result<()> {
         "--exclude",
         "vitals-tests",
     ]))?;
+    let mut not_run = Vec::new();
     // Kernel integration tests: they spawn the daemon binary, and their
     // workloads must not compete with each other for the CPUs.
     run(cargo().args(["build", "-p", "vitalsd", "--bins"]))?;
-    run(cargo()
-        .args(["test", "-p", "vitals-tests", "--", "--test-threads=1"])
-        .env("VITALSD_BIN", workspace_root().join("target/debug/vitalsd")))
+    let mut cmd = cargo();
+    cmd.args(["test", "-p", "vitals-tests"]);
+    for file in integration_test_files()? {
+        let need = suites::TEST_FILE_NEEDS
+            .iter()
+            .find(|(f, _)| *f == file)
+            .map(|(_, tool)| *tool);
+        match need.map(|tool| (tool, tool.find())) {
+            None => {}
+            Some((tool, Ok(path))) => {
+                cmd.env(tool.env_var(), path);
+            }
+            Some((tool, Err(why))) => {
+                not_run.push(suites::NotRun {
+                    suite: format!("tests/tests/{file}.rs"),
+                    tool,
+                    why,
+                });
+                continue;
+            }
+        }
+        cmd.args(["--test", &file]);
+    }
+    run(cmd
+        .args(["--", "--test-threads=1"])
+        .env("VITALSD_BIN", workspace_root().join("target/debug/vitalsd")))?;
+    suites::report(&not_run);
+    if require_all && !not_run.is_empty() {
+        anyhow::bail!(
+            "--require-all: {} suite(s) could not run (see above)",
+            not_run.len()
+        );
+    }
+    Ok(())
+}
+
+/// The kernel integration test targets: tests/tests/*.rs, by file stem.
+fn integration_test_files() -> Result<Vec<String>> {
+    let dir = workspace_root().join("tests/tests");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let p = e.path();
+            (p.extension()? == "rs").then(|| p.file_stem()?.to_str().map(str::to_owned))?
+        })
+        .collect();
+    files.sort();
+    Ok(files)
 }
