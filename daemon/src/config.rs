@@ -41,7 +41,21 @@ pub enum ConfigError {
     },
 }
 
-/// "10s", "500ms", "2m", "1h", "7d", or bare seconds.
+/// The longest duration any key or flag takes. Longer values are errors,
+/// not panics: `Duration::from_secs_f64` panics past `Duration::MAX`, and
+/// `Instant + d` panics on overflow far below it (a cooldown of 1e15 s).
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 86400);
+
+/// The longest capture or heap profile a rule or request may ask for (the
+/// control socket caps manual ones at the same).
+pub const MAX_CAPTURE_DURATION: Duration = Duration::from_secs(3600);
+
+/// Bound of `sampling.max_tasks`: the per-task maps are preallocated, about
+/// 64 bytes a task per possible CPU.
+pub const MAX_TASKS: u32 = 1 << 22;
+
+/// "10s", "500ms", "2m", "1h", "7d", or bare seconds; positive, at least
+/// 1 ms and at most `MAX_DURATION`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, mult_ms) = if let Some(n) = s.strip_suffix("ms") {
@@ -64,7 +78,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if !v.is_finite() || v <= 0.0 {
         return Err(format!("duration {s:?} must be positive"));
     }
-    Ok(Duration::from_secs_f64(v * mult_ms / 1e3))
+    let ms = v * mult_ms;
+    if ms < 1.0 {
+        return Err(format!("duration {s:?} is shorter than 1ms"));
+    }
+    match Duration::try_from_secs_f64(ms / 1e3) {
+        Ok(d) if d <= MAX_DURATION => Ok(d),
+        _ => Err(format!(
+            "duration {s:?} is longer than the {} days any setting takes",
+            MAX_DURATION.as_secs() / 86400
+        )),
+    }
 }
 
 /// A duration written as a string in TOML ("30s").
@@ -387,7 +411,8 @@ impl Config {
         Self::parse(path, &text)
     }
 
-    /// Checks what serde cannot: ranges and relations between keys.
+    /// Checks what serde cannot: ranges and relations between keys. Every
+    /// numeric key has a range, and an error names the key.
     pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
         let bad = |key: &str, message: String| {
             Err(ConfigError::Invalid {
@@ -409,8 +434,17 @@ impl Config {
                 "more than 100000 samples; raise the interval".into(),
             );
         }
-        if s.max_tasks < 16 {
-            return bad("sampling.max_tasks", "must be at least 16".into());
+        if !(16..=MAX_TASKS).contains(&s.max_tasks) {
+            return bad(
+                "sampling.max_tasks",
+                format!("must be between 16 and {MAX_TASKS}"),
+            );
+        }
+        if !(1..=10_000).contains(&s.history_processes) {
+            return bad(
+                "sampling.history_processes",
+                "must be between 1 and 10000".into(),
+            );
         }
         if self.store.quota_bytes < 1 << 20 {
             return bad("store.quota_bytes", "must be at least 1 MiB".into());
@@ -424,8 +458,32 @@ impl Config {
                 "must be between 64 and 16 MiB".into(),
             );
         }
-        if self.heapprofd.sampling_interval_bytes == 0 {
-            return bad("heapprofd.sampling_interval_bytes", "must be > 0".into());
+        if self.budget.captures_per_hour > 3600 || self.budget.captures_per_day > 86_400 {
+            return bad(
+                "budget",
+                "captures_per_hour at most 3600, captures_per_day at most 86400".into(),
+            );
+        }
+        if let Some(t) = self.conditions.max_thermal_millicelsius {
+            if !(-50_000..=200_000).contains(&t) {
+                return bad(
+                    "conditions.max_thermal_millicelsius",
+                    "must be between -50000 and 200000 (m°C)".into(),
+                );
+            }
+        }
+        let h = &self.heapprofd;
+        if h.sampling_interval_bytes == 0 || h.sampling_interval_bytes > 1 << 30 {
+            return bad(
+                "heapprofd.sampling_interval_bytes",
+                "must be between 1 and 1 GiB".into(),
+            );
+        }
+        if h.max_duration.0 > MAX_CAPTURE_DURATION {
+            return bad(
+                "heapprofd.max_duration",
+                format!("must be at most {}s", MAX_CAPTURE_DURATION.as_secs()),
+            );
         }
         let mut names = std::collections::HashSet::new();
         for (i, r) in self.rules.iter().enumerate() {
@@ -444,6 +502,14 @@ impl Config {
             }
             if r.window.0 > s.history.0 {
                 return bad(&key("window"), "longer than sampling.history".into());
+            }
+            if r.capture.duration.0 < Duration::from_secs(1)
+                || r.capture.duration.0 > MAX_CAPTURE_DURATION
+            {
+                return bad(
+                    &key("capture.duration"),
+                    format!("must be between 1s and {}s", MAX_CAPTURE_DURATION.as_secs()),
+                );
             }
             if let Metric::PsiAvg10 { resource, .. } = &r.metric {
                 if !["cpu", "memory", "io"].contains(&resource.as_str()) {
@@ -564,5 +630,71 @@ capture = { duration = "2s", sched = false }
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("abc").is_err());
         assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("1e20s").is_err());
+        assert!(parse_duration("1e-9s").is_err());
+        assert!(parse_duration("367d").is_err());
+        assert_eq!(parse_duration("366d").unwrap(), MAX_DURATION);
+    }
+
+    #[test]
+    fn huge_durations_are_errors_that_name_the_key_not_panics() {
+        for (text, key) in [
+            ("[sampling]\nhistory = \"1e20s\"\n", "history"),
+            ("[store]\nmax_age = \"1e300d\"\n", "max_age"),
+            ("[heapprofd]\nmax_duration = \"2h\"\n", "heapprofd.max_duration"),
+            (
+                "[[rule]]\nname = \"x\"\nmetric = { kind = \"loadavg_per_cpu\" }\nthreshold = 1\nwindow = \"1s\"\ncooldown = \"1e20s\"\n",
+                "cooldown",
+            ),
+            (
+                "[[rule]]\nname = \"x\"\nmetric = { kind = \"loadavg_per_cpu\" }\nthreshold = 1\nwindow = \"1s\"\ncooldown = \"1m\"\ncapture = { duration = \"2h\" }\n",
+                "capture.duration",
+            ),
+            ("[sampling]\nmax_tasks = 4294967295\n", "sampling.max_tasks"),
+            ("[sampling]\nhistory_processes = 0\n", "sampling.history_processes"),
+            (
+                "[conditions]\nmax_thermal_millicelsius = 9223372036854775807\n",
+                "conditions.max_thermal_millicelsius",
+            ),
+            ("[budget]\ncaptures_per_hour = 4294967295\n", "budget"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(key), "{text:?}: {e}");
+        }
+    }
+
+    proptest::proptest! {
+        /// No string makes the parser panic, and what it accepts is in range.
+        #[test]
+        fn parse_duration_never_panics(s in ".{0,40}") {
+            if let Ok(d) = parse_duration(&s) {
+                proptest::prop_assert!(d >= Duration::from_millis(1) && d <= MAX_DURATION);
+            }
+        }
+
+        /// Numbers of any magnitude with every unit: in range or an error.
+        #[test]
+        fn parse_duration_takes_any_number_with_a_unit(
+            v in proptest::num::f64::ANY,
+            unit in proptest::sample::select(vec!["", "ms", "s", "m", "h", "d"]),
+        ) {
+            let s = format!("{v}{unit}");
+            if let Ok(d) = parse_duration(&s) {
+                proptest::prop_assert!(d >= Duration::from_millis(1) && d <= MAX_DURATION);
+            }
+        }
+
+        /// A whole config file with arbitrary duration and integer values
+        /// parses or fails with an error; it never panics.
+        #[test]
+        fn config_with_arbitrary_values_never_panics(
+            dur in ".{0,24}",
+            n in proptest::num::i64::ANY,
+        ) {
+            let text = format!(
+                "[sampling]\nhistory = {dur:?}\nmax_tasks = {n}\n[store]\nmax_age = {dur:?}\nquota_bytes = {n}\n"
+            );
+            let _ = parse(&text);
+        }
     }
 }

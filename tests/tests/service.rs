@@ -445,6 +445,40 @@ fn sighup_with_a_bad_config_keeps_the_running_one() {
         .contains("captures_per_hour = 7"));
 }
 
+/// `Duration::from_secs_f64` panics on 1e20 s; a reload with such a value
+/// must be an error in status, not a dead main thread.
+#[test]
+fn sighup_with_a_1e20s_duration_keeps_the_running_config() {
+    let d = Daemon::start("[budget]\ncaptures_per_hour = 3\n");
+    let before = d.call(&Request::Config {})["toml"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    std::fs::write(
+        d.config_path(),
+        config(
+            d.dir.path(),
+            "[[rule]]\nname = \"x\"\nmetric = { kind = \"loadavg_per_cpu\" }\nthreshold = 1\nwindow = \"1s\"\ncooldown = \"1e20s\"\n",
+        ),
+    )
+    .unwrap();
+    d.signal(libc::SIGHUP);
+    let st = d.wait_status("the reload error", Duration::from_secs(10), |st| {
+        !st["last_reload_error"].is_null()
+    });
+    let err = st["last_reload_error"].as_str().unwrap();
+    assert!(err.contains("cooldown") && err.contains("1e20s"), "{st}");
+    assert_eq!(
+        d.call(&Request::Config {})["toml"].as_str().unwrap(),
+        before,
+        "old config kept"
+    );
+    let samples = d.call(&Request::Status {})["samples"].as_u64().unwrap();
+    d.wait_status("sampling to go on", Duration::from_secs(10), |st| {
+        st["samples"].as_u64().unwrap() > samples
+    });
+}
+
 #[test]
 fn check_config_names_bad_keys() {
     let dir = tempfile::tempdir().unwrap();
