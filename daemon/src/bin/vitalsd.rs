@@ -1,9 +1,13 @@
 //! vitalsd: the daemon binary. anyhow lives here, at the edge, only.
 
-use std::{path::PathBuf, sync::atomic::Ordering, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    sync::atomic::Ordering,
+    time::Duration,
+};
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use vitalsd::{
     bpf::{
         AccountingConfig, CaptureSizing, CaptureTransportChoice, FaultSourceChoice, MapLimits,
@@ -13,7 +17,7 @@ use vitalsd::{
     config::{parse_duration, Config},
     heapprofd::{
         self, ContinuousDump, HeapProfileRequest, Heaps, RateLimiter, RateLimits, RequestLimits,
-        RunnerConfig, SessionRunner, TargetStatus,
+        RunnerConfig, SessionReport, SessionRunner, TargetStatus,
     },
     record::{record, RecordOptions},
     service::{self, Signals},
@@ -62,66 +66,7 @@ enum Command {
     },
     /// Account CPU, switches, runqueue wait and faults with eBPF for a window
     /// and write a Perfetto trace.
-    Record {
-        /// How long to record, e.g. 10s, 500ms, 2m.
-        #[arg(long, default_value = "10s", value_parser = parse_duration)]
-        duration: Duration,
-        /// Trace file to write.
-        #[arg(long, default_value = "vitalsd.pftrace")]
-        out: PathBuf,
-        /// Sampling interval of the maps.
-        #[arg(long, default_value = "1s", value_parser = parse_duration)]
-        interval: Duration,
-        /// Fault source: auto (tracepoint where present), tracepoint, perf, off.
-        #[arg(long, default_value = "auto")]
-        fault_source: FaultSourceChoice,
-        /// Bound of the per-thread maps (entries).
-        #[arg(long, default_value_t = MapLimits::default().max_tasks)]
-        max_tasks: u32,
-        /// Bound of the per-process fault map (entries).
-        #[arg(long, default_value_t = MapLimits::default().max_processes)]
-        max_processes: u32,
-        /// Do not account runqueue wait (saves the sched_wakeup programs).
-        #[arg(long)]
-        no_runq_wait: bool,
-        /// Attach the classic sched tracepoints (what Android's bpfloader
-        /// attaches) even where the kernel's BTF allows the cheaper tp_btf.
-        #[arg(long)]
-        classic_tracepoints: bool,
-        /// Rows of the top table (0 = all).
-        #[arg(long, default_value_t = 15)]
-        top: usize,
-        /// Attach the programs pinned in this bpffs directory (bpfloader's, on
-        /// Android user builds) if present; load with aya otherwise.
-        #[arg(long)]
-        pins: Option<PathBuf>,
-        /// Keep all capabilities (for debugging); by default vitalsd drops to
-        /// CAP_BPF and sets no_new_privs after attaching.
-        #[arg(long)]
-        keep_privileges: bool,
-        #[arg(long, default_value = "/proc", hide = true)]
-        proc_root: PathBuf,
-        /// Capture every sched_switch and sched_waking (Perfetto per-CPU
-        /// timeline and thread states).
-        #[arg(long)]
-        sched: bool,
-        /// Capture sampled user page faults with their call stacks
-        /// (flamegraph per process).
-        #[arg(long)]
-        faults: bool,
-        /// Sample one fault in N per process (with --faults).
-        #[arg(long, default_value_t = CaptureOptions::default().fault_period)]
-        fault_period: u32,
-        /// Capture ring buffer size in KiB (a power of two). With the perf
-        /// array it is split over the online CPUs (at least a page each).
-        #[arg(long, default_value_t = CaptureSizing::default().ring_bytes / 1024)]
-        capture_buffer_kb: u32,
-        /// How capture records reach user space: `ringbuf`
-        /// (BPF_MAP_TYPE_RINGBUF, Linux 5.8+), `perf` (per-CPU perf event
-        /// array) or `auto` (ringbuf where the kernel has it).
-        #[arg(long, default_value = "auto")]
-        capture_transport: CaptureTransportChoice,
-    },
+    Record(RecordArgs),
     /// One window of procfs vitals, like `dumpsys cpuinfo`: load, per-process
     /// CPU (% total = user + kernel) and faults, then the system line.
     Snapshot {
@@ -137,61 +82,7 @@ enum Command {
     /// Native-heap profile of a process through Perfetto's heapprofd, started
     /// via the perfetto client (as a trusted initiator when run as uid 1000).
     /// Writes the trace and `<out>.meta.json` with heapprofd's outcome.
-    Heap {
-        /// Process name as heapprofd matches it (normalised cmdline:
-        /// basename of argv[0], cut at '@'); repeatable.
-        #[arg(long = "name")]
-        names: Vec<String>,
-        /// Process id; repeatable.
-        #[arg(long = "pid")]
-        pids: Vec<u64>,
-        #[arg(long, default_value = "30s", value_parser = parse_duration)]
-        duration: Duration,
-        #[arg(long, default_value = "heap.pftrace")]
-        out: PathBuf,
-        /// The perfetto command-line client.
-        #[arg(long, default_value = heapprofd::DEFAULT_PERFETTO_BIN)]
-        perfetto_bin: PathBuf,
-        /// Persisted rate-limit history.
-        #[arg(long, default_value_os_t = heapprofd::default_state_file())]
-        state_file: PathBuf,
-        #[arg(long, default_value_t = heapprofd::config::DEFAULT_SAMPLING_INTERVAL_BYTES)]
-        sampling_interval_bytes: u64,
-        #[arg(long, default_value_t = heapprofd::config::DEFAULT_SHMEM_SIZE_BYTES)]
-        shmem_size_bytes: u64,
-        /// Stall the target's malloc instead of dropping the profile when
-        /// the shared buffer fills.
-        #[arg(long)]
-        block_client: bool,
-        /// Record every registered heap, not just libc.malloc.
-        #[arg(long, conflicts_with = "heaps")]
-        all_heaps: bool,
-        /// Heap to record; repeatable.
-        #[arg(long = "heap")]
-        heaps: Vec<String>,
-        /// Dump every interval during the session (leak windows).
-        #[arg(long, value_parser = parse_duration)]
-        dump_interval: Option<Duration>,
-        #[arg(long)]
-        max_heapprofd_memory_kb: Option<u32>,
-        #[arg(long)]
-        max_heapprofd_cpu_secs: Option<u64>,
-        /// TraceConfig.bugreport_score: > 0 lets `perfetto --save-for-bugreport`
-        /// (dumpstate) pick the session; 0 leaves it out of bugreports.
-        #[arg(long, default_value_t = heapprofd::config::DEFAULT_BUGREPORT_SCORE)]
-        bugreport_score: i32,
-        /// Longest session accepted.
-        #[arg(long, default_value = "10m", value_parser = parse_duration)]
-        max_duration: Duration,
-        #[arg(long, default_value_t = RateLimits::default().target_per_hour)]
-        target_per_hour: u32,
-        #[arg(long, default_value_t = RateLimits::default().target_per_day)]
-        target_per_day: u32,
-        #[arg(long, default_value_t = RateLimits::default().system_per_hour)]
-        system_per_hour: u32,
-        #[arg(long, default_value_t = RateLimits::default().system_per_day)]
-        system_per_day: u32,
-    },
+    Heap(HeapArgs),
     /// Scan procfs N times and print what was read (for `cargo xtask bench scan`).
     Scan {
         #[arg(long)]
@@ -201,6 +92,128 @@ enum Command {
         #[arg(long, default_value = "/proc")]
         proc_root: PathBuf,
     },
+}
+
+// The flags of `vitalsd record` (doc comments here would replace the
+// subcommand's help text, so plain comments only).
+#[derive(Args)]
+struct RecordArgs {
+    /// How long to record, e.g. 10s, 500ms, 2m.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Trace file to write.
+    #[arg(long, default_value = "vitalsd.pftrace")]
+    out: PathBuf,
+    /// Sampling interval of the maps.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    interval: Duration,
+    /// Fault source: auto (tracepoint where present), tracepoint, perf, off.
+    #[arg(long, default_value = "auto")]
+    fault_source: FaultSourceChoice,
+    /// Bound of the per-thread maps (entries).
+    #[arg(long, default_value_t = MapLimits::default().max_tasks)]
+    max_tasks: u32,
+    /// Bound of the per-process fault map (entries).
+    #[arg(long, default_value_t = MapLimits::default().max_processes)]
+    max_processes: u32,
+    /// Do not account runqueue wait (saves the sched_wakeup programs).
+    #[arg(long)]
+    no_runq_wait: bool,
+    /// Attach the classic sched tracepoints (what Android's bpfloader
+    /// attaches) even where the kernel's BTF allows the cheaper tp_btf.
+    #[arg(long)]
+    classic_tracepoints: bool,
+    /// Rows of the top table (0 = all).
+    #[arg(long, default_value_t = 15)]
+    top: usize,
+    /// Attach the programs pinned in this bpffs directory (bpfloader's, on
+    /// Android user builds) if present; load with aya otherwise.
+    #[arg(long)]
+    pins: Option<PathBuf>,
+    /// Keep all capabilities (for debugging); by default vitalsd drops to
+    /// CAP_BPF and sets no_new_privs after attaching.
+    #[arg(long)]
+    keep_privileges: bool,
+    #[arg(long, default_value = "/proc", hide = true)]
+    proc_root: PathBuf,
+    /// Capture every sched_switch and sched_waking (Perfetto per-CPU
+    /// timeline and thread states).
+    #[arg(long)]
+    sched: bool,
+    /// Capture sampled user page faults with their call stacks
+    /// (flamegraph per process).
+    #[arg(long)]
+    faults: bool,
+    /// Sample one fault in N per process (with --faults).
+    #[arg(long, default_value_t = CaptureOptions::default().fault_period)]
+    fault_period: u32,
+    /// Capture ring buffer size in KiB (a power of two). With the perf
+    /// array it is split over the online CPUs (at least a page each).
+    #[arg(long, default_value_t = CaptureSizing::default().ring_bytes / 1024)]
+    capture_buffer_kb: u32,
+    /// How capture records reach user space: `ringbuf`
+    /// (BPF_MAP_TYPE_RINGBUF, Linux 5.8+), `perf` (per-CPU perf event
+    /// array) or `auto` (ringbuf where the kernel has it).
+    #[arg(long, default_value = "auto")]
+    capture_transport: CaptureTransportChoice,
+}
+
+// The flags of `vitalsd heap`.
+#[derive(Args)]
+struct HeapArgs {
+    /// Process name as heapprofd matches it (normalised cmdline:
+    /// basename of argv[0], cut at '@'); repeatable.
+    #[arg(long = "name")]
+    names: Vec<String>,
+    /// Process id; repeatable.
+    #[arg(long = "pid")]
+    pids: Vec<u64>,
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    duration: Duration,
+    #[arg(long, default_value = "heap.pftrace")]
+    out: PathBuf,
+    /// The perfetto command-line client.
+    #[arg(long, default_value = heapprofd::DEFAULT_PERFETTO_BIN)]
+    perfetto_bin: PathBuf,
+    /// Persisted rate-limit history.
+    #[arg(long, default_value_os_t = heapprofd::default_state_file())]
+    state_file: PathBuf,
+    #[arg(long, default_value_t = heapprofd::config::DEFAULT_SAMPLING_INTERVAL_BYTES)]
+    sampling_interval_bytes: u64,
+    #[arg(long, default_value_t = heapprofd::config::DEFAULT_SHMEM_SIZE_BYTES)]
+    shmem_size_bytes: u64,
+    /// Stall the target's malloc instead of dropping the profile when
+    /// the shared buffer fills.
+    #[arg(long)]
+    block_client: bool,
+    /// Record every registered heap, not just libc.malloc.
+    #[arg(long, conflicts_with = "heaps")]
+    all_heaps: bool,
+    /// Heap to record; repeatable.
+    #[arg(long = "heap")]
+    heaps: Vec<String>,
+    /// Dump every interval during the session (leak windows).
+    #[arg(long, value_parser = parse_duration)]
+    dump_interval: Option<Duration>,
+    #[arg(long)]
+    max_heapprofd_memory_kb: Option<u32>,
+    #[arg(long)]
+    max_heapprofd_cpu_secs: Option<u64>,
+    /// TraceConfig.bugreport_score: > 0 lets `perfetto --save-for-bugreport`
+    /// (dumpstate) pick the session; 0 leaves it out of bugreports.
+    #[arg(long, default_value_t = heapprofd::config::DEFAULT_BUGREPORT_SCORE)]
+    bugreport_score: i32,
+    /// Longest session accepted.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    max_duration: Duration,
+    #[arg(long, default_value_t = RateLimits::default().target_per_hour)]
+    target_per_hour: u32,
+    #[arg(long, default_value_t = RateLimits::default().target_per_day)]
+    target_per_day: u32,
+    #[arg(long, default_value_t = RateLimits::default().system_per_hour)]
+    system_per_hour: u32,
+    #[arg(long, default_value_t = RateLimits::default().system_per_day)]
+    system_per_day: u32,
 }
 
 /// SIGINT/SIGTERM set `stop`, SIGHUP sets `reload`; each wakes the main
@@ -252,220 +265,258 @@ fn load_config(path: Option<PathBuf>) -> Result<(PathBuf, Config)> {
 
 fn main() -> Result<()> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Run { config } => {
-            let signals = signal_flags()?;
-            let (path, cfg) = load_config(config)?;
-            service::run(path, cfg, signals).context("vitalsd run")?;
-        }
-        Command::Pin { dir, fault_source } => {
-            let acc = vitalsd::bpf::Accounting::load(&AccountingConfig {
-                fault_source,
-                pins: PinMode::PinTo(dir.clone()),
-                ..AccountingConfig::default()
-            })
-            .context("vitalsd pin")?;
-            println!(
-                "pinned the vitals programs and maps in {} (fault source {})",
-                dir.display(),
-                acc.fault_source().name()
-            );
-        }
-        Command::CleanupAfterCrash { config } => {
-            let (_, cfg) = load_config(config)?;
-            println!(
-                "{}",
-                service::cleanup_after_crash(&cfg).context("vitalsd cleanup-after-crash")?
-            );
-        }
-        Command::CheckConfig { config } => {
-            let (path, cfg) = load_config(config)?;
-            println!("# effective config ({})", path.display());
-            print!("{}", cfg.to_toml());
-        }
-        Command::Record {
-            duration,
-            out,
-            interval,
-            fault_source,
-            max_tasks,
-            max_processes,
-            no_runq_wait,
-            classic_tracepoints,
-            top,
-            pins,
-            keep_privileges,
-            proc_root,
-            sched,
-            faults,
-            fault_period,
-            capture_buffer_kb,
-            capture_transport,
-        } => {
-            let stop = signal_flags()?.stop;
-            let capture = CaptureOptions {
-                sched,
-                faults,
-                fault_period: fault_period.max(1),
-                ..CaptureOptions::default()
-            };
-            let opts = RecordOptions {
-                duration,
-                out,
-                interval,
-                accounting: AccountingConfig {
-                    fault_source,
-                    limits: MapLimits {
-                        max_tasks,
-                        max_processes,
-                        ..MapLimits::default()
-                    },
-                    runq_wait: !no_runq_wait,
-                    force_classic_tracepoints: classic_tracepoints,
-                    pins: pins.map(PinMode::AttachFrom).unwrap_or_default(),
-                    capture: capture.any().then(|| CaptureSizing {
-                        ring_bytes: capture_buffer_kb.saturating_mul(1024),
-                        transport: capture_transport,
-                        ..CaptureSizing::default()
-                    }),
-                    ..AccountingConfig::default()
-                },
-                proc_root,
-                drop_privileges: !keep_privileges,
-                capture,
-            };
-            let summary = record(&opts, &stop).context("vitalsd record")?;
-            print!("{}", summary.render(top));
-        }
+    match Cli::parse().command {
+        Command::Run { config } => run(config),
+        Command::Pin { dir, fault_source } => pin(dir, fault_source),
+        Command::CleanupAfterCrash { config } => cleanup_after_crash(config),
+        Command::CheckConfig { config } => check_config(config),
+        Command::Record(args) => record_cmd(args),
         Command::Snapshot {
             interval,
             threads,
             proc_root,
-        } => {
-            let opts = SnapshotOptions {
-                proc_root,
-                interval,
-                threads,
-                hz: None,
-            };
-            print!("{}", run_snapshot(&opts).context("vitalsd snapshot")?);
-        }
-        Command::Heap {
-            names,
-            pids,
-            duration,
-            out,
-            perfetto_bin,
-            state_file,
-            sampling_interval_bytes,
-            shmem_size_bytes,
-            block_client,
-            all_heaps,
-            heaps,
-            dump_interval,
-            max_heapprofd_memory_kb,
-            max_heapprofd_cpu_secs,
-            bugreport_score,
-            max_duration,
-            target_per_hour,
-            target_per_day,
-            system_per_hour,
-            system_per_day,
-        } => {
-            let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
-            let request = HeapProfileRequest {
-                process_names: names,
-                pids,
-                duration_ms: ms(duration),
-                sampling_interval_bytes,
-                shmem_size_bytes,
-                block_client,
-                heaps: if all_heaps {
-                    Heaps::All
-                } else if heaps.is_empty() {
-                    Heaps::Malloc
-                } else {
-                    Heaps::Named(heaps)
-                },
-                continuous_dump: dump_interval.map(|d| ContinuousDump {
-                    phase_ms: ms(d),
-                    interval_ms: ms(d),
-                }),
-                max_heapprofd_memory_kb,
-                max_heapprofd_cpu_secs,
-                bugreport_score: (bugreport_score > 0).then_some(bugreport_score),
-                ..HeapProfileRequest::default()
-            };
-            let limits = RateLimits {
-                system_per_hour,
-                system_per_day,
-                target_per_hour,
-                target_per_day,
-            };
-            let limiter = RateLimiter::load(&state_file, limits)?;
-            let runner = SessionRunner::new(
-                RunnerConfig {
-                    perfetto_bin,
-                    limits: RequestLimits {
-                        max_duration_ms: ms(max_duration),
-                    },
-                    ..RunnerConfig::default()
-                },
-                limiter,
-            );
-            for w in request.normalisation_warnings() {
-                eprintln!("warning: {w}");
-            }
-            let stop = signal_flags()?.stop;
-            let report = runner.run(&request, &out, &stop).context("vitalsd heap")?;
-            println!("session: {:?}", report.status);
-            match &report.outcome {
-                None => println!(
-                    "no trace: {}",
-                    report.outcome_error.as_deref().unwrap_or("unknown")
-                ),
-                Some(o) => {
-                    for p in &o.processes {
-                        println!(
-                            "pid {} {}: {} dump(s), {} sample(s), interval {:?} B, issues {:?}",
-                            p.pid,
-                            p.name.as_deref().unwrap_or("?"),
-                            p.dumps,
-                            p.samples,
-                            p.sampling_interval_bytes,
-                            p.issues
-                        );
-                    }
-                    for t in &o.targets {
-                        if let TargetStatus::NoProfile { likely_causes } = &t.status {
-                            println!("{}: no profile; likely:", t.target);
-                            for c in likely_causes {
-                                println!("  - {c}");
-                            }
-                        }
-                    }
-                }
-            }
-            println!(
-                "trace {} metadata {}",
-                out.display(),
-                heapprofd::metadata_path(&out).display()
-            );
-            if !report.success() {
-                anyhow::bail!("heap profile incomplete (see above)");
-            }
-        }
+        } => snapshot(interval, threads, proc_root),
+        Command::Heap(args) => heap(args),
         Command::Scan {
             threads,
             repeat,
             proc_root,
-        } => {
-            println!(
-                "{}",
-                scan_repeat(&proc_root, threads, repeat).context("vitalsd scan")?
-            );
+        } => scan(threads, repeat, proc_root),
+    }
+}
+
+/// `vitalsd run`: the long-running daemon.
+fn run(config: Option<PathBuf>) -> Result<()> {
+    let signals = signal_flags()?;
+    let (path, cfg) = load_config(config)?;
+    service::run(path, cfg, signals).context("vitalsd run")?;
+    Ok(())
+}
+
+/// `vitalsd pin`: load and pin without attaching (bpfloader's role).
+fn pin(dir: PathBuf, fault_source: FaultSourceChoice) -> Result<()> {
+    let acc = vitalsd::bpf::Accounting::load(&AccountingConfig {
+        fault_source,
+        pins: PinMode::PinTo(dir.clone()),
+        ..AccountingConfig::default()
+    })
+    .context("vitalsd pin")?;
+    println!(
+        "pinned the vitals programs and maps in {} (fault source {})",
+        dir.display(),
+        acc.fault_source().name()
+    );
+    Ok(())
+}
+
+/// `vitalsd cleanup-after-crash`: repair the store.
+fn cleanup_after_crash(config: Option<PathBuf>) -> Result<()> {
+    let (_, cfg) = load_config(config)?;
+    println!(
+        "{}",
+        service::cleanup_after_crash(&cfg).context("vitalsd cleanup-after-crash")?
+    );
+    Ok(())
+}
+
+/// `vitalsd check-config`: print the effective config.
+fn check_config(config: Option<PathBuf>) -> Result<()> {
+    let (path, cfg) = load_config(config)?;
+    println!("# effective config ({})", path.display());
+    print!("{}", cfg.to_toml());
+    Ok(())
+}
+
+/// `vitalsd record`: prints the top table once the window ends.
+fn record_cmd(args: RecordArgs) -> Result<()> {
+    let stop = signal_flags()?.stop;
+    let top = args.top;
+    let opts = record_options(args);
+    let summary = record(&opts, &stop).context("vitalsd record")?;
+    print!("{}", summary.render(top));
+    Ok(())
+}
+
+/// The flags of `vitalsd record` as [`RecordOptions`].
+fn record_options(args: RecordArgs) -> RecordOptions {
+    let RecordArgs {
+        duration,
+        out,
+        interval,
+        fault_source,
+        max_tasks,
+        max_processes,
+        no_runq_wait,
+        classic_tracepoints,
+        top: _,
+        pins,
+        keep_privileges,
+        proc_root,
+        sched,
+        faults,
+        fault_period,
+        capture_buffer_kb,
+        capture_transport,
+    } = args;
+    let capture = CaptureOptions {
+        sched,
+        faults,
+        fault_period: fault_period.max(1),
+        ..CaptureOptions::default()
+    };
+    RecordOptions {
+        duration,
+        out,
+        interval,
+        accounting: AccountingConfig {
+            fault_source,
+            limits: MapLimits {
+                max_tasks,
+                max_processes,
+                ..MapLimits::default()
+            },
+            runq_wait: !no_runq_wait,
+            force_classic_tracepoints: classic_tracepoints,
+            pins: pins.map(PinMode::AttachFrom).unwrap_or_default(),
+            capture: capture.any().then(|| CaptureSizing {
+                ring_bytes: capture_buffer_kb.saturating_mul(1024),
+                transport: capture_transport,
+                ..CaptureSizing::default()
+            }),
+            ..AccountingConfig::default()
+        },
+        proc_root,
+        drop_privileges: !keep_privileges,
+        capture,
+    }
+}
+
+/// `vitalsd snapshot`: one procfs window as a table.
+fn snapshot(interval: Duration, threads: bool, proc_root: PathBuf) -> Result<()> {
+    let opts = SnapshotOptions {
+        proc_root,
+        interval,
+        threads,
+        hz: None,
+    };
+    print!("{}", run_snapshot(&opts).context("vitalsd snapshot")?);
+    Ok(())
+}
+
+/// Durations in the request are u32 milliseconds; longer ones saturate.
+fn ms(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// `vitalsd heap`: one heapprofd session through the perfetto client, then
+/// its outcome per process; fails unless every target was profiled.
+fn heap(args: HeapArgs) -> Result<()> {
+    let out = args.out.clone();
+    let request = heap_request(&args);
+    let runner = heap_runner(&args)?;
+    for w in request.normalisation_warnings() {
+        eprintln!("warning: {w}");
+    }
+    let stop = signal_flags()?.stop;
+    let report = runner.run(&request, &out, &stop).context("vitalsd heap")?;
+    print_heap_report(&report, &out);
+    if !report.success() {
+        anyhow::bail!("heap profile incomplete (see above)");
+    }
+    Ok(())
+}
+
+/// The flags of `vitalsd heap` as a [`HeapProfileRequest`].
+fn heap_request(args: &HeapArgs) -> HeapProfileRequest {
+    HeapProfileRequest {
+        process_names: args.names.clone(),
+        pids: args.pids.clone(),
+        duration_ms: ms(args.duration),
+        sampling_interval_bytes: args.sampling_interval_bytes,
+        shmem_size_bytes: args.shmem_size_bytes,
+        block_client: args.block_client,
+        heaps: if args.all_heaps {
+            Heaps::All
+        } else if args.heaps.is_empty() {
+            Heaps::Malloc
+        } else {
+            Heaps::Named(args.heaps.clone())
+        },
+        continuous_dump: args.dump_interval.map(|d| ContinuousDump {
+            phase_ms: ms(d),
+            interval_ms: ms(d),
+        }),
+        max_heapprofd_memory_kb: args.max_heapprofd_memory_kb,
+        max_heapprofd_cpu_secs: args.max_heapprofd_cpu_secs,
+        bugreport_score: (args.bugreport_score > 0).then_some(args.bugreport_score),
+        ..HeapProfileRequest::default()
+    }
+}
+
+/// The session runner under the persisted rate limits of `--state-file`.
+fn heap_runner(args: &HeapArgs) -> Result<SessionRunner> {
+    let limits = RateLimits {
+        system_per_hour: args.system_per_hour,
+        system_per_day: args.system_per_day,
+        target_per_hour: args.target_per_hour,
+        target_per_day: args.target_per_day,
+    };
+    let limiter = RateLimiter::load(&args.state_file, limits)?;
+    Ok(SessionRunner::new(
+        RunnerConfig {
+            perfetto_bin: args.perfetto_bin.clone(),
+            limits: RequestLimits {
+                max_duration_ms: ms(args.max_duration),
+            },
+            ..RunnerConfig::default()
+        },
+        limiter,
+    ))
+}
+
+/// The session's status, each process's profile, why a target has none,
+/// and where the trace and its metadata are.
+fn print_heap_report(report: &SessionReport, out: &Path) {
+    println!("session: {:?}", report.status);
+    match &report.outcome {
+        None => println!(
+            "no trace: {}",
+            report.outcome_error.as_deref().unwrap_or("unknown")
+        ),
+        Some(o) => {
+            for p in &o.processes {
+                println!(
+                    "pid {} {}: {} dump(s), {} sample(s), interval {:?} B, issues {:?}",
+                    p.pid,
+                    p.name.as_deref().unwrap_or("?"),
+                    p.dumps,
+                    p.samples,
+                    p.sampling_interval_bytes,
+                    p.issues
+                );
+            }
+            for t in &o.targets {
+                if let TargetStatus::NoProfile { likely_causes } = &t.status {
+                    println!("{}: no profile; likely:", t.target);
+                    for c in likely_causes {
+                        println!("  - {c}");
+                    }
+                }
+            }
         }
     }
+    println!(
+        "trace {} metadata {}",
+        out.display(),
+        heapprofd::metadata_path(out).display()
+    );
+}
+
+/// `vitalsd scan`: procfs scans for `cargo xtask bench scan`.
+fn scan(threads: bool, repeat: u32, proc_root: PathBuf) -> Result<()> {
+    println!(
+        "{}",
+        scan_repeat(&proc_root, threads, repeat).context("vitalsd scan")?
+    );
     Ok(())
 }
