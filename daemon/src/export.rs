@@ -99,15 +99,37 @@ pub fn write_sample<W: Write>(
     w.write_process_stats(ts_boot_ns, &procs)
 }
 
-/// TrackEvent counters from one tracker window.
+/// TrackEvent counters from one tracker window: the system-wide ones, the
+/// drop counters, then each working process's.
 pub fn write_window<W: Write>(
     w: &mut TraceWriter<W>,
     ts_boot_ns: u64,
     win: &Window,
 ) -> Result<(), PerfettoError> {
+    write_system_counters(w, ts_boot_ns, win)?;
+    write_drop_counters(w, ts_boot_ns, win)?;
+    write_process_counters(w, ts_boot_ns, win)
+}
+
+/// One value on the global counter track `s`.
+fn global_counter<W: Write>(
+    w: &mut TraceWriter<W>,
+    ts_boot_ns: u64,
+    s: CounterSpec,
+    v: CounterValue,
+) -> Result<(), PerfettoError> {
+    let t = w.global_counter_track(&s)?;
+    w.write_counter(ts_boot_ns, t, v)
+}
+
+/// loadavg, local busy CPU and the PSI averages.
+fn write_system_counters<W: Write>(
+    w: &mut TraceWriter<W>,
+    ts_boot_ns: u64,
+    win: &Window,
+) -> Result<(), PerfettoError> {
     let global = |w: &mut TraceWriter<W>, s: CounterSpec, v: CounterValue| {
-        let t = w.global_counter_track(&s)?;
-        w.write_counter(ts_boot_ns, t, v)
+        global_counter(w, ts_boot_ns, s, v)
     };
     if let Some(l) = &win.loadavg {
         for (name, v) in [
@@ -163,6 +185,15 @@ pub fn write_window<W: Write>(
             }
         }
     }
+    Ok(())
+}
+
+/// The window's procfs drop counters, one track per reason.
+fn write_drop_counters<W: Write>(
+    w: &mut TraceWriter<W>,
+    ts_boot_ns: u64,
+    win: &Window,
+) -> Result<(), PerfettoError> {
     let d = &win.drops;
     for (name, v) in [
         ("drops.procfs.read_failures", d.read_failures),
@@ -172,8 +203,9 @@ pub fn write_window<W: Write>(
         ("drops.procfs.clock_not_advancing", d.clock_not_advancing),
         ("drops.procfs.starttime_changes", d.starttime_changes),
     ] {
-        global(
+        global_counter(
             w,
+            ts_boot_ns,
             spec(
                 name,
                 CounterUnit::Count,
@@ -182,9 +214,16 @@ pub fn write_window<W: Write>(
             CounterValue::Int(v as i64),
         )?;
     }
+    Ok(())
+}
 
-    // Per process: only the working set (CPU or faults moved), as
-    // ProcessCpuTracker reports it.
+/// Per process: only the working set (CPU or faults moved), as
+/// ProcessCpuTracker reports it.
+fn write_process_counters<W: Write>(
+    w: &mut TraceWriter<W>,
+    ts_boot_ns: u64,
+    win: &Window,
+) -> Result<(), PerfettoError> {
     for p in win.processes.iter().filter(|p| p.working) {
         let Some(delta) = &p.delta else { continue };
         let key = ProcessKey {
