@@ -238,31 +238,10 @@ impl SessionRunner {
             .unwrap_or_else(|e| e.into_inner())
             .check(&targets, started)?;
 
-        let uid = getuid().as_raw();
-        if cfg!(target_os = "android") && uid != AID_SYSTEM {
-            log::warn!(
-                "running the perfetto client as uid {uid}, not {AID_SYSTEM} (system): traced will \
-                 not mark this heapprofd session TRUSTED_SYSTEM"
-            );
-        } else {
-            log::info!("running the perfetto client as uid {uid}");
-        }
-
+        let uid = log_client_uid();
         let bin = &self.config.perfetto_bin;
         let bytes = encode(&trace_config);
-        let mut child = Command::new(bin)
-            .arg("--config")
-            .arg("-")
-            .arg("--out")
-            .arg(out)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| RunError::Spawn {
-                path: bin.clone(),
-                source,
-            })?;
+        let mut child = self.spawn(out)?;
         log::info!(
             "heapprofd session started: {} pid {} targets {targets:?} for {} ms",
             bin.display(),
@@ -290,28 +269,11 @@ impl SessionRunner {
             }
         }
 
-        let status = self.wait(&mut child, request, cancel)?;
-        let ended = SystemTime::now();
+        let ended = self.wait(&mut child, request, cancel)?;
+        let ended_at = SystemTime::now();
         let _ = stdout.join();
         let stderr_tail = stderr.join().unwrap_or_default();
-        let status = match status {
-            Ended::Exited(s) if s.success() => SessionStatus::Completed,
-            Ended::Exited(s) => {
-                use std::os::unix::process::ExitStatusExt;
-                log::warn!(
-                    "{} exited with {s}: {}",
-                    bin.display(),
-                    stderr_tail.trim_end()
-                );
-                SessionStatus::Failed {
-                    exit_code: s.code(),
-                    signal: s.signal(),
-                    stderr_tail,
-                }
-            }
-            Ended::TimedOut { killed } => SessionStatus::TimedOut { killed },
-            Ended::Cancelled { killed } => SessionStatus::Cancelled { killed },
-        };
+        let status = session_status(bin, ended, stderr_tail);
 
         let (outcome, outcome_error) = match read_outcome(out, request) {
             Ok(o) => (Some(o), None),
@@ -327,13 +289,31 @@ impl SessionRunner {
             out: out.to_owned(),
             uid,
             started_unix_ms: unix_ms(started),
-            ended_unix_ms: unix_ms(ended),
+            ended_unix_ms: unix_ms(ended_at),
             status,
             outcome,
             outcome_error,
         };
         write_metadata(out, &report)?;
         Ok(report)
+    }
+
+    /// Starts `perfetto --config - --out <out>` with all three pipes.
+    fn spawn(&self, out: &Path) -> Result<Child, RunError> {
+        let bin = &self.config.perfetto_bin;
+        Command::new(bin)
+            .arg("--config")
+            .arg("-")
+            .arg("--out")
+            .arg(out)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| RunError::Spawn {
+                path: bin.clone(),
+                source,
+            })
     }
 
     fn wait(
@@ -398,6 +378,44 @@ impl SessionRunner {
         signal(Signal::SIGKILL)?;
         child.wait().map_err(wait_err)?;
         Ok(true)
+    }
+}
+
+/// Our uid, which the client inherits; warns on Android when it is not
+/// system, because traced then does not trust the session.
+fn log_client_uid() -> u32 {
+    let uid = getuid().as_raw();
+    if cfg!(target_os = "android") && uid != AID_SYSTEM {
+        log::warn!(
+            "running the perfetto client as uid {uid}, not {AID_SYSTEM} (system): traced will \
+             not mark this heapprofd session TRUSTED_SYSTEM"
+        );
+    } else {
+        log::info!("running the perfetto client as uid {uid}");
+    }
+    uid
+}
+
+/// How the client ended, as stored; a failed exit is logged with its
+/// stderr.
+fn session_status(bin: &Path, ended: Ended, stderr_tail: String) -> SessionStatus {
+    match ended {
+        Ended::Exited(s) if s.success() => SessionStatus::Completed,
+        Ended::Exited(s) => {
+            use std::os::unix::process::ExitStatusExt;
+            log::warn!(
+                "{} exited with {s}: {}",
+                bin.display(),
+                stderr_tail.trim_end()
+            );
+            SessionStatus::Failed {
+                exit_code: s.code(),
+                signal: s.signal(),
+                stderr_tail,
+            }
+        }
+        Ended::TimedOut { killed } => SessionStatus::TimedOut { killed },
+        Ended::Cancelled { killed } => SessionStatus::Cancelled { killed },
     }
 }
 
