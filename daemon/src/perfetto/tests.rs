@@ -108,6 +108,19 @@ struct Written {
 /// 2 processes x 2 counter tracks x 3 values (+ one global counter), cpu
 /// stats, psi, process stats.
 fn write_sample<W: Write>(w: &mut TraceWriter<W>) -> Written {
+    write_sample_header(w);
+    let (tracks, global) = write_sample_counters(w);
+    write_sample_stats(w);
+    Written {
+        tracks,
+        global,
+        packets: w.packets_written(),
+        bytes: w.bytes_written(),
+    }
+}
+
+/// Clock snapshot, system info and the process tree of two processes.
+fn write_sample_header<W: Write>(w: &mut TraceWriter<W>) {
     w.write_clock_snapshot(ClockPair {
         boottime_ns: SEC,
         monotonic_ns: SEC - 250,
@@ -136,7 +149,13 @@ fn write_sample<W: Write>(w: &mut TraceWriter<W>) -> Written {
         ],
     )
     .unwrap();
+}
 
+/// Two counter tracks per process with three values each, then one global
+/// counter; returns the tracks in creation order and the global one.
+fn write_sample_counters<W: Write>(
+    w: &mut TraceWriter<W>,
+) -> (Vec<(ProcessKey, &'static str, TrackUuid)>, TrackUuid) {
     let mut tracks = Vec::new();
     for (i, ts) in [2 * SEC, 3 * SEC, 4 * SEC].into_iter().enumerate() {
         let i = i as i64;
@@ -161,7 +180,11 @@ fn write_sample<W: Write>(w: &mut TraceWriter<W>) -> Written {
         .unwrap();
     w.write_counter(4 * SEC, global, CounterValue::Double(1.25))
         .unwrap();
+    (tracks, global)
+}
 
+/// cpu_stat, psi and process stats at 4 s.
+fn write_sample_stats<W: Write>(w: &mut TraceWriter<W>) {
     w.write_cpu_stats(
         4 * SEC,
         &[
@@ -218,12 +241,6 @@ fn write_sample<W: Write>(w: &mut TraceWriter<W>) -> Written {
         ],
     )
     .unwrap();
-    Written {
-        tracks,
-        global,
-        packets: w.packets_written(),
-        bytes: w.bytes_written(),
-    }
 }
 
 fn index_of(packets: &[Value], pred: impl Fn(&Value) -> bool) -> Option<usize> {
@@ -250,8 +267,15 @@ fn perfetto_sample_trace_decodes_with_official_schema() {
     // + 13 counter values + cpu, psi, process stats.
     assert_eq!(s["packet_count"], json!(written.packets));
     assert_eq!(written.packets, 3 + 2 + 4 + 1 + 13 + 3);
+    check_sequence(&s, packets);
+    check_header(&s);
+    check_track_descriptors(&s, packets, &written);
+    check_counter_values(&s, &written);
+    check_stats(&s);
+}
 
-    // One sequence; the first packet clears incremental state, no other does.
+/// One sequence; the first packet clears incremental state, no other does.
+fn check_sequence(s: &Value, packets: &[Value]) {
     assert_eq!(s["sequence_ids"], json!([DEFAULT_SEQUENCE_ID]));
     assert_eq!(packets[0]["kind"], "clock_snapshot");
     assert_eq!(packets[0]["sequence_flags"], json!(1));
@@ -261,7 +285,10 @@ fn perfetto_sample_trace_decodes_with_official_schema() {
         assert_eq!(p["first_packet_on_sequence"], Value::Null, "{p}");
         assert_eq!(p["trusted_packet_sequence_id"], json!(DEFAULT_SEQUENCE_ID));
     }
+}
 
+/// Clocks, SystemInfo and the process tree as written.
+fn check_header(s: &Value) {
     // Clocks: BOOTTIME(6) and MONOTONIC(3), BOOTTIME primary.
     assert_eq!(
         s["clock_snapshots"],
@@ -290,8 +317,11 @@ fn perfetto_sample_trace_decodes_with_official_schema() {
         s["process_tree"]["threads"],
         json!([{"tid": 100, "tgid": 100, "name": "foo"}, {"tid": 101, "tgid": 100, "name": "worker"}])
     );
+}
 
-    // Track descriptors: parents, names, units.
+/// Track descriptors: parents, names, units; every counter event follows
+/// its track's descriptor.
+fn check_track_descriptors(s: &Value, packets: &[Value], written: &Written) {
     let tds = s["track_descriptors"].as_array().unwrap();
     let td = |uuid: TrackUuid| {
         tds.iter()
@@ -344,8 +374,10 @@ fn perfetto_sample_trace_decodes_with_official_schema() {
             assert!(d < i, "descriptor of {p} at {d}");
         }
     }
+}
 
-    // Counter values: ints as counter_value, doubles as double_counter_value.
+/// Counter values: ints as counter_value, doubles as double_counter_value.
+fn check_counter_values(s: &Value, written: &Written) {
     let counters = &s["counters"];
     for &(proc, name, uuid) in &written.tracks {
         let expect = match name {
@@ -361,7 +393,10 @@ fn perfetto_sample_trace_decodes_with_official_schema() {
         counters[written.global.to_string()],
         json!([[4 * SEC, 1.25]])
     );
+}
 
+/// SysStats (cpu_stat, psi) and ProcessStats as written.
+fn check_stats(s: &Value) {
     // SysStats: cpu_stat and psi in separate packets at the given time.
     let sys = s["sys_stats"].as_array().unwrap();
     assert_eq!(sys.len(), 2);
