@@ -2,7 +2,7 @@
 //! which embeds it with `include_bytes_aligned!`.
 //!
 //! The eBPF crate builds for `bpfel-unknown-none` with Debian's rustc and its
-//! prebuilt core (shared/TOOLCHAIN.md: rustup has no rust-src here, so no
+//! prebuilt core (docs/toolchain.md: rustup has no rust-src here, so no
 //! build-std), in its own target dir so the host build keeps rustup's rustc.
 //! `VITALS_EBPF_OBJ=<path>` skips the build and embeds a prebuilt object
 //! (packaging, cross builds).

@@ -1,4 +1,4 @@
-//! Tracker tests on fake procfs trees: every procfs rule of DESIGN.md.
+//! Tracker tests on fake procfs trees: every procfs rule of docs/architecture.md.
 
 use super::*;
 use crate::procfs::testutil::{Cols, FakeProc, Task};

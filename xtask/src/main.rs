@@ -1,7 +1,7 @@
 //! `cargo xtask …`: set up a fresh machine, build, run, test, bench.
 //!
 //! `setup` is idempotent and is what makes a clean CI machine work: it
-//! installs the Debian packages and bpf-linker that shared/TOOLCHAIN.md lists,
+//! installs the Debian packages and bpf-linker that docs/toolchain.md lists,
 //! the benchmark peers, and the official `perfetto` Python package.
 
 mod android_bpf;

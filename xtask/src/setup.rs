@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::util::{output, run, workspace_root};
 
-/// Debian packages: the eBPF toolchain (shared/TOOLCHAIN.md), then what the
+/// Debian packages: the eBPF toolchain (docs/toolchain.md), then what the
 /// tests and benches run against (perf, bpftrace, bpftool, top, pidstat, strace).
 const APT_PACKAGES: &[&str] = &[
     "rustc-web",

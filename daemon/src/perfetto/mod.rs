@@ -6,7 +6,7 @@
 //! 1, length-delimited), so [`TraceWriter`] streams packets one at a time and
 //! every whole-packet prefix of the file is itself a valid trace.
 //!
-//! What goes where (see shared/DESIGN.md, "Perfetto output"):
+//! What goes where (see docs/architecture.md, "Perfetto output"):
 //! - ClockSnapshot + SystemInfo first, ProcessTree for names;
 //! - native packets where Perfetto has them: SysStats.cpu_stat, SysStats.psi,
 //!   ProcessStats (memory in kB, runtime in ns);
