@@ -5,6 +5,9 @@
 //! time on its own thread (a bounded `record` into the store). The control
 //! socket runs on its own thread and reads what the main thread publishes.
 
+mod captures;
+mod heap;
+
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
@@ -12,36 +15,30 @@ use std::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         mpsc, Arc, Mutex,
     },
-    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use thiserror::Error;
 
+use captures::{finish_capture, start_capture, RunningCapture};
 use heap::{
     finish_heap, heap_profile_offender, heap_request, heap_runner, start_heap, RunningHeap,
 };
 
 use crate::{
-    bpf::{totals::Totals, Accounting, AccountingConfig, BpfError, CaptureSizing, MapLimits},
-    capture::CaptureOptions,
+    bpf::{totals::Totals, Accounting, AccountingConfig, BpfError, MapLimits},
     config::{CaptureSpec, Config},
     control::server::{
-        self, CaptureProgress, Command, DaemonState, ServerError, Shared, TopEbpf, TopRow,
-        TriggerRecord,
+        self, Command, DaemonState, ServerError, Shared, TopEbpf, TopRow, TriggerRecord,
     },
-    export,
     history::{self, History},
     privileges::{self, PrivilegeError},
     procfs::sampler::{Sample, SampleOptions, Sampler, SamplerError},
-    record::{record_with, RecordError, RecordOptions, RecordSummary},
-    store::{self, CaptureMeta, Limits, Pending, Store, StoreError, TriggerInfo},
+    store::{self, Limits, Store, StoreError, TriggerInfo},
     system::{self, SystemError},
     tracker::{bpf_deltas, BpfDelta, DropCounters, Tracker},
     triggers::{Engine, Fired, SysfsProbe},
 };
-
-mod heap;
 
 #[derive(Debug, Error)]
 pub enum ServiceError {
@@ -159,14 +156,6 @@ fn push_trigger(st: &mut DaemonState, t: &TriggerInfo, unix_ms: u64, outcome: St
     while st.recent_triggers.len() > RECENT_TRIGGERS {
         st.recent_triggers.pop_front();
     }
-}
-
-struct RunningCapture {
-    pending: Pending,
-    trigger: TriggerInfo,
-    started_unix_ms: u64,
-    stop: Arc<AtomicBool>,
-    thread: JoinHandle<Result<RecordSummary, RecordError>>,
 }
 
 /// Signals the binary forwards: stop and reload.
@@ -561,124 +550,4 @@ fn trigger_info(f: &Fired) -> TriggerInfo {
         offender_pid: f.offender.as_ref().map(|o| o.pid),
         offender_name: f.offender.as_ref().map(|o| o.name.clone()),
     }
-}
-
-fn start_capture(
-    cfg: &Config,
-    accounting: &AccountingConfig,
-    store: &Arc<Mutex<Store>>,
-    history: &History,
-    spec: &CaptureSpec,
-    trigger: TriggerInfo,
-    shared: &Shared,
-) -> RunningCapture {
-    let pending = store.lock().unwrap().begin(&trigger.rule);
-    // The capture tier (every switch and waking, sampled fault stacks) for
-    // the capture's window only; the always-on programs are untouched.
-    let capture = CaptureOptions {
-        sched: spec.sched,
-        faults: spec.faults,
-        ..CaptureOptions::default()
-    };
-    let mut accounting = accounting.clone();
-    accounting.capture = capture.any().then(CaptureSizing::default);
-    // A capture loads its own object: attaching the always-on pins a second
-    // time would count every event twice into the same maps. (On Android
-    // user builds that load is refused, and the capture fails, recorded.)
-    accounting.pins = crate::bpf::PinMode::Load;
-    let opts = RecordOptions {
-        duration: spec.duration.0,
-        out: pending.tmp_path.clone(),
-        interval: cfg.sampling.interval.0.min(Duration::from_secs(1)),
-        accounting,
-        proc_root: cfg.sampling.proc_root.clone(),
-        drop_privileges: false,
-        capture,
-    };
-    let samples: Vec<history::VitalsSample> = history.iter().cloned().collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let thread_stop = Arc::clone(&stop);
-    log::info!(
-        "capture {} started ({} for {:?})",
-        pending.id,
-        trigger.rule,
-        spec.duration.0
-    );
-    let started_unix_ms = store::now_unix_ms();
-    shared.state.lock().unwrap().capture = Some(CaptureProgress {
-        id: pending.id.clone(),
-        rule: trigger.rule.clone(),
-        started_unix_ms,
-        duration_ms: spec.duration.0.as_millis() as u64,
-    });
-    let thread = std::thread::Builder::new()
-        .name("capture".into())
-        .spawn(move || record_with(&opts, &thread_stop, |w| export::write_history(w, &samples)))
-        .expect("spawning the capture thread");
-    RunningCapture {
-        pending,
-        trigger,
-        started_unix_ms,
-        stop,
-        thread,
-    }
-}
-
-/// Commits a finished (or cut) capture; a failure is recorded, never fatal.
-fn finish_capture(c: RunningCapture, store: &Arc<Mutex<Store>>, shared: &Shared, how: &str) {
-    let result = c.thread.join();
-    let mut store = store.lock().unwrap();
-    let outcome = match result {
-        Ok(Ok(summary)) => {
-            let meta = CaptureMeta {
-                id: String::new(),
-                created_unix_ms: c.started_unix_ms,
-                trigger: c.trigger.clone(),
-                duration_ms: summary.wall_monotonic_ns / 1_000_000,
-                trace_bytes: 0,
-                status: how.into(),
-                heapprofd: None,
-            };
-            match store.commit(c.pending, meta) {
-                Ok(m) => {
-                    log::info!("capture {} stored ({} bytes)", m.id, m.trace_bytes);
-                    format!("captured {}", m.id)
-                }
-                Err(e) => {
-                    log::error!("capture could not be stored: {e}");
-                    format!("failed: {e}")
-                }
-            }
-        }
-        Ok(Err(e)) => {
-            log::error!("capture failed: {e}");
-            // Whatever whole packets reached the disk are still worth keeping.
-            let meta = CaptureMeta {
-                id: String::new(),
-                created_unix_ms: c.started_unix_ms,
-                trigger: c.trigger.clone(),
-                duration_ms: store::now_unix_ms().saturating_sub(c.started_unix_ms),
-                trace_bytes: 0,
-                status: format!("cut short: {e}"),
-                heapprofd: None,
-            };
-            if c.pending.tmp_path.exists() {
-                match store.commit(c.pending, meta) {
-                    Ok(m) => format!("captured {} (cut short: {e})", m.id),
-                    Err(e2) => format!("failed: {e}; {e2}"),
-                }
-            } else {
-                store.abort(c.pending);
-                format!("failed: {e}")
-            }
-        }
-        Err(_) => {
-            store.abort(c.pending);
-            "failed: capture thread panicked".into()
-        }
-    };
-    drop(store);
-    let mut st = shared.state.lock().unwrap();
-    st.capture = None;
-    push_trigger(&mut st, &c.trigger, c.started_unix_ms, outcome);
 }
