@@ -19,6 +19,7 @@ use std::{
 };
 
 use thiserror::Error;
+use tokio::sync::oneshot;
 
 use captures::{finish_capture, start_capture, RunningCapture};
 use heap::{
@@ -26,17 +27,21 @@ use heap::{
 };
 
 use crate::{
-    bpf::{totals::Totals, Accounting, AccountingConfig, BpfError, MapLimits},
+    bpf::{
+        totals::{ProcessCounters, Totals},
+        Accounting, AccountingConfig, BpfError, MapLimits,
+    },
     config::{CaptureSpec, Config},
     control::server::{
         self, Command, DaemonState, ServerError, Shared, TopEbpf, TopRow, TriggerRecord,
     },
+    heapprofd::SessionRunner,
     history::{self, History},
     privileges::{self, PrivilegeError},
     procfs::sampler::{Sample, SampleOptions, Sampler, SamplerError},
     store::{self, Limits, Store, StoreError, TriggerInfo},
     system::{self, SystemError},
-    tracker::{bpf_deltas, BpfDelta, DropCounters, Tracker},
+    tracker::{bpf_deltas, BpfDelta, DropCounters, Tracker, Window},
     triggers::{Engine, Fired, SysfsProbe},
 };
 
@@ -165,8 +170,71 @@ pub struct Signals {
     pub reload: Arc<AtomicBool>,
 }
 
-pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<(), ServiceError> {
-    let accounting_cfg = AccountingConfig {
+/// What the daemon's main loop holds from one iteration to the next.
+///
+/// Fields drop in declaration order, which is the reverse of the order
+/// start-up creates them (as `run`'s locals did): the samplers and sessions
+/// first, then the control state, the store, the always-on eBPF programs,
+/// and the store lock last of all.
+struct Service {
+    /// The eBPF deltas that went negative (a tgid reused), for `status`.
+    bpf_delta_drops: DropCounters,
+    /// eBPF counters of the previous sample, for per-window deltas.
+    bpf_prev: HashMap<u32, ProcessCounters>,
+    read_errors: ReadErrors,
+    last_expiry: Instant,
+    next_tick: Instant,
+    /// Replaced on a reload unless a session is running on it.
+    runner: Arc<SessionRunner>,
+    heap: Option<RunningHeap>,
+    capture: Option<RunningCapture>,
+    sample: Sample,
+    engine: Engine,
+    history: History,
+    totals: Totals,
+    tracker: Tracker,
+    sampler: Sampler,
+    shared: Arc<Shared>,
+    /// Requests the control socket's thread hands to the main loop.
+    commands: mpsc::Receiver<Command>,
+    store: Arc<Mutex<Store>>,
+    accounting: Accounting,
+    /// The flock on `<store>/.lock`, held for the daemon's life.
+    _store_lock: std::fs::File,
+    /// What a capture's own `Accounting` starts from.
+    accounting_cfg: AccountingConfig,
+    signals: Signals,
+    /// The running config; replaced by a successful reload.
+    cfg: Config,
+    config_path: PathBuf,
+}
+
+pub fn run(config_path: PathBuf, cfg: Config, signals: Signals) -> Result<(), ServiceError> {
+    let mut svc = Service::start(config_path, cfg, signals)?;
+    loop {
+        svc.wait_for_tick();
+        let stopping = svc.signals.stop.load(Ordering::SeqCst);
+        if stopping {
+            svc.shutdown();
+            return Ok(());
+        }
+        svc.reload_if_asked();
+        svc.reap_capture();
+        svc.reap_heap();
+        svc.serve_requests();
+        if !svc.tick_due() {
+            continue;
+        }
+        let sampled = svc.sample();
+        svc.evaluate_rules();
+        svc.expire_store();
+        svc.publish(sampled);
+    }
+}
+
+/// The always-on programs, as the config asks for them.
+fn accounting_config(cfg: &Config) -> AccountingConfig {
+    AccountingConfig {
         fault_source: cfg.sampling.fault_source,
         limits: MapLimits {
             max_tasks: cfg.sampling.max_tasks,
@@ -181,338 +249,390 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
             .map(crate::bpf::PinMode::AttachFrom)
             .unwrap_or_default(),
         ..AccountingConfig::default()
-    };
-    let _store_lock = try_lock_store(&cfg.store.dir)?
-        .ok_or_else(|| ServiceError::StoreBusy(cfg.store.dir.clone()))?;
-    let mut accounting = Accounting::load(&accounting_cfg)?;
-    let store = Arc::new(Mutex::new(Store::open(&cfg.store.dir, limits(&cfg))?));
-    let listener = server::bind_or_inherit(&cfg.control.socket)?;
-    let kept = privileges::drop_to(DAEMON_CAPS)?;
-    let capabilities = privileges::describe(&kept);
-    log::info!(
-        "vitalsd running; capabilities {capabilities}; store {}",
-        cfg.store.dir.display()
-    );
+    }
+}
 
-    let (tx, commands) = mpsc::channel::<Command>();
-    let shared = Arc::new(Shared {
-        state: Mutex::new(DaemonState {
-            version: env!("CARGO_PKG_VERSION"),
-            started_unix_ms: store::now_unix_ms(),
-            interval_ms: cfg.sampling.interval.0.as_millis() as u64,
-            fault_source: accounting.fault_source().describe().into(),
-            capabilities,
-            config_path: config_path.display().to_string(),
-            config_toml: cfg.to_toml(),
-            ..DaemonState::default()
-        }),
-        store: Arc::clone(&store),
-        commands: tx,
-        allowed_uids: Mutex::new(cfg.control.allowed_uids.clone()),
-        max_request_bytes: AtomicU64::new(u64::from(cfg.control.max_request_bytes)),
-        counters: Default::default(),
-    });
-    server::spawn(listener, Arc::clone(&shared)).map_err(ServiceError::Thread)?;
+impl Service {
+    /// Start-up, in this order: the store lock (one daemon per store), the
+    /// always-on eBPF programs, the store (repaired), the control socket,
+    /// then privileges drop to [`DAEMON_CAPS`] and the control thread starts.
+    fn start(config_path: PathBuf, cfg: Config, signals: Signals) -> Result<Self, ServiceError> {
+        let accounting_cfg = accounting_config(&cfg);
+        let store_lock = try_lock_store(&cfg.store.dir)?
+            .ok_or_else(|| ServiceError::StoreBusy(cfg.store.dir.clone()))?;
+        let accounting = Accounting::load(&accounting_cfg)?;
+        let store = Arc::new(Mutex::new(Store::open(&cfg.store.dir, limits(&cfg))?));
+        let listener = server::bind_or_inherit(&cfg.control.socket)?;
+        let kept = privileges::drop_to(DAEMON_CAPS)?;
+        let capabilities = privileges::describe(&kept);
+        log::info!(
+            "vitalsd running; capabilities {capabilities}; store {}",
+            cfg.store.dir.display()
+        );
 
-    let hz = system::clock_ticks_per_second()?;
-    let mut sampler = Sampler::new(
-        &cfg.sampling.proc_root,
-        SampleOptions {
-            threads: false,
-            status: true,
-            cmdline: true,
-        },
-    );
-    let mut tracker = Tracker::new(hz);
-    let mut totals = Totals::new();
-    let mut history = History::new(cfg.history_len());
-    let mut engine = Engine::new(
-        cfg.rules.clone(),
-        cfg.budget.clone(),
-        cfg.conditions.clone(),
-    );
-    let mut sample = Sample::default();
-    let mut capture: Option<RunningCapture> = None;
-    let mut heap: Option<RunningHeap> = None;
-    let mut runner = Arc::new(heap_runner(&cfg));
-    let mut next_tick = Instant::now();
-    let mut last_expiry = Instant::now();
-    let mut read_errors = ReadErrors::default();
-    // eBPF counters of the previous sample, for per-window deltas.
-    let mut bpf_prev = HashMap::new();
-    let mut bpf_delta_drops = DropCounters::default();
+        let (tx, commands) = mpsc::channel::<Command>();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(DaemonState {
+                version: env!("CARGO_PKG_VERSION"),
+                started_unix_ms: store::now_unix_ms(),
+                interval_ms: cfg.sampling.interval.0.as_millis() as u64,
+                fault_source: accounting.fault_source().describe().into(),
+                capabilities,
+                config_path: config_path.display().to_string(),
+                config_toml: cfg.to_toml(),
+                ..DaemonState::default()
+            }),
+            store: Arc::clone(&store),
+            commands: tx,
+            allowed_uids: Mutex::new(cfg.control.allowed_uids.clone()),
+            max_request_bytes: AtomicU64::new(u64::from(cfg.control.max_request_bytes)),
+            counters: Default::default(),
+        });
+        server::spawn(listener, Arc::clone(&shared)).map_err(ServiceError::Thread)?;
 
-    loop {
-        let now = Instant::now();
-        if !signals.stop.load(Ordering::SeqCst) && now < next_tick {
-            // Signals unpark us; control commands wait at most one interval.
-            std::thread::park_timeout(next_tick - now);
+        let hz = system::clock_ticks_per_second()?;
+        // Written in the order `run` once created these as locals.
+        Ok(Self {
+            sampler: Sampler::new(
+                &cfg.sampling.proc_root,
+                SampleOptions {
+                    threads: false,
+                    status: true,
+                    cmdline: true,
+                },
+            ),
+            tracker: Tracker::new(hz),
+            totals: Totals::new(),
+            history: History::new(cfg.history_len()),
+            engine: Engine::new(
+                cfg.rules.clone(),
+                cfg.budget.clone(),
+                cfg.conditions.clone(),
+            ),
+            sample: Sample::default(),
+            capture: None,
+            heap: None,
+            runner: Arc::new(heap_runner(&cfg)),
+            next_tick: Instant::now(),
+            last_expiry: Instant::now(),
+            read_errors: ReadErrors::default(),
+            bpf_prev: HashMap::new(),
+            bpf_delta_drops: DropCounters::default(),
+            shared,
+            commands,
+            store,
+            accounting,
+            _store_lock: store_lock,
+            accounting_cfg,
+            signals,
+            cfg,
+            config_path,
+        })
+    }
+}
+
+impl Service {
+    /// Stop: cut the running capture at a packet boundary and let the heap
+    /// session flush, storing both, before `run` returns.
+    fn shutdown(&mut self) {
+        if let Some(c) = self.capture.take() {
+            log::info!(
+                "stopping: cutting capture {} at a packet boundary",
+                c.pending.id
+            );
+            c.stop.store(true, Ordering::SeqCst);
+            c.thread.thread().unpark();
+            finish_capture(c, &self.store, &self.shared, "stopped by daemon shutdown");
         }
-        let stopping = signals.stop.load(Ordering::SeqCst);
-        if stopping {
-            if let Some(c) = capture.take() {
-                log::info!(
-                    "stopping: cutting capture {} at a packet boundary",
-                    c.pending.id
-                );
-                c.stop.store(true, Ordering::SeqCst);
-                c.thread.thread().unpark();
-                finish_capture(c, &store, &shared, "stopped by daemon shutdown");
-            }
-            if let Some(h) = heap.take() {
-                // SIGTERM makes the client stop the session and flush.
-                h.stop.store(true, Ordering::SeqCst);
-                finish_heap(h, &store, &shared);
-            }
-            log::info!("vitalsd stopped");
-            return Ok(());
+        if let Some(h) = self.heap.take() {
+            // SIGTERM makes the client stop the session and flush.
+            h.stop.store(true, Ordering::SeqCst);
+            finish_heap(h, &self.store, &self.shared);
         }
+        log::info!("vitalsd stopped");
+    }
 
-        if signals.reload.swap(false, Ordering::SeqCst) {
-            match Config::load(&config_path) {
-                Ok(new) => {
-                    log::info!("config reloaded from {}", config_path.display());
-                    if new.sampling.fault_source != cfg.sampling.fault_source
-                        || new.sampling.max_tasks != cfg.sampling.max_tasks
-                        || new.sampling.runq_wait != cfg.sampling.runq_wait
-                        || new.sampling.classic_tracepoints != cfg.sampling.classic_tracepoints
-                        || new.store.dir != cfg.store.dir
-                        || new.control.socket != cfg.control.socket
-                    {
-                        log::warn!(
-                            "eBPF, store dir and socket settings take effect at the next start"
-                        );
-                    }
-                    engine.reconfigure(
-                        new.rules.clone(),
-                        new.budget.clone(),
-                        new.conditions.clone(),
-                    );
-                    history.set_capacity(new.history_len());
-                    store.lock().unwrap().set_limits(limits(&new));
-                    *shared.allowed_uids.lock().unwrap() = new.control.allowed_uids.clone();
-                    shared
-                        .max_request_bytes
-                        .store(u64::from(new.control.max_request_bytes), Ordering::Relaxed);
-                    let mut st = shared.state.lock().unwrap();
-                    st.config_toml = new.to_toml();
-                    st.interval_ms = new.sampling.interval.0.as_millis() as u64;
-                    st.last_reload_error = None;
-                    drop(st);
-                    cfg = new;
-                    if heap.is_none() {
-                        runner = Arc::new(heap_runner(&cfg));
-                    }
-                }
-                Err(e) => {
-                    log::error!("config reload failed, keeping the running config: {e}");
-                    shared.state.lock().unwrap().last_reload_error = Some(e.to_string());
-                }
+    /// Reload (SIGHUP): re-reads the config file; a config that does not
+    /// load leaves the running one in place.
+    fn reload_if_asked(&mut self) {
+        if !self.signals.reload.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        match Config::load(&self.config_path) {
+            Ok(new) => self.apply_config(new),
+            Err(e) => {
+                log::error!("config reload failed, keeping the running config: {e}");
+                self.shared.state.lock().unwrap().last_reload_error = Some(e.to_string());
             }
         }
+    }
 
-        if capture.as_ref().is_some_and(|c| c.thread.is_finished()) {
-            let c = capture.take().unwrap();
-            finish_capture(c, &store, &shared, "complete");
+    /// What a reload can change while running: the rules, the history's
+    /// length, the store's limits, the control socket's limits and the
+    /// heapprofd runner (when no session uses it).
+    fn apply_config(&mut self, new: Config) {
+        let cfg = &self.cfg;
+        log::info!("config reloaded from {}", self.config_path.display());
+        if new.sampling.fault_source != cfg.sampling.fault_source
+            || new.sampling.max_tasks != cfg.sampling.max_tasks
+            || new.sampling.runq_wait != cfg.sampling.runq_wait
+            || new.sampling.classic_tracepoints != cfg.sampling.classic_tracepoints
+            || new.store.dir != cfg.store.dir
+            || new.control.socket != cfg.control.socket
+        {
+            log::warn!("eBPF, store dir and socket settings take effect at the next start");
         }
-
-        if heap.as_ref().is_some_and(|h| h.thread.is_finished()) {
-            finish_heap(heap.take().unwrap(), &store, &shared);
+        self.engine.reconfigure(
+            new.rules.clone(),
+            new.budget.clone(),
+            new.conditions.clone(),
+        );
+        self.history.set_capacity(new.history_len());
+        self.store.lock().unwrap().set_limits(limits(&new));
+        *self.shared.allowed_uids.lock().unwrap() = new.control.allowed_uids.clone();
+        self.shared
+            .max_request_bytes
+            .store(u64::from(new.control.max_request_bytes), Ordering::Relaxed);
+        let mut st = self.shared.state.lock().unwrap();
+        st.config_toml = new.to_toml();
+        st.interval_ms = new.sampling.interval.0.as_millis() as u64;
+        st.last_reload_error = None;
+        drop(st);
+        self.cfg = new;
+        if self.heap.is_none() {
+            self.runner = Arc::new(heap_runner(&self.cfg));
         }
+    }
+}
 
-        // Manual captures from the control socket.
-        while let Ok(cmd) = commands.try_recv() {
+impl Service {
+    /// Stores the capture whose thread has ended.
+    fn reap_capture(&mut self) {
+        if self
+            .capture
+            .as_ref()
+            .is_some_and(|c| c.thread.is_finished())
+        {
+            let c = self.capture.take().unwrap();
+            finish_capture(c, &self.store, &self.shared, "complete");
+        }
+    }
+}
+
+impl Service {
+    /// Stores the heapprofd session whose thread has ended.
+    fn reap_heap(&mut self) {
+        if self.heap.as_ref().is_some_and(|h| h.thread.is_finished()) {
+            finish_heap(self.heap.take().unwrap(), &self.store, &self.shared);
+        }
+    }
+}
+
+impl Service {
+    /// Manual captures and heap profiles asked for on the control socket;
+    /// each gets its reply (the new capture's id, or why not) right away.
+    fn serve_requests(&mut self) {
+        while let Ok(cmd) = self.commands.try_recv() {
             match cmd {
                 Command::Capture {
                     duration,
                     sched,
                     faults,
                     reply,
-                } => {
-                    if capture.is_some() {
-                        let _ =
-                            reply.send(Err("a capture is already running (one at a time)".into()));
-                        continue;
-                    }
-                    let spec = CaptureSpec {
-                        duration: crate::config::Dur(duration),
-                        sched,
-                        faults,
-                        ..CaptureSpec::default()
-                    };
-                    let trigger = TriggerInfo {
-                        rule: "manual".into(),
-                        value: None,
-                        threshold: None,
-                        offender_pid: None,
-                        offender_name: None,
-                    };
-                    let c = start_capture(
-                        &cfg,
-                        &accounting_cfg,
-                        &store,
-                        &history,
-                        &spec,
-                        trigger,
-                        &shared,
-                    );
-                    let _ = reply.send(Ok(c.pending.id.clone()));
-                    capture = Some(c);
-                }
+                } => self.manual_capture(duration, sched, faults, reply),
                 Command::Heap {
                     name,
                     pid,
                     duration,
                     reply,
-                } => {
-                    if heap.is_some() {
-                        let _ = reply.send(Err(
-                            "a heapprofd session is already running (one at a time)".into(),
-                        ));
-                        continue;
-                    }
-                    let trigger = TriggerInfo {
-                        rule: "manual-heap".into(),
-                        value: None,
-                        threshold: None,
-                        offender_pid: pid.map(|p| p as i32),
-                        offender_name: name.clone(),
-                    };
-                    let request = heap_request(&cfg, name, pid, duration, Vec::new());
-                    match start_heap(&runner, &store, request, trigger, &shared) {
-                        Ok(h) => {
-                            let _ = reply.send(Ok(h.pending.id.clone()));
-                            heap = Some(h);
-                        }
-                        Err(e) => {
-                            let _ = reply.send(Err(e));
-                        }
-                    }
-                }
+                } => self.manual_heap(name, pid, duration, reply),
             }
         }
+    }
 
-        if Instant::now() < next_tick {
-            continue;
+    fn manual_capture(
+        &mut self,
+        duration: Duration,
+        sched: bool,
+        faults: bool,
+        reply: oneshot::Sender<Result<String, String>>,
+    ) {
+        if self.capture.is_some() {
+            let _ = reply.send(Err("a capture is already running (one at a time)".into()));
+            return;
         }
-        next_tick += cfg.sampling.interval.0;
-        if next_tick < Instant::now() {
+        let spec = CaptureSpec {
+            duration: crate::config::Dur(duration),
+            sched,
+            faults,
+            ..CaptureSpec::default()
+        };
+        let trigger = TriggerInfo {
+            rule: "manual".into(),
+            value: None,
+            threshold: None,
+            offender_pid: None,
+            offender_name: None,
+        };
+        let c = start_capture(
+            &self.cfg,
+            &self.accounting_cfg,
+            &self.store,
+            &self.history,
+            &spec,
+            trigger,
+            &self.shared,
+        );
+        let _ = reply.send(Ok(c.pending.id.clone()));
+        self.capture = Some(c);
+    }
+
+    fn manual_heap(
+        &mut self,
+        name: Option<String>,
+        pid: Option<u64>,
+        duration: Duration,
+        reply: oneshot::Sender<Result<String, String>>,
+    ) {
+        if self.heap.is_some() {
+            let _ = reply.send(Err(
+                "a heapprofd session is already running (one at a time)".into(),
+            ));
+            return;
+        }
+        let trigger = TriggerInfo {
+            rule: "manual-heap".into(),
+            value: None,
+            threshold: None,
+            offender_pid: pid.map(|p| p as i32),
+            offender_name: name.clone(),
+        };
+        let request = heap_request(&self.cfg, name, pid, duration, Vec::new());
+        match start_heap(&self.runner, &self.store, request, trigger, &self.shared) {
+            Ok(h) => {
+                let _ = reply.send(Ok(h.pending.id.clone()));
+                self.heap = Some(h);
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+}
+
+/// What one tick's sample hands to the publishing step.
+struct Sampled {
+    /// None when the procfs scan failed (or was the first one).
+    window: Option<Window>,
+    /// The working processes by CPU, for `top`.
+    top: Vec<TopRow>,
+}
+
+impl Service {
+    /// Sleeps until the next tick unless stopping; signals unpark the main
+    /// thread.
+    fn wait_for_tick(&self) {
+        let now = Instant::now();
+        if !self.signals.stop.load(Ordering::SeqCst) && now < self.next_tick {
+            // Signals unpark us; control commands wait at most one interval.
+            std::thread::park_timeout(self.next_tick - now);
+        }
+    }
+
+    /// Whether this iteration samples; if so the next tick is scheduled.
+    fn tick_due(&mut self) -> bool {
+        if Instant::now() < self.next_tick {
+            return false;
+        }
+        self.next_tick += self.cfg.sampling.interval.0;
+        if self.next_tick < Instant::now() {
             // Overran (suspend, a stall): resynchronise instead of bursting.
-            next_tick = Instant::now() + cfg.sampling.interval.0;
+            self.next_tick = Instant::now() + self.cfg.sampling.interval.0;
         }
+        true
+    }
 
-        // Always-on sample.
-        // A failed read costs this sample, never the daemon: counted and
-        // logged (once per streak), and the next tick tries again.
+    /// Always-on sample.
+    /// A failed read costs this sample, never the daemon: counted and
+    /// logged (once per streak), and the next tick tries again.
+    fn sample(&mut self) -> Sampled {
+        let bpf_window = self.read_bpf();
+        let window = self.read_procfs();
+        let mut top = Vec::new();
+        if let Some(w) = &window {
+            self.history.push(history::summarize(
+                w,
+                self.cfg.sampling.history_processes,
+                &self.engine.watched_processes(),
+                &bpf_window,
+            ));
+            top = top_rows(w, &bpf_window);
+        }
+        Sampled { window, top }
+    }
+
+    /// This window's eBPF deltas by tgid; empty when the maps could not be read.
+    fn read_bpf(&mut self) -> HashMap<u32, BpfDelta> {
         let mut bpf_window: HashMap<u32, BpfDelta> = HashMap::new();
-        match accounting.read() {
+        match self.accounting.read() {
             // Folding drains the EXITED map and keeps the drop counters current.
             Ok(snap) => {
-                let rows = totals.update(&snap);
-                bpf_window = bpf_deltas(&mut bpf_prev, &rows, &mut bpf_delta_drops)
+                let rows = self.totals.update(&snap);
+                bpf_window = bpf_deltas(&mut self.bpf_prev, &rows, &mut self.bpf_delta_drops)
                     .into_iter()
                     .map(|d| (d.tgid, d))
                     .collect();
-                read_errors.bpf_streak = 0;
+                self.read_errors.bpf_streak = 0;
             }
             Err(e) => {
-                read_errors.bpf += 1;
-                read_errors.bpf_streak += 1;
-                if read_errors.bpf_streak == 1 {
+                self.read_errors.bpf += 1;
+                self.read_errors.bpf_streak += 1;
+                if self.read_errors.bpf_streak == 1 {
                     log::error!("reading the eBPF maps: {e}; skipping this sample");
                 }
             }
         }
-        let window = match sampler.sample_into(&mut sample) {
+        bpf_window
+    }
+
+    /// This window from procfs; None when the scan failed.
+    fn read_procfs(&mut self) -> Option<Window> {
+        match self.sampler.sample_into(&mut self.sample) {
             Ok(()) => {
-                read_errors.procfs_streak = 0;
-                tracker.update(&sample)
+                self.read_errors.procfs_streak = 0;
+                self.tracker.update(&self.sample)
             }
             Err(e) => {
-                read_errors.procfs += 1;
-                read_errors.procfs_streak += 1;
-                if read_errors.procfs_streak == 1 {
+                self.read_errors.procfs += 1;
+                self.read_errors.procfs_streak += 1;
+                if self.read_errors.procfs_streak == 1 {
                     log::error!("sampling procfs: {e}; skipping this sample");
                 }
                 None
             }
-        };
-        let mut st_top = Vec::new();
-        if let Some(w) = &window {
-            history.push(history::summarize(
-                w,
-                cfg.sampling.history_processes,
-                &engine.watched_processes(),
-                &bpf_window,
-            ));
-            let mut procs: Vec<&crate::tracker::TaskWindow> =
-                w.processes.iter().filter(|p| p.working).collect();
-            procs.sort_by(|a, b| {
-                b.core_equivalent_pct
-                    .unwrap_or(0.0)
-                    .total_cmp(&a.core_equivalent_pct.unwrap_or(0.0))
-            });
-            st_top = procs
-                .iter()
-                .take(50)
-                .map(|p| TopRow {
-                    pid: p.pid,
-                    name: p.name(),
-                    core_equivalent_pct: p.core_equivalent_pct.unwrap_or(0.0),
-                    machine_share_pct: p.machine_share_pct.unwrap_or(0.0),
-                    minflt: p.delta.map(|d| d.minflt).unwrap_or(0),
-                    majflt: p.delta.map(|d| d.majflt).unwrap_or(0),
-                    rss_kb: p.status.as_ref().and_then(|s| s.vm_rss_kb),
-                    ebpf: bpf_window.get(&(p.pid as u32)).map(|d| TopEbpf {
-                        oncpu_ms: d.oncpu_ns as f64 / 1e6,
-                        runq_wait_ms: d.runq_wait_ns as f64 / 1e6,
-                        voluntary_switches: d.voluntary_switches,
-                        involuntary_switches: d.involuntary_switches,
-                    }),
-                })
-                .collect();
         }
+    }
 
-        // Health rules.
-        let boottime = crate::clock::boottime_ns();
-        let conditions = engine.conditions().clone();
-        if let Some(fired) = engine.evaluate(
-            &history,
-            boottime,
-            capture.is_some(),
-            &SysfsProbe(&conditions),
-        ) {
-            let trigger = trigger_info(&fired);
-            if fired.capture.heap_profile {
-                heap_profile_offender(&fired, &cfg, &runner, &store, &shared, &trigger, &mut heap);
-            }
-            capture = Some(start_capture(
-                &cfg,
-                &accounting_cfg,
-                &store,
-                &history,
-                &fired.capture,
-                trigger,
-                &shared,
-            ));
-        }
-
-        if last_expiry.elapsed() > Duration::from_secs(60) {
-            last_expiry = Instant::now();
-            if let Err(e) = store.lock().unwrap().expire(store::now_unix_ms()) {
+    /// Applies the store's age limit once a minute.
+    fn expire_store(&mut self) {
+        if self.last_expiry.elapsed() > Duration::from_secs(60) {
+            self.last_expiry = Instant::now();
+            if let Err(e) = self.store.lock().unwrap().expire(store::now_unix_ms()) {
                 log::warn!("store expiry: {e}");
             }
         }
+    }
 
-        // Publish for the control socket.
-        let mut st = shared.state.lock().unwrap();
+    /// Publish for the control socket.
+    fn publish(&self, sampled: Sampled) {
+        let mut st = self.shared.state.lock().unwrap();
         st.samples += 1;
-        st.history_samples = history.len();
-        if let Some(w) = &window {
-            st.top = st_top;
+        st.history_samples = self.history.len();
+        if let Some(w) = &sampled.window {
+            st.top = sampled.top;
             st.local_busy_pct = w.system.as_ref().map(|s| s.local_busy_pct);
             st.loadavg = w.loadavg.as_ref().map(|l| [l.load1, l.load5, l.load15]);
-            let d = tracker.drop_totals();
+            let d = self.tracker.drop_totals();
             st.procfs_drops = BTreeMap::from([
                 ("read_failures".into(), d.read_failures),
                 ("vanished_pids".into(), d.vanished_pids),
@@ -523,22 +643,93 @@ pub fn run(config_path: PathBuf, mut cfg: Config, signals: Signals) -> Result<()
             ]);
         }
         st.sample_errors = BTreeMap::from([
-            ("bpf_map_reads".to_string(), read_errors.bpf),
-            ("procfs_scans".to_string(), read_errors.procfs),
+            ("bpf_map_reads".to_string(), self.read_errors.bpf),
+            ("procfs_scans".to_string(), self.read_errors.procfs),
         ]);
         st.bpf_drops = vitals_common::drop_reason::NAMES
             .iter()
-            .zip(totals.drops)
+            .zip(self.totals.drops)
             .map(|(n, v)| (n.to_string(), v))
             .collect();
-        st.bpf_drops
-            .insert("negative_deltas".into(), bpf_delta_drops.negative_deltas);
-        st.triggers_fired = engine.fired_total;
-        st.triggers_skipped = engine
+        st.bpf_drops.insert(
+            "negative_deltas".into(),
+            self.bpf_delta_drops.negative_deltas,
+        );
+        st.triggers_fired = self.engine.fired_total;
+        st.triggers_skipped = self
+            .engine
             .skipped
             .iter()
             .map(|(k, v)| (k.name().to_string(), *v))
             .collect();
+    }
+}
+
+/// The 50 working processes using the most CPU this window.
+fn top_rows(w: &Window, bpf_window: &HashMap<u32, BpfDelta>) -> Vec<TopRow> {
+    let mut procs: Vec<&crate::tracker::TaskWindow> =
+        w.processes.iter().filter(|p| p.working).collect();
+    procs.sort_by(|a, b| {
+        b.core_equivalent_pct
+            .unwrap_or(0.0)
+            .total_cmp(&a.core_equivalent_pct.unwrap_or(0.0))
+    });
+    procs
+        .iter()
+        .take(50)
+        .map(|p| TopRow {
+            pid: p.pid,
+            name: p.name(),
+            core_equivalent_pct: p.core_equivalent_pct.unwrap_or(0.0),
+            machine_share_pct: p.machine_share_pct.unwrap_or(0.0),
+            minflt: p.delta.map(|d| d.minflt).unwrap_or(0),
+            majflt: p.delta.map(|d| d.majflt).unwrap_or(0),
+            rss_kb: p.status.as_ref().and_then(|s| s.vm_rss_kb),
+            ebpf: bpf_window.get(&(p.pid as u32)).map(|d| TopEbpf {
+                oncpu_ms: d.oncpu_ns as f64 / 1e6,
+                runq_wait_ms: d.runq_wait_ns as f64 / 1e6,
+                voluntary_switches: d.voluntary_switches,
+                involuntary_switches: d.involuntary_switches,
+            }),
+        })
+        .collect()
+}
+
+impl Service {
+    /// Evaluates the health rules on the history; a rule that fires starts
+    /// its capture (and, if it asks, a heap profile of its offender).
+    fn evaluate_rules(&mut self) {
+        let boottime = crate::clock::boottime_ns();
+        let conditions = self.engine.conditions().clone();
+        let Some(fired) = self.engine.evaluate(
+            &self.history,
+            boottime,
+            self.capture.is_some(),
+            &SysfsProbe(&conditions),
+        ) else {
+            return;
+        };
+        let trigger = trigger_info(&fired);
+        if fired.capture.heap_profile {
+            heap_profile_offender(
+                &fired,
+                &self.cfg,
+                &self.runner,
+                &self.store,
+                &self.shared,
+                &trigger,
+                &mut self.heap,
+            );
+        }
+        self.capture = Some(start_capture(
+            &self.cfg,
+            &self.accounting_cfg,
+            &self.store,
+            &self.history,
+            &fired.capture,
+            trigger,
+            &self.shared,
+        ));
     }
 }
 
