@@ -7,6 +7,7 @@
 
 mod captures;
 mod heap;
+mod rules;
 mod signals;
 
 use std::{
@@ -25,9 +26,7 @@ use tokio::sync::oneshot;
 pub use signals::Signals;
 
 use captures::{finish_capture, start_capture, RunningCapture};
-use heap::{
-    finish_heap, heap_profile_offender, heap_request, heap_runner, start_heap, RunningHeap,
-};
+use heap::{finish_heap, heap_request, heap_runner, start_heap, RunningHeap};
 
 use crate::{
     bpf::{
@@ -45,7 +44,7 @@ use crate::{
     store::{self, Limits, Store, StoreError, TriggerInfo},
     system::{self, SystemError},
     tracker::{bpf_deltas, BpfDelta, DropCounters, Tracker, Window},
-    triggers::{Engine, Fired, SysfsProbe},
+    triggers::Engine,
 };
 
 #[derive(Debug, Error)]
@@ -615,52 +614,4 @@ fn top_rows(w: &Window, bpf_window: &HashMap<u32, BpfDelta>) -> Vec<TopRow> {
             }),
         })
         .collect()
-}
-
-impl Service {
-    /// Evaluates the health rules on the history; a rule that fires starts
-    /// its capture (and, if it asks, a heap profile of its offender).
-    fn evaluate_rules(&mut self) {
-        let boottime = crate::clock::boottime_ns();
-        let conditions = self.engine.conditions().clone();
-        let Some(fired) = self.engine.evaluate(
-            &self.history,
-            boottime,
-            self.capture.is_some(),
-            &SysfsProbe(&conditions),
-        ) else {
-            return;
-        };
-        let trigger = trigger_info(&fired);
-        if fired.capture.heap_profile {
-            heap_profile_offender(
-                &fired,
-                &self.cfg,
-                &self.runner,
-                &self.store,
-                &self.shared,
-                &trigger,
-                &mut self.heap,
-            );
-        }
-        self.capture = Some(start_capture(
-            &self.cfg,
-            &self.accounting_cfg,
-            &self.store,
-            &self.history,
-            &fired.capture,
-            trigger,
-            &self.shared,
-        ));
-    }
-}
-
-fn trigger_info(f: &Fired) -> TriggerInfo {
-    TriggerInfo {
-        rule: f.rule.clone(),
-        value: Some(f.value),
-        threshold: Some(f.threshold),
-        offender_pid: f.offender.as_ref().map(|o| o.pid),
-        offender_name: f.offender.as_ref().map(|o| o.name.clone()),
-    }
 }

@@ -1,0 +1,57 @@
+//! Rule evaluation: each tick the health rules look at the history; a rule
+//! that fires starts its capture, and a heap profile of its offender when
+//! it asks for one.
+
+use super::{captures::start_capture, heap::heap_profile_offender, Service};
+use crate::{
+    store::TriggerInfo,
+    triggers::{Fired, SysfsProbe},
+};
+
+impl Service {
+    /// Evaluates the health rules on the history; a rule that fires starts
+    /// its capture (and, if it asks, a heap profile of its offender).
+    pub(super) fn evaluate_rules(&mut self) {
+        let boottime = crate::clock::boottime_ns();
+        let conditions = self.engine.conditions().clone();
+        let Some(fired) = self.engine.evaluate(
+            &self.history,
+            boottime,
+            self.capture.is_some(),
+            &SysfsProbe(&conditions),
+        ) else {
+            return;
+        };
+        let trigger = trigger_info(&fired);
+        if fired.capture.heap_profile {
+            heap_profile_offender(
+                &fired,
+                &self.cfg,
+                &self.runner,
+                &self.store,
+                &self.shared,
+                &trigger,
+                &mut self.heap,
+            );
+        }
+        self.capture = Some(start_capture(
+            &self.cfg,
+            &self.accounting_cfg,
+            &self.store,
+            &self.history,
+            &fired.capture,
+            trigger,
+            &self.shared,
+        ));
+    }
+}
+
+fn trigger_info(f: &Fired) -> TriggerInfo {
+    TriggerInfo {
+        rule: f.rule.clone(),
+        value: Some(f.value),
+        threshold: Some(f.threshold),
+        offender_pid: f.offender.as_ref().map(|o| o.pid),
+        offender_name: f.offender.as_ref().map(|o| o.name.clone()),
+    }
+}
