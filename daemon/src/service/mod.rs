@@ -9,9 +9,10 @@ mod captures;
 mod heap;
 mod rules;
 mod signals;
+mod tick;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     path::PathBuf,
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -27,6 +28,7 @@ pub use signals::Signals;
 
 use captures::{finish_capture, start_capture, RunningCapture};
 use heap::{finish_heap, heap_request, heap_runner, start_heap, RunningHeap};
+use tick::ReadErrors;
 
 use crate::{
     bpf::{
@@ -34,16 +36,14 @@ use crate::{
         Accounting, AccountingConfig, BpfError, MapLimits,
     },
     config::{CaptureSpec, Config},
-    control::server::{
-        self, Command, DaemonState, ServerError, Shared, TopEbpf, TopRow, TriggerRecord,
-    },
+    control::server::{self, Command, DaemonState, ServerError, Shared, TriggerRecord},
     heapprofd::SessionRunner,
-    history::{self, History},
+    history::History,
     privileges::{self, PrivilegeError},
     procfs::sampler::{Sample, SampleOptions, Sampler, SamplerError},
     store::{self, Limits, Store, StoreError, TriggerInfo},
     system::{self, SystemError},
-    tracker::{bpf_deltas, BpfDelta, DropCounters, Tracker, Window},
+    tracker::{DropCounters, Tracker},
     triggers::Engine,
 };
 
@@ -130,15 +130,6 @@ pub fn cleanup_after_crash(cfg: &Config) -> Result<String, ServiceError> {
 /// (android_tests::rc_capabilities_are_what_the_daemon_keeps).
 pub const DAEMON_CAPS: &[caps::Capability] =
     &[caps::Capability::CAP_BPF, caps::Capability::CAP_PERFMON];
-
-/// Samples lost to read errors, and the current streaks (for logging once).
-#[derive(Default)]
-struct ReadErrors {
-    bpf: u64,
-    bpf_streak: u64,
-    procfs: u64,
-    procfs_streak: u64,
-}
 
 /// Recent triggers kept for `status` and `dump`.
 const RECENT_TRIGGERS: usize = 32;
@@ -439,179 +430,4 @@ impl Service {
             }
         }
     }
-}
-
-/// What one tick's sample hands to the publishing step.
-struct Sampled {
-    /// None when the procfs scan failed (or was the first one).
-    window: Option<Window>,
-    /// The working processes by CPU, for `top`.
-    top: Vec<TopRow>,
-}
-
-impl Service {
-    /// Sleeps until the next tick unless stopping; signals unpark the main
-    /// thread.
-    fn wait_for_tick(&self) {
-        let now = Instant::now();
-        if !self.signals.stop.load(Ordering::SeqCst) && now < self.next_tick {
-            // Signals unpark us; control commands wait at most one interval.
-            std::thread::park_timeout(self.next_tick - now);
-        }
-    }
-
-    /// Whether this iteration samples; if so the next tick is scheduled.
-    fn tick_due(&mut self) -> bool {
-        if Instant::now() < self.next_tick {
-            return false;
-        }
-        self.next_tick += self.cfg.sampling.interval.0;
-        if self.next_tick < Instant::now() {
-            // Overran (suspend, a stall): resynchronise instead of bursting.
-            self.next_tick = Instant::now() + self.cfg.sampling.interval.0;
-        }
-        true
-    }
-
-    /// Always-on sample.
-    /// A failed read costs this sample, never the daemon: counted and
-    /// logged (once per streak), and the next tick tries again.
-    fn sample(&mut self) -> Sampled {
-        let bpf_window = self.read_bpf();
-        let window = self.read_procfs();
-        let mut top = Vec::new();
-        if let Some(w) = &window {
-            self.history.push(history::summarize(
-                w,
-                self.cfg.sampling.history_processes,
-                &self.engine.watched_processes(),
-                &bpf_window,
-            ));
-            top = top_rows(w, &bpf_window);
-        }
-        Sampled { window, top }
-    }
-
-    /// This window's eBPF deltas by tgid; empty when the maps could not be read.
-    fn read_bpf(&mut self) -> HashMap<u32, BpfDelta> {
-        let mut bpf_window: HashMap<u32, BpfDelta> = HashMap::new();
-        match self.accounting.read() {
-            // Folding drains the EXITED map and keeps the drop counters current.
-            Ok(snap) => {
-                let rows = self.totals.update(&snap);
-                bpf_window = bpf_deltas(&mut self.bpf_prev, &rows, &mut self.bpf_delta_drops)
-                    .into_iter()
-                    .map(|d| (d.tgid, d))
-                    .collect();
-                self.read_errors.bpf_streak = 0;
-            }
-            Err(e) => {
-                self.read_errors.bpf += 1;
-                self.read_errors.bpf_streak += 1;
-                if self.read_errors.bpf_streak == 1 {
-                    log::error!("reading the eBPF maps: {e}; skipping this sample");
-                }
-            }
-        }
-        bpf_window
-    }
-
-    /// This window from procfs; None when the scan failed.
-    fn read_procfs(&mut self) -> Option<Window> {
-        match self.sampler.sample_into(&mut self.sample) {
-            Ok(()) => {
-                self.read_errors.procfs_streak = 0;
-                self.tracker.update(&self.sample)
-            }
-            Err(e) => {
-                self.read_errors.procfs += 1;
-                self.read_errors.procfs_streak += 1;
-                if self.read_errors.procfs_streak == 1 {
-                    log::error!("sampling procfs: {e}; skipping this sample");
-                }
-                None
-            }
-        }
-    }
-
-    /// Applies the store's age limit once a minute.
-    fn expire_store(&mut self) {
-        if self.last_expiry.elapsed() > Duration::from_secs(60) {
-            self.last_expiry = Instant::now();
-            if let Err(e) = self.store.lock().unwrap().expire(store::now_unix_ms()) {
-                log::warn!("store expiry: {e}");
-            }
-        }
-    }
-
-    /// Publish for the control socket.
-    fn publish(&self, sampled: Sampled) {
-        let mut st = self.shared.state.lock().unwrap();
-        st.samples += 1;
-        st.history_samples = self.history.len();
-        if let Some(w) = &sampled.window {
-            st.top = sampled.top;
-            st.local_busy_pct = w.system.as_ref().map(|s| s.local_busy_pct);
-            st.loadavg = w.loadavg.as_ref().map(|l| [l.load1, l.load5, l.load15]);
-            let d = self.tracker.drop_totals();
-            st.procfs_drops = BTreeMap::from([
-                ("read_failures".into(), d.read_failures),
-                ("vanished_pids".into(), d.vanished_pids),
-                ("vanished_tids".into(), d.vanished_tids),
-                ("negative_deltas".into(), d.negative_deltas),
-                ("clock_not_advancing".into(), d.clock_not_advancing),
-                ("starttime_changes".into(), d.starttime_changes),
-            ]);
-        }
-        st.sample_errors = BTreeMap::from([
-            ("bpf_map_reads".to_string(), self.read_errors.bpf),
-            ("procfs_scans".to_string(), self.read_errors.procfs),
-        ]);
-        st.bpf_drops = vitals_common::drop_reason::NAMES
-            .iter()
-            .zip(self.totals.drops)
-            .map(|(n, v)| (n.to_string(), v))
-            .collect();
-        st.bpf_drops.insert(
-            "negative_deltas".into(),
-            self.bpf_delta_drops.negative_deltas,
-        );
-        st.triggers_fired = self.engine.fired_total;
-        st.triggers_skipped = self
-            .engine
-            .skipped
-            .iter()
-            .map(|(k, v)| (k.name().to_string(), *v))
-            .collect();
-    }
-}
-
-/// The 50 working processes using the most CPU this window.
-fn top_rows(w: &Window, bpf_window: &HashMap<u32, BpfDelta>) -> Vec<TopRow> {
-    let mut procs: Vec<&crate::tracker::TaskWindow> =
-        w.processes.iter().filter(|p| p.working).collect();
-    procs.sort_by(|a, b| {
-        b.core_equivalent_pct
-            .unwrap_or(0.0)
-            .total_cmp(&a.core_equivalent_pct.unwrap_or(0.0))
-    });
-    procs
-        .iter()
-        .take(50)
-        .map(|p| TopRow {
-            pid: p.pid,
-            name: p.name(),
-            core_equivalent_pct: p.core_equivalent_pct.unwrap_or(0.0),
-            machine_share_pct: p.machine_share_pct.unwrap_or(0.0),
-            minflt: p.delta.map(|d| d.minflt).unwrap_or(0),
-            majflt: p.delta.map(|d| d.majflt).unwrap_or(0),
-            rss_kb: p.status.as_ref().and_then(|s| s.vm_rss_kb),
-            ebpf: bpf_window.get(&(p.pid as u32)).map(|d| TopEbpf {
-                oncpu_ms: d.oncpu_ns as f64 / 1e6,
-                runq_wait_ms: d.runq_wait_ns as f64 / 1e6,
-                voluntary_switches: d.voluntary_switches,
-                involuntary_switches: d.involuntary_switches,
-            }),
-        })
-        .collect()
 }
