@@ -7,6 +7,7 @@
 
 mod captures;
 mod heap;
+mod requests;
 mod rules;
 mod signals;
 mod tick;
@@ -18,16 +19,15 @@ use std::{
         atomic::{AtomicU64, Ordering},
         mpsc, Arc, Mutex,
     },
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use thiserror::Error;
-use tokio::sync::oneshot;
 
 pub use signals::Signals;
 
-use captures::{finish_capture, start_capture, RunningCapture};
-use heap::{finish_heap, heap_request, heap_runner, start_heap, RunningHeap};
+use captures::{finish_capture, RunningCapture};
+use heap::{finish_heap, heap_runner, RunningHeap};
 use tick::ReadErrors;
 
 use crate::{
@@ -35,7 +35,7 @@ use crate::{
         totals::{ProcessCounters, Totals},
         Accounting, AccountingConfig, BpfError, MapLimits,
     },
-    config::{CaptureSpec, Config},
+    config::Config,
     control::server::{self, Command, DaemonState, ServerError, Shared, TriggerRecord},
     heapprofd::SessionRunner,
     history::History,
@@ -336,98 +336,6 @@ impl Service {
     fn reap_heap(&mut self) {
         if self.heap.as_ref().is_some_and(|h| h.thread.is_finished()) {
             finish_heap(self.heap.take().unwrap(), &self.store, &self.shared);
-        }
-    }
-}
-
-impl Service {
-    /// Manual captures and heap profiles asked for on the control socket;
-    /// each gets its reply (the new capture's id, or why not) right away.
-    fn serve_requests(&mut self) {
-        while let Ok(cmd) = self.commands.try_recv() {
-            match cmd {
-                Command::Capture {
-                    duration,
-                    sched,
-                    faults,
-                    reply,
-                } => self.manual_capture(duration, sched, faults, reply),
-                Command::Heap {
-                    name,
-                    pid,
-                    duration,
-                    reply,
-                } => self.manual_heap(name, pid, duration, reply),
-            }
-        }
-    }
-
-    fn manual_capture(
-        &mut self,
-        duration: Duration,
-        sched: bool,
-        faults: bool,
-        reply: oneshot::Sender<Result<String, String>>,
-    ) {
-        if self.capture.is_some() {
-            let _ = reply.send(Err("a capture is already running (one at a time)".into()));
-            return;
-        }
-        let spec = CaptureSpec {
-            duration: crate::config::Dur(duration),
-            sched,
-            faults,
-            ..CaptureSpec::default()
-        };
-        let trigger = TriggerInfo {
-            rule: "manual".into(),
-            value: None,
-            threshold: None,
-            offender_pid: None,
-            offender_name: None,
-        };
-        let c = start_capture(
-            &self.cfg,
-            &self.accounting_cfg,
-            &self.store,
-            &self.history,
-            &spec,
-            trigger,
-            &self.shared,
-        );
-        let _ = reply.send(Ok(c.pending.id.clone()));
-        self.capture = Some(c);
-    }
-
-    fn manual_heap(
-        &mut self,
-        name: Option<String>,
-        pid: Option<u64>,
-        duration: Duration,
-        reply: oneshot::Sender<Result<String, String>>,
-    ) {
-        if self.heap.is_some() {
-            let _ = reply.send(Err(
-                "a heapprofd session is already running (one at a time)".into(),
-            ));
-            return;
-        }
-        let trigger = TriggerInfo {
-            rule: "manual-heap".into(),
-            value: None,
-            threshold: None,
-            offender_pid: pid.map(|p| p as i32),
-            offender_name: name.clone(),
-        };
-        let request = heap_request(&self.cfg, name, pid, duration, Vec::new());
-        match start_heap(&self.runner, &self.store, request, trigger, &self.shared) {
-            Ok(h) => {
-                let _ = reply.send(Ok(h.pending.id.clone()));
-                self.heap = Some(h);
-            }
-            Err(e) => {
-                let _ = reply.send(Err(e));
-            }
         }
     }
 }
