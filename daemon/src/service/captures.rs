@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use super::push_trigger;
+use super::{push_trigger, Service};
 use crate::{
     bpf::{AccountingConfig, CaptureSizing},
     capture::CaptureOptions,
@@ -152,4 +152,18 @@ pub(super) fn finish_capture(
     let mut st = shared.state.lock().unwrap();
     st.capture = None;
     push_trigger(&mut st, &c.trigger, c.started_unix_ms, outcome);
+}
+
+impl Service {
+    /// Stores the capture whose thread has ended.
+    pub(super) fn reap_capture(&mut self) {
+        if self
+            .capture
+            .as_ref()
+            .is_some_and(|c| c.thread.is_finished())
+        {
+            let c = self.capture.take().unwrap();
+            finish_capture(c, &self.store, &self.shared, "complete");
+        }
+    }
 }

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use super::push_trigger;
+use super::{push_trigger, Service};
 use crate::{
     config::Config,
     control::server::{CaptureProgress, Shared},
@@ -266,6 +266,15 @@ pub(super) fn heap_profile_offender(
                 store::now_unix_ms(),
                 format!("heap profile not started: {e}"),
             );
+        }
+    }
+}
+
+impl Service {
+    /// Stores the heapprofd session whose thread has ended.
+    pub(super) fn reap_heap(&mut self) {
+        if self.heap.as_ref().is_some_and(|h| h.thread.is_finished()) {
+            finish_heap(self.heap.take().unwrap(), &self.store, &self.shared);
         }
     }
 }

@@ -26,8 +26,8 @@ use thiserror::Error;
 
 pub use signals::Signals;
 
-use captures::{finish_capture, RunningCapture};
-use heap::{finish_heap, heap_runner, RunningHeap};
+use captures::RunningCapture;
+use heap::{heap_runner, RunningHeap};
 use tick::ReadErrors;
 
 use crate::{
@@ -314,28 +314,5 @@ impl Service {
             cfg,
             config_path,
         })
-    }
-}
-
-impl Service {
-    /// Stores the capture whose thread has ended.
-    fn reap_capture(&mut self) {
-        if self
-            .capture
-            .as_ref()
-            .is_some_and(|c| c.thread.is_finished())
-        {
-            let c = self.capture.take().unwrap();
-            finish_capture(c, &self.store, &self.shared, "complete");
-        }
-    }
-}
-
-impl Service {
-    /// Stores the heapprofd session whose thread has ended.
-    fn reap_heap(&mut self) {
-        if self.heap.as_ref().is_some_and(|h| h.thread.is_finished()) {
-            finish_heap(self.heap.take().unwrap(), &self.store, &self.shared);
-        }
     }
 }
