@@ -4,6 +4,13 @@
 //! history, evaluates the health rules and runs at most one capture at a
 //! time on its own thread (a bounded `record` into the store). The control
 //! socket runs on its own thread and reads what the main thread publishes.
+//!
+//! This file holds start-up, [`run`]'s loop, the store lock and
+//! `cleanup-after-crash`; each step of the loop lives with its concern:
+//! `signals` (stop and reload), `captures` and `heap` (the two session
+//! lifecycles), `requests` (the control socket's manual requests), `tick`
+//! (the sampling schedule, the always-on sample and what is published) and
+//! `rules` (rule evaluation).
 
 mod captures;
 mod heap;
@@ -163,7 +170,7 @@ fn push_trigger(st: &mut DaemonState, t: &TriggerInfo, unix_ms: u64, outcome: St
 /// first, then the control state, the store, the always-on eBPF programs,
 /// and the store lock last of all.
 struct Service {
-    /// The eBPF deltas that went negative (a tgid reused), for `status`.
+    /// eBPF per-window deltas dropped because a counter went backwards.
     bpf_delta_drops: DropCounters,
     /// eBPF counters of the previous sample, for per-window deltas.
     bpf_prev: HashMap<u32, ProcessCounters>,
@@ -195,6 +202,10 @@ struct Service {
     config_path: PathBuf,
 }
 
+/// Runs the daemon until [`Signals::stop`]. Each iteration, in this order:
+/// stop, reload, store the sessions that ended, serve control requests;
+/// then, when a tick is due, sample, evaluate the rules, expire the store
+/// and publish.
 pub fn run(config_path: PathBuf, cfg: Config, signals: Signals) -> Result<(), ServiceError> {
     let mut svc = Service::start(config_path, cfg, signals)?;
     loop {
