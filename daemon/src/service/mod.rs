@@ -134,7 +134,7 @@ pub fn cleanup_after_crash(cfg: &Config) -> Result<String, ServiceError> {
 /// capture can attach its programs. On Android the daemon starts as uid
 /// system, so this is also everything start-up has: init/vitalsd.rc's
 /// `capabilities` line and init/vitalsd.service grant exactly this set
-/// (android_tests::rc_capabilities_are_what_the_daemon_keeps).
+/// (android_tests::init_tests::rc_capabilities_are_what_the_daemon_keeps).
 pub const DAEMON_CAPS: &[caps::Capability] =
     &[caps::Capability::CAP_BPF, caps::Capability::CAP_PERFMON];
 
