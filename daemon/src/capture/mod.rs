@@ -9,7 +9,6 @@
 //! `Accounting::capture_start/stop` flip it. The always-on tier is
 //! unchanged while no capture runs.
 
-pub mod compact_sched;
 pub mod fault_stacks;
 pub mod perf_array;
 pub mod ringbuf;
@@ -29,13 +28,13 @@ use vitals_proto::protos::{process_tree, trace_packet, ProcessTree, TracePacket}
 use crate::{
     bpf::{Accounting, BpfError, CaptureTransport},
     perfetto::{
+        compact_sched::{build_bundle, comm_str, Comm, CpuEvents},
         CounterSpec, CounterUnit, CounterValue, PerfettoError, TraceWriter, TrackUuid,
         DEFAULT_SEQUENCE_ID,
     },
 };
 
 use self::{
-    compact_sched::{build_bundle, comm_str, Comm, CpuEvents},
     fault_stacks::FaultStacks,
     ringbuf::{Drainer, Record},
 };

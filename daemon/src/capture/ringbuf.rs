@@ -13,13 +13,13 @@ use std::{
     time::Duration,
 };
 
-use crate::bpf::CaptureOutput;
+use crate::{
+    bpf::CaptureOutput,
+    perfetto::compact_sched::{SwitchRec, WakingRec},
+};
 use vitals_common::{capture, FaultEvent, SwitchEvent, WakingEvent};
 
-use super::{
-    compact_sched::{SwitchRec, WakingRec},
-    fault_stacks::FaultRec,
-};
+use super::fault_stacks::FaultRec;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Record {

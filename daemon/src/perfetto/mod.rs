@@ -11,8 +11,11 @@
 //! - native packets where Perfetto has them: SysStats.cpu_stat, SysStats.psi,
 //!   ProcessStats (memory in kB, runtime in ns);
 //! - TrackEvent counters on TrackDescriptor counter tracks for everything else
-//!   (loadavg, per-process fault rates, CPU shares, ...).
+//!   (loadavg, per-process fault rates, CPU shares, ...);
+//! - capture packets: per-CPU FtraceEventBundle/CompactSched
+//!   ([`compact_sched`]).
 
+pub mod compact_sched;
 mod error;
 mod track_uuid;
 mod types;
