@@ -21,16 +21,7 @@ use vitals_proto::protos::{
     TracePacket,
 };
 
-/// One fault sample from the ring buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FaultRec {
-    pub ts: u64,
-    pub cpu: u32,
-    pub tgid: u32,
-    pub tid: u32,
-    /// Negative: no stack (bpf_get_stackid failed).
-    pub stack_id: i64,
-}
+use super::decode::FaultRec;
 
 /// One line of /proc/<pid>/maps.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,6 +9,8 @@
 //! `Accounting::capture_start/stop` flip it. The always-on tier is
 //! unchanged while no capture runs.
 
+pub mod decode;
+pub mod drain;
 pub mod fault_stacks;
 pub mod perf_array;
 pub mod ringbuf;
@@ -34,10 +36,7 @@ use crate::{
     },
 };
 
-use self::{
-    fault_stacks::FaultStacks,
-    ringbuf::{Drainer, Record},
-};
+use self::{decode::Record, drain::Drainer, fault_stacks::FaultStacks};
 
 /// The sequence the fault samples and their interned callstacks live on,
 /// apart from the main one so its incremental state is theirs alone.

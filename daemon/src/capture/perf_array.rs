@@ -1,11 +1,11 @@
 //! The perf-event-array end of the capture transport (kernels without
 //! BPF_MAP_TYPE_RINGBUF, or `--capture-transport perf`): one perf buffer per
 //! CPU, polled by the same drain thread as the ring buffer. Samples carry
-//! the same record bytes and go through the same `ringbuf::decode`.
+//! the same record bytes and go through the same `decode`.
 
 use aya::maps::{perf::PerfEvent, perf::PerfEventArrayBuffer, MapData};
 
-use super::ringbuf::{decode, Record};
+use super::decode::{decode, Record};
 
 /// Drains every CPU's buffer into `out`. Samples that straddle the end of
 /// a perf ring arrive in two pieces and are joined first. A

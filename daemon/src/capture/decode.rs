@@ -1,0 +1,143 @@
+//! The one decoder of capture records. Both transports (`ringbuf`,
+//! `perf_array`) carry the same bytes, the `vitals_common` event structs the
+//! eBPF side writes; each hands every record it reads to `decode`, which
+//! turns it into a `Record`. Sched records decode straight into the
+//! CompactSched writer's rows, fault samples into `FaultRec` for the
+//! symboliser.
+
+use vitals_common::{capture, FaultEvent, SwitchEvent, WakingEvent};
+
+use crate::perfetto::compact_sched::{SwitchRec, WakingRec};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    Switch {
+        cpu: u32,
+        prev_tgid: u32,
+        rec: SwitchRec,
+    },
+    Waking {
+        cpu: u32,
+        rec: WakingRec,
+    },
+    Fault(FaultRec),
+    /// Perf array only: the perf buffer of `cpu` reported `count` samples
+    /// it had no room for (PERF_RECORD_LOST).
+    Lost {
+        cpu: u32,
+        count: u64,
+    },
+}
+
+/// One fault sample from the capture transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultRec {
+    pub ts: u64,
+    pub cpu: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    /// Negative: no stack (bpf_get_stackid failed).
+    pub stack_id: i64,
+}
+
+fn read<T: Copy>(b: &[u8]) -> Option<T> {
+    (b.len() >= std::mem::size_of::<T>())
+        // SAFETY: length checked; T is a repr(C) integer-only type.
+        .then(|| unsafe { std::ptr::read_unaligned(b.as_ptr() as *const T) })
+}
+
+/// Decodes one record; None for an unknown kind or short record.
+pub fn decode(b: &[u8]) -> Option<Record> {
+    let kind = u32::from_ne_bytes(b.get(..4)?.try_into().ok()?);
+    match kind {
+        capture::KIND_SWITCH => {
+            let e: SwitchEvent = read(b)?;
+            Some(Record::Switch {
+                cpu: e.hdr.cpu,
+                prev_tgid: e.prev_tgid,
+                rec: SwitchRec {
+                    ts: e.hdr.ts,
+                    prev_pid: e.prev_pid,
+                    prev_prio: e.prev_prio,
+                    prev_state: e.prev_state,
+                    next_pid: e.next_pid,
+                    next_prio: e.next_prio,
+                    next_comm: e.next_comm,
+                },
+            })
+        }
+        capture::KIND_WAKING => {
+            let e: WakingEvent = read(b)?;
+            Some(Record::Waking {
+                cpu: e.hdr.cpu,
+                rec: WakingRec {
+                    ts: e.hdr.ts,
+                    pid: e.pid,
+                    prio: e.prio,
+                    target_cpu: e.target_cpu,
+                    comm: e.comm,
+                },
+            })
+        }
+        capture::KIND_FAULT => {
+            let e: FaultEvent = read(b)?;
+            Some(Record::Fault(FaultRec {
+                ts: e.hdr.ts,
+                cpu: e.hdr.cpu,
+                tgid: e.tgid,
+                tid: e.tid,
+                stack_id: e.stack_id,
+            }))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vitals_common::EventHeader;
+
+    fn bytes<T>(v: &T) -> Vec<u8> {
+        let p = v as *const T as *const u8;
+        unsafe { std::slice::from_raw_parts(p, std::mem::size_of::<T>()) }.to_vec()
+    }
+
+    #[test]
+    fn records_decode_by_kind() {
+        let s = SwitchEvent {
+            hdr: EventHeader {
+                kind: capture::KIND_SWITCH,
+                cpu: 1,
+                ts: 99,
+            },
+            prev_state: 1,
+            prev_pid: 10,
+            prev_prio: 120,
+            next_pid: 11,
+            next_prio: 100,
+            next_comm: *b"abc\0\0\0\0\0\0\0\0\0\0\0\0\0",
+            prev_tgid: 10,
+            _pad: 0,
+        };
+        match decode(&bytes(&s)) {
+            Some(Record::Switch { cpu: 1, rec, .. }) => {
+                assert_eq!((rec.ts, rec.prev_pid, rec.next_pid), (99, 10, 11))
+            }
+            other => panic!("{other:?}"),
+        }
+        let f = FaultEvent {
+            hdr: EventHeader {
+                kind: capture::KIND_FAULT,
+                cpu: 0,
+                ts: 5,
+            },
+            tgid: 3,
+            tid: 4,
+            stack_id: -17,
+        };
+        assert!(matches!(decode(&bytes(&f)), Some(Record::Fault(r)) if r.stack_id == -17));
+        assert_eq!(decode(&bytes(&f)[..10]), None);
+        assert_eq!(decode(&[9, 0, 0, 0, 0, 0, 0, 0]), None);
+    }
+}
