@@ -1,14 +1,10 @@
-//! Sampled page-fault stacks as Perfetto callstack samples.
+//! Sampled page-fault stacks, symbolised.
 //!
 //! The kernel side gives (pid, tid, ts, stack id); the stack-trace map gives
 //! the user instruction pointers. Here they are symbolised with blazesym
 //! (ELF symbol tables via /proc/<pid>/maps, while the process is alive:
-//! `resolve` runs every sample interval) and interned the way
-//! trace_processor's StackProfileSequenceState reads them: InternedData
-//! `mappings` (with `build_ids` and `mapping_paths`), `function_names`,
-//! `frames` and `callstacks` (outermost frame first), then PerfSample
-//! packets with `callstack_iid`, all on one sequence that needs incremental
-//! state.
+//! `resolve` runs every sample interval) into `SampleFrame`s, which
+//! perfetto/fault_samples.rs interns and writes as PerfSample packets.
 
 use std::{
     collections::HashMap,
@@ -16,10 +12,9 @@ use std::{
 };
 
 use blazesym::symbolize::{source, Input, Symbolized, Symbolizer};
-use vitals_proto::protos::{
-    profiling, trace_packet, Callstack, Frame, InternedData, InternedString, Mapping, PerfSample,
-    TracePacket,
-};
+use vitals_proto::protos::TracePacket;
+
+use crate::perfetto::fault_samples::{FaultSamples, SampleFrame, SampleMapping};
 
 use super::decode::FaultRec;
 
@@ -54,22 +49,6 @@ pub fn parse_maps(text: &str) -> Vec<MapEntry> {
         .collect()
 }
 
-/// Where one address resolved to.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct FrameKey {
-    mapping: MappingKey,
-    function: Option<String>,
-    rel_pc: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct MappingKey {
-    start: u64,
-    end: u64,
-    offset: u64,
-    path: String,
-}
-
 /// Counts for the capture summary.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FaultStats {
@@ -79,7 +58,7 @@ pub struct FaultStats {
     pub frames_unsymbolised: u64,
 }
 
-/// Interning state of the sample sequence plus the per-(pid, addr) cache.
+/// The symboliser's caches plus the sample sequence's interning state.
 pub struct FaultStacks {
     proc_root: PathBuf,
     symbolizer: Symbolizer,
@@ -87,17 +66,10 @@ pub struct FaultStacks {
     /// the kernel never replaces a used stack-map bucket without
     /// BPF_F_REUSE_STACKID.
     stacks: HashMap<u32, Vec<u64>>,
-    resolved: HashMap<(u32, u64), FrameKey>,
-    function_names: HashMap<String, u64>,
-    path_parts: HashMap<String, u64>,
-    build_ids: HashMap<Vec<u8>, u64>,
+    resolved: HashMap<(u32, u64), SampleFrame>,
     build_id_of_path: HashMap<String, Option<Vec<u8>>>,
-    mappings: HashMap<MappingKey, u64>,
-    frames: HashMap<(u64, Option<u64>, u64), u64>,
-    callstacks: HashMap<Vec<u64>, u64>,
     pending: Vec<FaultRec>,
-    /// Interned entries not yet written.
-    fresh: InternedData,
+    samples: FaultSamples,
     pub stats: FaultStats,
 }
 
@@ -108,15 +80,9 @@ impl FaultStacks {
             symbolizer: Symbolizer::new(),
             stacks: HashMap::new(),
             resolved: HashMap::new(),
-            function_names: HashMap::new(),
-            path_parts: HashMap::new(),
-            build_ids: HashMap::new(),
             build_id_of_path: HashMap::new(),
-            mappings: HashMap::new(),
-            frames: HashMap::new(),
-            callstacks: HashMap::new(),
             pending: Vec::new(),
-            fresh: InternedData::default(),
+            samples: FaultSamples::new(),
             stats: FaultStats::default(),
         }
     }
@@ -130,12 +96,40 @@ impl FaultStacks {
     /// id from the kernel's stack-trace map.
     pub fn take_packets(
         &mut self,
-        mut read_stack: impl FnMut(u32) -> Option<Vec<u64>>,
+        read_stack: impl FnMut(u32) -> Option<Vec<u64>>,
     ) -> Vec<TracePacket> {
         let pending = std::mem::take(&mut self.pending);
-        // Addresses to resolve, per process.
-        let mut todo: HashMap<u32, Vec<u64>> = HashMap::new();
+        self.resolve_pending(&pending, read_stack);
+        let mut packets = Vec::with_capacity(pending.len());
         for f in &pending {
+            let ips = match f.stack_id {
+                id if id >= 0 => self.stacks.get(&(id as u32)).map_or(&[][..], Vec::as_slice),
+                _ => &[],
+            };
+            if ips.is_empty() {
+                self.stats.samples_without_stack += 1;
+            }
+            // Perfetto wants the outermost frame first.
+            let frames = ips.iter().rev().map(|ip| &self.resolved[&(f.tgid, *ip)]);
+            let p = self
+                .samples
+                .sample_packet(f.ts, f.cpu, f.tgid, f.tid, frames);
+            packets.push(p);
+            self.stats.samples_written += 1;
+        }
+        self.samples.attach_interned(&mut packets);
+        packets
+    }
+
+    /// Reads the stacks of `pending` not seen yet and resolves, per
+    /// process, the addresses not resolved yet.
+    fn resolve_pending(
+        &mut self,
+        pending: &[FaultRec],
+        mut read_stack: impl FnMut(u32) -> Option<Vec<u64>>,
+    ) {
+        let mut todo: HashMap<u32, Vec<u64>> = HashMap::new();
+        for f in pending {
             if f.stack_id < 0 {
                 continue;
             }
@@ -155,55 +149,6 @@ impl FaultStacks {
             addrs.dedup();
             self.resolve(pid, &addrs);
         }
-
-        let mut packets = Vec::with_capacity(pending.len());
-        for f in &pending {
-            let ips = if f.stack_id >= 0 {
-                self.stacks
-                    .get(&(f.stack_id as u32))
-                    .cloned()
-                    .unwrap_or_default()
-            } else {
-                Vec::new()
-            };
-            let callstack_iid = if ips.is_empty() {
-                self.stats.samples_without_stack += 1;
-                None
-            } else {
-                // Perfetto wants the outermost frame first.
-                let frames: Vec<u64> = ips
-                    .iter()
-                    .rev()
-                    .map(|ip| {
-                        let key = self.resolved[&(f.tgid, *ip)].clone();
-                        self.intern_frame(&key)
-                    })
-                    .collect();
-                Some(self.intern_callstack(frames))
-            };
-            self.stats.samples_written += 1;
-            packets.push(TracePacket {
-                timestamp: Some(f.ts),
-                sequence_flags: Some(trace_packet::SequenceFlags::SeqNeedsIncrementalState as u32),
-                data: Some(trace_packet::Data::PerfSample(PerfSample {
-                    cpu: Some(f.cpu),
-                    pid: Some(f.tgid),
-                    tid: Some(f.tid),
-                    cpu_mode: Some(profiling::CpuMode::ModeUser as i32),
-                    timebase_count: Some(1),
-                    callstack_iid,
-                    ..Default::default()
-                })),
-                ..Default::default()
-            });
-        }
-        if let Some(first) = packets.first_mut() {
-            let fresh = std::mem::take(&mut self.fresh);
-            if fresh != InternedData::default() {
-                first.interned_data = Some(fresh);
-            }
-        }
-        packets
     }
 
     fn resolve(&mut self, pid: u32, addrs: &[u64]) {
@@ -223,10 +168,11 @@ impl FaultStacks {
         for (i, &addr) in addrs.iter().enumerate() {
             let m = maps.iter().find(|m| m.start <= addr && addr < m.end);
             let mapping = match m {
-                Some(m) => MappingKey {
+                Some(m) => SampleMapping {
                     start: m.start,
                     end: m.end,
                     offset: m.offset,
+                    build_id: build_id(&mut self.build_id_of_path, &m.path),
                     path: m.path.clone(),
                 },
                 None => {
@@ -234,11 +180,12 @@ impl FaultStacks {
                         "pid {pid}: {addr:#x} is in none of its {} mappings",
                         maps.len()
                     );
-                    MappingKey {
+                    SampleMapping {
                         start: 0,
                         end: 0,
                         offset: 0,
                         path: "[unknown]".into(),
+                        build_id: None,
                     }
                 }
             };
@@ -256,7 +203,7 @@ impl FaultStacks {
                 .wrapping_add(mapping.offset);
             self.resolved.insert(
                 (pid, addr),
-                FrameKey {
+                SampleFrame {
                     mapping,
                     function,
                     rel_pc,
@@ -264,112 +211,30 @@ impl FaultStacks {
             );
         }
     }
+}
 
-    fn intern_string(
-        map: &mut HashMap<String, u64>,
-        out: &mut Vec<InternedString>,
-        s: &str,
-    ) -> u64 {
-        if let Some(&iid) = map.get(s) {
-            return iid;
-        }
-        let iid = map.len() as u64 + 1;
-        map.insert(s.to_owned(), iid);
-        out.push(InternedString {
-            iid: Some(iid),
-            str: Some(s.as_bytes().to_vec()),
-        });
-        iid
+/// The ELF build id of a mapped file, read once per path into `cache`.
+/// Only paths of files have one; anonymous and special mappings ("[vdso]")
+/// not.
+fn build_id(cache: &mut HashMap<String, Option<Vec<u8>>>, path: &str) -> Option<Vec<u8>> {
+    if !path.starts_with('/') {
+        return None;
     }
-
-    fn intern_mapping(&mut self, m: &MappingKey) -> u64 {
-        if let Some(&iid) = self.mappings.get(m) {
-            return iid;
-        }
-        let path_string_ids: Vec<u64> = m
-            .path
-            .split('/')
-            .filter(|p| !p.is_empty())
-            .map(|p| Self::intern_string(&mut self.path_parts, &mut self.fresh.mapping_paths, p))
-            .collect();
-        let build_id = if m.path.starts_with('/') {
-            let bid = self
-                .build_id_of_path
-                .entry(m.path.clone())
-                .or_insert_with(|| {
-                    blazesym::helper::read_elf_build_id(Path::new(&m.path))
-                        .ok()
-                        .flatten()
-                        .map(|b| b.into_owned())
-                })
-                .clone();
-            bid.map(|b| {
-                if let Some(&iid) = self.build_ids.get(&b) {
-                    return iid;
-                }
-                let iid = self.build_ids.len() as u64 + 1;
-                self.build_ids.insert(b.clone(), iid);
-                self.fresh.build_ids.push(InternedString {
-                    iid: Some(iid),
-                    str: Some(b),
-                });
-                iid
-            })
-        } else {
-            None
-        };
-        let iid = self.mappings.len() as u64 + 1;
-        self.mappings.insert(m.clone(), iid);
-        self.fresh.mappings.push(Mapping {
-            iid: Some(iid),
-            build_id,
-            start_offset: Some(m.offset),
-            start: Some(m.start),
-            end: Some(m.end),
-            path_string_ids,
-            ..Default::default()
-        });
-        iid
-    }
-
-    fn intern_frame(&mut self, k: &FrameKey) -> u64 {
-        let mapping = self.intern_mapping(&k.mapping);
-        let function = k.function.as_deref().map(|f| {
-            Self::intern_string(&mut self.function_names, &mut self.fresh.function_names, f)
-        });
-        let key = (mapping, function, k.rel_pc);
-        if let Some(&iid) = self.frames.get(&key) {
-            return iid;
-        }
-        let iid = self.frames.len() as u64 + 1;
-        self.frames.insert(key, iid);
-        self.fresh.frames.push(Frame {
-            iid: Some(iid),
-            function_name_id: function,
-            mapping_id: Some(mapping),
-            rel_pc: Some(k.rel_pc),
-            ..Default::default()
-        });
-        iid
-    }
-
-    fn intern_callstack(&mut self, frames: Vec<u64>) -> u64 {
-        if let Some(&iid) = self.callstacks.get(&frames) {
-            return iid;
-        }
-        let iid = self.callstacks.len() as u64 + 1;
-        self.callstacks.insert(frames.clone(), iid);
-        self.fresh.callstacks.push(Callstack {
-            iid: Some(iid),
-            frame_ids: frames,
-        });
-        iid
-    }
+    cache
+        .entry(path.to_owned())
+        .or_insert_with(|| {
+            blazesym::helper::read_elf_build_id(Path::new(path))
+                .ok()
+                .flatten()
+                .map(|b| b.into_owned())
+        })
+        .clone()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vitals_proto::protos::trace_packet;
 
     #[test]
     fn maps_lines_parse_with_and_without_paths() {

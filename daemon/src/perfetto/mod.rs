@@ -13,10 +13,12 @@
 //! - TrackEvent counters on TrackDescriptor counter tracks for everything else
 //!   (loadavg, per-process fault rates, CPU shares, ...);
 //! - capture packets: per-CPU FtraceEventBundle/CompactSched
-//!   ([`compact_sched`]).
+//!   ([`compact_sched`]), fault samples as interned callstacks
+//!   ([`fault_samples`]).
 
 pub mod compact_sched;
 mod error;
+pub mod fault_samples;
 mod track_uuid;
 mod types;
 mod writer;

@@ -1,0 +1,261 @@
+//! Sampled page faults as Perfetto callstack samples.
+//!
+//! Frames arrive already resolved (capture/fault_stacks.rs symbolises them
+//! while the process is alive); here they are interned the way
+//! trace_processor's StackProfileSequenceState reads them: InternedData
+//! `mappings` (with `build_ids` and `mapping_paths`), `function_names`,
+//! `frames` and `callstacks` (outermost frame first), then PerfSample
+//! packets with `callstack_iid`, all on one sequence that needs incremental
+//! state. Pure (no I/O), so the interning is unit-tested here.
+
+use std::collections::HashMap;
+
+use vitals_proto::protos::{
+    profiling, trace_packet, Callstack, Frame, InternedData, InternedString, Mapping, PerfSample,
+    TracePacket,
+};
+
+/// The mapping an address fell in, as /proc/<pid>/maps gave it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SampleMapping {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub path: String,
+    /// The ELF build id of `path`, where it has one.
+    pub build_id: Option<Vec<u8>>,
+}
+
+/// Where one address resolved to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SampleFrame {
+    pub mapping: SampleMapping,
+    pub function: Option<String>,
+    /// The address relative to the file (address - start + offset).
+    pub rel_pc: u64,
+}
+
+/// Interning state of the sample sequence: what has been interned with
+/// which iid, and the entries not yet written.
+#[derive(Default)]
+pub struct FaultSamples {
+    function_names: HashMap<String, u64>,
+    path_parts: HashMap<String, u64>,
+    build_ids: HashMap<Vec<u8>, u64>,
+    mappings: HashMap<SampleMapping, u64>,
+    frames: HashMap<(u64, Option<u64>, u64), u64>,
+    callstacks: HashMap<Vec<u64>, u64>,
+    /// Interned entries not yet written.
+    fresh: InternedData,
+}
+
+impl FaultSamples {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The PerfSample packet of one user-mode fault; `frames` outermost
+    /// first, none when the sample has no stack. Its new interned entries
+    /// wait for `attach_interned`.
+    pub fn sample_packet<'a>(
+        &mut self,
+        ts_ns: u64,
+        cpu: u32,
+        tgid: u32,
+        tid: u32,
+        frames: impl IntoIterator<Item = &'a SampleFrame>,
+    ) -> TracePacket {
+        let frame_ids: Vec<u64> = frames.into_iter().map(|f| self.intern_frame(f)).collect();
+        let callstack_iid = (!frame_ids.is_empty()).then(|| self.intern_callstack(frame_ids));
+        TracePacket {
+            timestamp: Some(ts_ns),
+            sequence_flags: Some(trace_packet::SequenceFlags::SeqNeedsIncrementalState as u32),
+            data: Some(trace_packet::Data::PerfSample(PerfSample {
+                cpu: Some(cpu),
+                pid: Some(tgid),
+                tid: Some(tid),
+                cpu_mode: Some(profiling::CpuMode::ModeUser as i32),
+                timebase_count: Some(1),
+                callstack_iid,
+                ..Default::default()
+            })),
+            ..Default::default()
+        }
+    }
+
+    /// Puts the interned entries not yet written on the first of `packets`,
+    /// ahead of every sample that refers to them.
+    pub fn attach_interned(&mut self, packets: &mut [TracePacket]) {
+        if let Some(first) = packets.first_mut() {
+            let fresh = std::mem::take(&mut self.fresh);
+            if fresh != InternedData::default() {
+                first.interned_data = Some(fresh);
+            }
+        }
+    }
+
+    fn intern_string(
+        map: &mut HashMap<String, u64>,
+        out: &mut Vec<InternedString>,
+        s: &str,
+    ) -> u64 {
+        if let Some(&iid) = map.get(s) {
+            return iid;
+        }
+        let iid = map.len() as u64 + 1;
+        map.insert(s.to_owned(), iid);
+        out.push(InternedString {
+            iid: Some(iid),
+            str: Some(s.as_bytes().to_vec()),
+        });
+        iid
+    }
+
+    fn intern_build_id(&mut self, b: &[u8]) -> u64 {
+        if let Some(&iid) = self.build_ids.get(b) {
+            return iid;
+        }
+        let iid = self.build_ids.len() as u64 + 1;
+        self.build_ids.insert(b.to_vec(), iid);
+        self.fresh.build_ids.push(InternedString {
+            iid: Some(iid),
+            str: Some(b.to_vec()),
+        });
+        iid
+    }
+
+    fn intern_mapping(&mut self, m: &SampleMapping) -> u64 {
+        if let Some(&iid) = self.mappings.get(m) {
+            return iid;
+        }
+        let path_string_ids: Vec<u64> = m
+            .path
+            .split('/')
+            .filter(|p| !p.is_empty())
+            .map(|p| Self::intern_string(&mut self.path_parts, &mut self.fresh.mapping_paths, p))
+            .collect();
+        let build_id = m.build_id.as_deref().map(|b| self.intern_build_id(b));
+        let iid = self.mappings.len() as u64 + 1;
+        self.mappings.insert(m.clone(), iid);
+        self.fresh.mappings.push(Mapping {
+            iid: Some(iid),
+            build_id,
+            start_offset: Some(m.offset),
+            start: Some(m.start),
+            end: Some(m.end),
+            path_string_ids,
+            ..Default::default()
+        });
+        iid
+    }
+
+    fn intern_frame(&mut self, k: &SampleFrame) -> u64 {
+        let mapping = self.intern_mapping(&k.mapping);
+        let function = k.function.as_deref().map(|f| {
+            Self::intern_string(&mut self.function_names, &mut self.fresh.function_names, f)
+        });
+        let key = (mapping, function, k.rel_pc);
+        if let Some(&iid) = self.frames.get(&key) {
+            return iid;
+        }
+        let iid = self.frames.len() as u64 + 1;
+        self.frames.insert(key, iid);
+        self.fresh.frames.push(Frame {
+            iid: Some(iid),
+            function_name_id: function,
+            mapping_id: Some(mapping),
+            rel_pc: Some(k.rel_pc),
+            ..Default::default()
+        });
+        iid
+    }
+
+    fn intern_callstack(&mut self, frames: Vec<u64>) -> u64 {
+        if let Some(&iid) = self.callstacks.get(&frames) {
+            return iid;
+        }
+        let iid = self.callstacks.len() as u64 + 1;
+        self.callstacks.insert(frames.clone(), iid);
+        self.fresh.callstacks.push(Callstack {
+            iid: Some(iid),
+            frame_ids: frames,
+        });
+        iid
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(
+        path: &str,
+        build_id: Option<&[u8]>,
+        function: Option<&str>,
+        rel_pc: u64,
+    ) -> SampleFrame {
+        SampleFrame {
+            mapping: SampleMapping {
+                start: 0x1000,
+                end: 0x2000,
+                offset: 0,
+                path: path.into(),
+                build_id: build_id.map(<[u8]>::to_vec),
+            },
+            function: function.map(str::to_owned),
+            rel_pc,
+        }
+    }
+
+    fn callstack_iid(p: &TracePacket) -> Option<u64> {
+        match &p.data {
+            Some(trace_packet::Data::PerfSample(s)) => s.callstack_iid,
+            _ => panic!("not a sample"),
+        }
+    }
+
+    #[test]
+    fn entries_are_interned_once_and_written_on_the_first_packet_only() {
+        let main = frame("/usr/bin/app", Some(b"\x01\x02"), Some("main"), 0x10);
+        let leaf = frame("/usr/lib/libc.so", None, None, 0x20);
+        let mut s = FaultSamples::new();
+        let mut packets = vec![
+            s.sample_packet(10, 0, 7, 8, [&main, &leaf]),
+            s.sample_packet(20, 1, 7, 8, [&main, &leaf]),
+            s.sample_packet(30, 1, 7, 8, []),
+        ];
+        s.attach_interned(&mut packets);
+        assert_eq!(callstack_iid(&packets[0]), Some(1));
+        assert_eq!(callstack_iid(&packets[1]), Some(1));
+        assert_eq!(callstack_iid(&packets[2]), None);
+        assert!(packets[1].interned_data.is_none());
+        let i = packets[0].interned_data.as_ref().expect("interned data");
+        assert_eq!(i.callstacks.len(), 1);
+        assert_eq!(i.callstacks[0].frame_ids, vec![1, 2]);
+        assert_eq!(i.frames.len(), 2);
+        assert_eq!(i.frames[1].function_name_id, None);
+        assert_eq!(i.mappings.len(), 2);
+        assert_eq!(i.mappings[0].build_id, Some(1));
+        assert_eq!(i.mappings[1].build_id, None);
+        assert_eq!(i.build_ids.len(), 1);
+        // "usr" is shared by both paths.
+        let parts: Vec<_> = i
+            .mapping_paths
+            .iter()
+            .map(|p| p.str.clone().unwrap())
+            .collect();
+        assert_eq!(parts, [&b"usr"[..], b"bin", b"app", b"lib", b"libc.so"]);
+        assert_eq!(i.mappings[1].path_string_ids, vec![1, 4, 5]);
+
+        // A later flush writes only what is new.
+        let other = frame("/usr/bin/app", Some(b"\x01\x02"), Some("other"), 0x30);
+        let mut later = vec![s.sample_packet(40, 0, 7, 8, [&main, &other])];
+        s.attach_interned(&mut later);
+        assert_eq!(callstack_iid(&later[0]), Some(2));
+        let i = later[0].interned_data.as_ref().expect("interned data");
+        assert!(i.mappings.is_empty() && i.build_ids.is_empty());
+        assert_eq!(i.frames.len(), 1);
+        assert_eq!(i.function_names.len(), 1);
+        assert_eq!(i.callstacks[0].frame_ids, vec![1, 3]);
+    }
+}
