@@ -193,6 +193,24 @@ pub fn record_with(
     stop: &AtomicBool,
     prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
 ) -> Result<RecordSummary, RecordError> {
+    let attached = attach(opts)?;
+    let mut recording = Recording::start(opts, attached, prelude)?;
+    recording.run(opts, stop)?;
+    recording.finish(opts)
+}
+
+/// What `attach` leaves for the rest of the recording.
+struct Attached {
+    accounting: Accounting,
+    file: File,
+    capture: Option<Capture>,
+    capabilities_after_attach: Option<String>,
+}
+
+/// Everything that needs the privileges the daemon starts with, in the
+/// order it needs them: load and attach, create the trace file, start the
+/// capture; then drop to the steady-state capabilities.
+fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
     let mut accounting =
         Accounting::load(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))?;
     // Before the capability drop: afterwards root may no longer be able to
@@ -203,7 +221,7 @@ pub fn record_with(
         source,
     })?;
     // Before the capability drop: starting a capture attaches sched_waking.
-    let mut capture = if opts.capture.any() {
+    let capture = if opts.capture.any() {
         Some(Capture::start(
             &mut accounting,
             &opts.capture,
@@ -224,185 +242,304 @@ pub fn record_with(
     } else {
         None
     };
-    let fault_source = accounting.fault_source();
-    let runq_wait = accounting.runq_wait();
-    let counters = process_counters(fault_source, runq_wait);
+    Ok(Attached {
+        accounting,
+        file,
+        capture,
+        capabilities_after_attach,
+    })
+}
 
-    let mut writer = TraceWriter::new(BufWriter::new(file));
-    let start = ClockPair::now();
-    writer.write_clock_snapshot(start)?;
-    let possible = system::possible_cpus(Path::new("/sys"))?;
-    writer.write_system_info(&SystemFacts {
-        utsname: system::utsname()?,
-        hz: system::clock_ticks_per_second()?,
-        page_size_bytes: system::page_size_bytes()?,
-        num_cpus: possible.len() as u32,
-        system_ram_bytes: None,
-    })?;
+/// A recording between its setup and its summary. Fields drop in
+/// declaration order, so an error drops the writer (flushing what it
+/// buffered) before the capture and the capture before the BPF objects,
+/// as when they were locals of one function.
+struct Recording {
+    /// The last counters of every process seen, for the summary.
+    final_rows: HashMap<u32, ProcessCounters>,
+    tracks: HashMap<u32, ProcessTracks>,
+    totals: Totals,
+    /// Every process named in the trace so far.
+    known: HashMap<u32, ProcessIdentity>,
+    sample: Sample,
+    tracker: Tracker,
+    sampler: Sampler,
+    hz: u64,
+    start: ClockPair,
+    writer: FileTraceWriter,
+    counters: Vec<ProcessCounter>,
+    runq_wait: bool,
+    fault_source: FaultSource,
+    capabilities_after_attach: Option<String>,
+    capture: Option<Capture>,
+    accounting: Accounting,
+    samples: u64,
+}
 
-    // procfs alongside: system CPU, load, pressure, per-process CPU, memory
-    // and faults as the kernel accounts them; its scan also names processes.
-    let hz = system::clock_ticks_per_second()?;
-    let mut sampler = Sampler::new(
-        &opts.proc_root,
-        SampleOptions {
-            threads: false,
-            status: true,
-            cmdline: true,
-        },
-    );
-    let mut tracker = Tracker::new(hz);
-    let mut sample = Sample::default();
-    sampler.sample_into(&mut sample)?;
-    tracker.update(&sample);
+impl Recording {
+    /// Writes the trace's header (clocks, system, the processes alive now,
+    /// then `prelude`) and takes the first procfs sample.
+    fn start(
+        opts: &RecordOptions,
+        attached: Attached,
+        prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
+    ) -> Result<Self, RecordError> {
+        let Attached {
+            accounting,
+            file,
+            capture,
+            capabilities_after_attach,
+        } = attached;
+        let fault_source = accounting.fault_source();
+        let runq_wait = accounting.runq_wait();
+        let counters = process_counters(fault_source, runq_wait);
 
-    // Every process alive now, with its real argv.
-    let mut known: HashMap<u32, ProcessIdentity> = sample
-        .processes
-        .iter()
-        .map(|p| (p.stat.pid as u32, ProcessIdentity::of(p)))
-        .collect();
-    let mut initial: Vec<&ProcessIdentity> = known.values().collect();
-    initial.sort_by_key(|p| p.pid);
-    writer.write_process_tree(start.boottime_ns, &tree_entries(initial))?;
-    prelude(&mut writer)?;
-    writer.flush()?;
+        let mut writer = TraceWriter::new(BufWriter::new(file));
+        let start = ClockPair::now();
+        writer.write_clock_snapshot(start)?;
+        let possible = system::possible_cpus(Path::new("/sys"))?;
+        writer.write_system_info(&SystemFacts {
+            utsname: system::utsname()?,
+            hz: system::clock_ticks_per_second()?,
+            page_size_bytes: system::page_size_bytes()?,
+            num_cpus: possible.len() as u32,
+            system_ram_bytes: None,
+        })?;
 
-    let mut totals = Totals::new();
-    let mut tracks: HashMap<u32, ProcessTracks> = HashMap::new();
-    let mut final_rows: HashMap<u32, ProcessCounters> = HashMap::new();
-    let mut samples = 0u64;
-    let deadline = Instant::now() + opts.duration;
-    let mut next_tick = Instant::now() + opts.interval;
-    loop {
-        let now = Instant::now();
-        let finishing = stop.load(Ordering::Relaxed) || now >= deadline;
-        if !finishing && now < next_tick {
-            // The signal thread unparks us, so one wakeup per interval.
-            std::thread::park_timeout((next_tick - now).min(deadline - now));
-            continue;
-        }
-        next_tick += opts.interval;
-        let snap = accounting.read()?;
-        let clocks = ClockPair::now();
-        samples += 1;
-        let rows = totals.update(&snap);
+        // procfs alongside: system CPU, load, pressure, per-process CPU,
+        // memory and faults as the kernel accounts them; its scan also
+        // names processes.
+        let hz = system::clock_ticks_per_second()?;
+        let mut sampler = Sampler::new(
+            &opts.proc_root,
+            SampleOptions {
+                threads: false,
+                status: true,
+                cmdline: true,
+            },
+        );
+        let mut tracker = Tracker::new(hz);
+        let mut sample = Sample::default();
         sampler.sample_into(&mut sample)?;
-        export::write_sample(&mut writer, clocks.boottime_ns, &sample, hz)?;
-        if let Some(window) = tracker.update(&sample) {
-            export::write_window(&mut writer, clocks.boottime_ns, &window)?;
-        }
-        if let Some(c) = capture.as_mut() {
-            c.flush(&accounting, &mut writer, clocks.boottime_ns)?;
-        }
+        tracker.update(&sample);
 
-        // Name processes we have not seen yet before their first counter,
-        // from this tick's scan (gone before it: unknown, named by pid).
+        // Every process alive now, with its real argv.
+        let known: HashMap<u32, ProcessIdentity> = sample
+            .processes
+            .iter()
+            .map(|p| (p.stat.pid as u32, ProcessIdentity::of(p)))
+            .collect();
+        let mut initial: Vec<&ProcessIdentity> = known.values().collect();
+        initial.sort_by_key(|p| p.pid);
+        writer.write_process_tree(start.boottime_ns, &tree_entries(initial))?;
+        prelude(&mut writer)?;
+        writer.flush()?;
+
+        Ok(Self {
+            accounting,
+            capture,
+            capabilities_after_attach,
+            fault_source,
+            runq_wait,
+            counters,
+            writer,
+            start,
+            hz,
+            sampler,
+            tracker,
+            sample,
+            known,
+            totals: Totals::new(),
+            tracks: HashMap::new(),
+            final_rows: HashMap::new(),
+            samples: 0,
+        })
+    }
+
+    /// Samples every interval until `duration` passes or `stop` is set,
+    /// then once more.
+    fn run(&mut self, opts: &RecordOptions, stop: &AtomicBool) -> Result<(), RecordError> {
+        let deadline = Instant::now() + opts.duration;
+        let mut next_tick = Instant::now() + opts.interval;
+        loop {
+            let now = Instant::now();
+            let finishing = stop.load(Ordering::Relaxed) || now >= deadline;
+            if !finishing && now < next_tick {
+                // The signal thread unparks us, so one wakeup per interval.
+                std::thread::park_timeout((next_tick - now).min(deadline - now));
+                continue;
+            }
+            next_tick += opts.interval;
+            self.tick()?;
+            if finishing {
+                return Ok(());
+            }
+        }
+    }
+
+    /// One sample: the BPF totals and procfs, the capture's records since
+    /// the last tick, and every process's counters that changed.
+    fn tick(&mut self) -> Result<(), RecordError> {
+        let snap = self.accounting.read()?;
+        let clocks = ClockPair::now();
+        self.samples += 1;
+        let rows = self.totals.update(&snap);
+        self.sampler.sample_into(&mut self.sample)?;
+        export::write_sample(&mut self.writer, clocks.boottime_ns, &self.sample, self.hz)?;
+        if let Some(window) = self.tracker.update(&self.sample) {
+            export::write_window(&mut self.writer, clocks.boottime_ns, &window)?;
+        }
+        if let Some(c) = self.capture.as_mut() {
+            c.flush(&self.accounting, &mut self.writer, clocks.boottime_ns)?;
+        }
+        self.name_new_processes(&rows, clocks.boottime_ns)?;
+        self.write_counters(&rows, clocks.boottime_ns)?;
+        self.writer.flush()?;
+        Ok(())
+    }
+
+    /// Names processes we have not seen yet before their first counter,
+    /// from this tick's scan (gone before it: unknown, named by pid).
+    fn name_new_processes(
+        &mut self,
+        rows: &[ProcessCounters],
+        ts_boot_ns: u64,
+    ) -> Result<(), RecordError> {
         let unseen: Vec<u32> = rows
             .iter()
             .map(|r| r.tgid)
-            .filter(|t| !known.contains_key(t))
+            .filter(|t| !self.known.contains_key(t))
             .collect();
-        if !unseen.is_empty() {
-            let scanned: HashMap<u32, &ProcessSample> = sample
-                .processes
-                .iter()
-                .map(|p| (p.stat.pid as u32, p))
-                .collect();
-            for &tgid in &unseen {
-                let id = scanned
-                    .get(&tgid)
-                    .map(|p| ProcessIdentity::of(p))
-                    .unwrap_or_else(|| ProcessIdentity::unknown(tgid));
-                known.insert(tgid, id);
-            }
-            writer.write_process_tree(
-                clocks.boottime_ns,
-                &tree_entries(unseen.iter().map(|t| &known[t])),
-            )?;
+        if unseen.is_empty() {
+            return Ok(());
         }
+        let scanned: HashMap<u32, &ProcessSample> = self
+            .sample
+            .processes
+            .iter()
+            .map(|p| (p.stat.pid as u32, p))
+            .collect();
+        for &tgid in &unseen {
+            let id = scanned
+                .get(&tgid)
+                .map(|p| ProcessIdentity::of(p))
+                .unwrap_or_else(|| ProcessIdentity::unknown(tgid));
+            self.known.insert(tgid, id);
+        }
+        self.writer.write_process_tree(
+            ts_boot_ns,
+            &tree_entries(unseen.iter().map(|t| &self.known[t])),
+        )?;
+        Ok(())
+    }
 
-        for r in &rows {
-            let id = &known[&r.tgid];
+    /// Each process's counter tracks (created on its first row, anew when
+    /// its pid is reused) and the values that changed since the last tick.
+    fn write_counters(
+        &mut self,
+        rows: &[ProcessCounters],
+        ts_boot_ns: u64,
+    ) -> Result<(), RecordError> {
+        for r in rows {
+            let id = &self.known[&r.tgid];
             let key = ProcessKey {
                 pid: r.tgid as i32,
                 starttime_ticks: id.starttime_ticks,
             };
-            let t = match tracks.get_mut(&r.tgid) {
+            let t = match self.tracks.get_mut(&r.tgid) {
                 Some(t) if t.key.starttime_ticks == key.starttime_ticks => t,
                 _ => {
-                    let mut uuids = Vec::with_capacity(counters.len());
-                    for c in &counters {
-                        uuids.push(writer.process_counter_track(key, id.name(), &c.spec)?);
+                    let mut uuids = Vec::with_capacity(self.counters.len());
+                    for c in &self.counters {
+                        uuids.push(self.writer.process_counter_track(key, id.name(), &c.spec)?);
                     }
                     let last = vec![-1; uuids.len()];
-                    tracks.insert(r.tgid, ProcessTracks { key, uuids, last });
-                    tracks.get_mut(&r.tgid).unwrap()
+                    self.tracks
+                        .insert(r.tgid, ProcessTracks { key, uuids, last });
+                    self.tracks.get_mut(&r.tgid).unwrap()
                 }
             };
-            for (i, c) in counters.iter().enumerate() {
+            for (i, c) in self.counters.iter().enumerate() {
                 let v = (c.value)(r) as i64;
                 // Unchanged counters cost nothing in the trace.
                 if v != t.last[i] {
-                    writer.write_counter(clocks.boottime_ns, t.uuids[i], CounterValue::Int(v))?;
+                    self.writer
+                        .write_counter(ts_boot_ns, t.uuids[i], CounterValue::Int(v))?;
                     t.last[i] = v;
                 }
             }
-            final_rows.insert(r.tgid, *r);
+            self.final_rows.insert(r.tgid, *r);
             if r.ended {
-                tracks.remove(&r.tgid);
+                self.tracks.remove(&r.tgid);
             }
         }
-        writer.flush()?;
-        if finishing {
-            break;
-        }
+        Ok(())
     }
 
-    let capture_stats = match capture.take() {
-        Some(c) => Some(c.stop(&mut accounting, &mut writer, ClockPair::now().boottime_ns)?),
-        None => None,
-    };
-    let end = ClockPair::now();
-    let wall = end.monotonic_ns.saturating_sub(start.monotonic_ns).max(1);
-    let mut rows: Vec<SummaryRow> = final_rows
-        .values()
-        .map(|r| SummaryRow {
-            pid: r.tgid,
-            name: known
-                .get(&r.tgid)
-                .map(|i| i.name().to_owned())
-                .unwrap_or_else(|| format!("<{}>", r.tgid)),
-            oncpu_ns: r.oncpu_ns,
-            core_equivalent_pct: r.oncpu_ns as f64 * 100.0 / wall as f64,
-            voluntary_switches: r.voluntary_switches,
-            involuntary_switches: r.involuntary_switches,
-            runq_wait_ns: runq_wait.then_some(r.runq_wait_ns),
-            faults: r.faults(fault_source),
-            ended: r.ended,
+    /// Stops the capture (draining and writing what is left), then the
+    /// summary: every process seen, by on-CPU time.
+    fn finish(mut self, opts: &RecordOptions) -> Result<RecordSummary, RecordError> {
+        let capture_stats = match self.capture.take() {
+            Some(c) => Some(c.stop(
+                &mut self.accounting,
+                &mut self.writer,
+                ClockPair::now().boottime_ns,
+            )?),
+            None => None,
+        };
+        let end = ClockPair::now();
+        let wall = end
+            .monotonic_ns
+            .saturating_sub(self.start.monotonic_ns)
+            .max(1);
+        let rows = self.summary_rows(wall);
+        let drops = vitals_common::drop_reason::NAMES
+            .iter()
+            .zip(self.totals.drops)
+            .map(|(n, v)| (*n, v))
+            .collect();
+        let packets_written = self.writer.packets_written();
+        let bytes_written = self.writer.bytes_written();
+        self.writer.flush()?;
+        Ok(RecordSummary {
+            trace_path: opts.out.clone(),
+            fault_source: self.fault_source,
+            wall_monotonic_ns: wall,
+            rows,
+            drops,
+            capabilities_after_attach: self.capabilities_after_attach,
+            packets_written,
+            bytes_written,
+            samples: self.samples,
+            capture: capture_stats,
         })
-        .collect();
-    rows.sort_by(|a, b| b.oncpu_ns.cmp(&a.oncpu_ns).then(a.pid.cmp(&b.pid)));
-    let drops = vitals_common::drop_reason::NAMES
-        .iter()
-        .zip(totals.drops)
-        .map(|(n, v)| (*n, v))
-        .collect();
-    let packets_written = writer.packets_written();
-    let bytes_written = writer.bytes_written();
-    writer.flush()?;
-    Ok(RecordSummary {
-        trace_path: opts.out.clone(),
-        fault_source,
-        wall_monotonic_ns: wall,
-        rows,
-        drops,
-        capabilities_after_attach,
-        packets_written,
-        bytes_written,
-        samples,
-        capture: capture_stats,
-    })
+    }
+
+    /// The summary's rows, most on-CPU time first; `wall_ns` is the
+    /// recording's CLOCK_MONOTONIC duration.
+    fn summary_rows(&self, wall_ns: u64) -> Vec<SummaryRow> {
+        let mut rows: Vec<SummaryRow> = self
+            .final_rows
+            .values()
+            .map(|r| SummaryRow {
+                pid: r.tgid,
+                name: self
+                    .known
+                    .get(&r.tgid)
+                    .map(|i| i.name().to_owned())
+                    .unwrap_or_else(|| format!("<{}>", r.tgid)),
+                oncpu_ns: r.oncpu_ns,
+                core_equivalent_pct: r.oncpu_ns as f64 * 100.0 / wall_ns as f64,
+                voluntary_switches: r.voluntary_switches,
+                involuntary_switches: r.involuntary_switches,
+                runq_wait_ns: self.runq_wait.then_some(r.runq_wait_ns),
+                faults: r.faults(self.fault_source),
+                ended: r.ended,
+            })
+            .collect();
+        rows.sort_by(|a, b| b.oncpu_ns.cmp(&a.oncpu_ns).then(a.pid.cmp(&b.pid)));
+        rows
+    }
 }
 
 /// Who a process is, for naming its tracks and its ProcessTree entry.
