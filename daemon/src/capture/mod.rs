@@ -295,17 +295,34 @@ impl Capture {
         )
     }
 
+    /// Writes what is pending, in this order: thread names, the per-CPU
+    /// bundles, the fault samples, the loss counter. `last`: the capture
+    /// ends, so every new tid is named now.
     fn write_pending<W: Write>(
         &mut self,
         acc: &Accounting,
         writer: &mut TraceWriter<W>,
         ts_boot_ns: u64,
-        lost: &[[u64; cap::lost::COUNT as usize]],
+        lost: &[LostCounts],
         last: bool,
     ) -> Result<(), CaptureError> {
-        // Thread names with their process. A tid whose tgid is not known
-        // yet (it has not switched out, and /proc does not say) waits for a
-        // later flush; the last one names it without a process.
+        self.write_thread_names(writer, ts_boot_ns, last)?;
+        self.write_bundles(writer, lost)?;
+        self.write_fault_samples(acc, writer)?;
+        self.write_lost(writer, ts_boot_ns, lost)?;
+        self.last_lost = lost.to_vec();
+        Ok(())
+    }
+
+    /// Thread names with their process. A tid whose tgid is not known yet
+    /// (it has not switched out, and /proc does not say) waits for a later
+    /// flush; the last one names it without a process.
+    fn write_thread_names<W: Write>(
+        &mut self,
+        writer: &mut TraceWriter<W>,
+        ts_boot_ns: u64,
+        last: bool,
+    ) -> Result<(), CaptureError> {
         let mut tids: Vec<(i32, Comm, Option<i32>)> = Vec::new();
         for (&tid, &comm) in &self.new_tids {
             let tgid = self
@@ -317,25 +334,35 @@ impl Capture {
                 tids.push((tid, comm, tgid));
             }
         }
-        if !tids.is_empty() {
-            let mut tree = ProcessTree::default();
-            tids.sort_unstable_by_key(|(t, _, _)| *t);
-            for (tid, comm, tgid) in tids {
-                self.new_tids.remove(&tid);
-                tree.threads.push(process_tree::Thread {
-                    tid: Some(tid),
-                    tgid,
-                    name: Some(comm_str(&comm)),
-                    ..Default::default()
-                });
-            }
-            writer.write_packet(TracePacket {
-                timestamp: Some(ts_boot_ns),
-                data: Some(trace_packet::Data::ProcessTree(tree)),
-                ..Default::default()
-            })?;
+        if tids.is_empty() {
+            return Ok(());
         }
+        let mut tree = ProcessTree::default();
+        tids.sort_unstable_by_key(|(t, _, _)| *t);
+        for (tid, comm, tgid) in tids {
+            self.new_tids.remove(&tid);
+            tree.threads.push(process_tree::Thread {
+                tid: Some(tid),
+                tgid,
+                name: Some(comm_str(&comm)),
+                ..Default::default()
+            });
+        }
+        writer.write_packet(TracePacket {
+            timestamp: Some(ts_boot_ns),
+            data: Some(trace_packet::Data::ProcessTree(tree)),
+            ..Default::default()
+        })?;
+        Ok(())
+    }
 
+    /// One bundle per CPU with events or with sched records lost since the
+    /// last flush (an empty bundle then only carries `lost_events`).
+    fn write_bundles<W: Write>(
+        &mut self,
+        writer: &mut TraceWriter<W>,
+        lost: &[LostCounts],
+    ) -> Result<(), CaptureError> {
         let ncpu = self.per_cpu.len().max(lost.len());
         for cpu in 0..ncpu {
             let now = lost.get(cpu).map_or(0, |l| l[cap::lost::SCHED as usize]);
@@ -360,7 +387,16 @@ impl Capture {
             self.stats.bundles += 1;
             self.stats.bundle_bytes += writer.bytes_written() - before_bytes;
         }
+        Ok(())
+    }
 
+    /// The fault samples since the last flush, symbolised now while their
+    /// processes are alive, on their own sequence.
+    fn write_fault_samples<W: Write>(
+        &mut self,
+        acc: &Accounting,
+        writer: &mut TraceWriter<W>,
+    ) -> Result<(), CaptureError> {
         let seq = NonZeroU32::new(SAMPLE_SEQUENCE_ID).expect("nonzero");
         for p in self
             .faults
@@ -369,8 +405,18 @@ impl Capture {
             writer.write_packet_on_sequence(seq, p)?;
         }
         self.stats.fault = self.faults.stats;
+        Ok(())
+    }
 
-        // Loss since the capture started, per kind, summed over CPUs.
+    /// Loss since the capture started, per kind summed over CPUs, into the
+    /// stats; the counter track gets sched + fault losses when they change
+    /// (and once at the first flush, so the track exists).
+    fn write_lost<W: Write>(
+        &mut self,
+        writer: &mut TraceWriter<W>,
+        ts_boot_ns: u64,
+        lost: &[LostCounts],
+    ) -> Result<(), CaptureError> {
         let sum = |k: u32| -> u64 {
             lost.iter()
                 .enumerate()
@@ -402,7 +448,6 @@ impl Capture {
             writer.write_counter(ts_boot_ns, uuid, CounterValue::Int(total as i64))?;
             self.last_lost_total = total;
         }
-        self.last_lost = lost.to_vec();
         Ok(())
     }
 
