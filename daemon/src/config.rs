@@ -485,6 +485,19 @@ impl Config {
                 format!("must be at most {}s", MAX_CAPTURE_DURATION.as_secs()),
             );
         }
+        self.validate_rules(path)
+    }
+
+    /// The `[[rule]]` tables: names, thresholds, windows, capture specs.
+    fn validate_rules(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: String| {
+            Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                key: key.into(),
+                message,
+            })
+        };
+        let s = &self.sampling;
         let mut names = std::collections::HashSet::new();
         for (i, r) in self.rules.iter().enumerate() {
             let key = |k: &str| format!("rule[{i}] ({}).{k}", r.name);
