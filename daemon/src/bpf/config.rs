@@ -1,0 +1,187 @@
+//! What the caller asks of the accounting programs: `AccountingConfig` with
+//! its map bounds (`MapLimits`), the capture tier's kernel memory
+//! (`CaptureSizing`), where programs come from (`PinMode`), and the fault
+//! source asked for (`FaultSourceChoice`) and in use (`FaultSource`).
+
+use std::path::PathBuf;
+
+use vitals_common::FaultCounters;
+
+use super::CaptureTransportChoice;
+
+/// Which fault source to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FaultSourceChoice {
+    /// The tracepoint where it exists, else perf software events.
+    #[default]
+    Auto,
+    Tracepoint,
+    PerfEvent,
+    Off,
+}
+
+impl std::str::FromStr for FaultSourceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "tracepoint" => Ok(Self::Tracepoint),
+            "perf" | "perf-event" => Ok(Self::PerfEvent),
+            "off" => Ok(Self::Off),
+            _ => Err(format!(
+                "unknown fault source {s:?} (auto, tracepoint, perf, off)"
+            )),
+        }
+    }
+}
+
+/// The fault source in use: reported with every output, because the two
+/// count different things.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultSource {
+    /// exceptions/page_fault_user: fault *entries* (retries and failed faults too).
+    Tracepoint,
+    /// perf software events minor-faults/major-faults: successful faults, the
+    /// same accounting as minflt/majflt in /proc/<pid>/stat.
+    PerfEvent,
+    None,
+}
+
+impl FaultSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultSource::Tracepoint => "tracepoint",
+            FaultSource::PerfEvent => "perf",
+            FaultSource::None => "none",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            FaultSource::Tracepoint => {
+                "tracepoint exceptions/page_fault_user (counts fault entries, incl. retries)"
+            }
+            FaultSource::PerfEvent => {
+                "perf software events minor-faults + major-faults (successful faults, as minflt/majflt)"
+            }
+            FaultSource::None => "none (fault accounting off)",
+        }
+    }
+
+    /// The fault count this source measures, from a counter set.
+    pub fn faults(self, f: &FaultCounters) -> u64 {
+        match self {
+            FaultSource::Tracepoint => f.entries,
+            FaultSource::PerfEvent => f.minflt + f.majflt,
+            FaultSource::None => 0,
+        }
+    }
+}
+
+/// Bounds of every hash map. Per-CPU values cost `entries x value size x
+/// possible CPUs` of kernel memory, preallocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapLimits {
+    pub max_tasks: u32,
+    pub max_processes: u32,
+    pub max_exited: u32,
+}
+
+impl Default for MapLimits {
+    fn default() -> Self {
+        Self {
+            max_tasks: 16384,
+            max_processes: 8192,
+            max_exited: 4096,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AccountingConfig {
+    pub fault_source: FaultSourceChoice,
+    pub limits: MapLimits,
+    /// Account runqueue wait. Needs the sched_wakeup programs, which cost
+    /// about as much again as sched_switch on wakeup-heavy loads.
+    pub runq_wait: bool,
+    /// Use the portable (offsets-from-tracefs) scheduler programs even where
+    /// the fast fixed-layout ones would do; for tests of that path.
+    pub force_portable_layout: bool,
+    /// Attach the classic scheduler tracepoints even where the kernel's BTF
+    /// allows the raw (tp_btf) ones; for tests of that path.
+    pub force_classic_tracepoints: bool,
+    /// Keep wakeup times in the bounded hash even where pid_max would
+    /// allow the array; for tests of that path.
+    pub force_wake_hash: bool,
+    /// Leave sched_process_free's pid offset unset, as bpfloader does, so
+    /// the program tells it from the record; for tests of that path.
+    pub free_pid_from_record: bool,
+    /// Reserve the capture tier's kernel memory (ring buffer, stack map).
+    /// None: those maps get their minimum size and captures are refused.
+    pub capture: Option<CaptureSizing>,
+    /// Pinned objects on a bpffs (Android user builds: bpfloader's pins).
+    pub pins: PinMode,
+    /// Behave as on a kernel without BPF_MAP_TYPE_RINGBUF (the object
+    /// rewrite and the perf array); for tests of that path.
+    pub assume_no_ringbuf: bool,
+}
+
+/// Where programs and maps come from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum PinMode {
+    /// Load with aya and attach (userdebug/eng builds, Linux).
+    #[default]
+    Load,
+    /// Attach the programs pinned in this directory and read the pinned
+    /// maps, if they are there; load with aya otherwise. On Android user
+    /// builds only bpfloader may load programs (SELinux neverallow), so
+    /// this is the only way in.
+    AttachFrom(PathBuf),
+    /// Load with aya, pin every program and map here, attach nothing: what
+    /// bpfloader does on a device, for testing the attach path on Linux.
+    PinTo(PathBuf),
+}
+
+/// Kernel memory of the capture tier, reserved at load time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaptureSizing {
+    /// Ring buffer bytes: a power of two, at least one page.
+    pub ring_bytes: u32,
+    /// Distinct user stacks the stack-trace map holds (about 1 KiB each).
+    pub stack_entries: u32,
+    /// Processes whose fault-sampling counters are tracked at once (LRU).
+    pub fault_processes: u32,
+    /// Ring buffer or perf event array (`vitalsd record --capture-transport`).
+    /// With the perf array, `ring_bytes` is split over the online CPUs.
+    pub transport: CaptureTransportChoice,
+}
+
+impl Default for CaptureSizing {
+    fn default() -> Self {
+        Self {
+            // perf bench sched pipe on 2 CPUs writes ~40 MB/s of records;
+            // 8 MiB is ~200 ms of that, far more than one poll period.
+            ring_bytes: 8 << 20,
+            stack_entries: 4096,
+            fault_processes: 4096,
+            transport: CaptureTransportChoice::Auto,
+        }
+    }
+}
+
+impl Default for AccountingConfig {
+    fn default() -> Self {
+        Self {
+            fault_source: FaultSourceChoice::default(),
+            limits: MapLimits::default(),
+            runq_wait: true,
+            force_portable_layout: false,
+            force_classic_tracepoints: false,
+            force_wake_hash: false,
+            free_pid_from_record: false,
+            capture: None,
+            pins: PinMode::Load,
+            assume_no_ringbuf: false,
+        }
+    }
+}
