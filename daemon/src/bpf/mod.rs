@@ -7,6 +7,7 @@
 pub mod batch;
 pub mod btf;
 mod config;
+mod features;
 pub mod totals;
 pub mod tracefs;
 
@@ -19,8 +20,8 @@ use std::{
 use aya::{
     maps::{
         perf::{PerfEventArray, PerfEventArrayBuffer},
-        Array, HashMap as AyaHashMap, MapData, MapError, MapType, PerCpuArray, PerCpuHashMap,
-        RingBuf, StackTraceMap,
+        Array, HashMap as AyaHashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf,
+        StackTraceMap,
     },
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -38,7 +39,11 @@ use vitals_common::{
 pub use self::config::{
     AccountingConfig, CaptureSizing, FaultSource, FaultSourceChoice, MapLimits, PinMode,
 };
-use self::tracefs::{Tracefs, TracefsError};
+pub use self::features::{Features, SchedPrograms, TracepointLayout};
+use self::{
+    features::{possible_cpu_count, read_pid_max, VMLINUX_BTF},
+    tracefs::{Tracefs, TracefsError},
+};
 
 /// The object built from `ebpf-programs/` by build.rs, 8-byte aligned as
 /// the ELF parser wants (aya's include_bytes_aligned!).
@@ -209,59 +214,6 @@ const ACCOUNTING_MAPS: [&str; 5] = [
 /// bounded hash instead (systemd hosts set pid_max to 4194304).
 pub const WAKE_ARRAY_MAX_PIDS: u32 = 1 << 18;
 
-fn read_pid_max() -> Result<u32, BpfError> {
-    let path = "/proc/sys/kernel/pid_max";
-    let text = std::fs::read_to_string(path).map_err(|source| {
-        BpfError::System(crate::system::SystemError::Read {
-            path: path.into(),
-            source,
-        })
-    })?;
-    Ok(text.trim().parse().unwrap_or(u32::MAX))
-}
-
-/// Which scheduler programs are attached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TracepointLayout {
-    /// The kernel's fields sit where `vitals_common::fixed_layout` says:
-    /// programs read them with direct context loads.
-    Fixed,
-    /// Offsets from tracefs format files, read with bpf_probe_read_kernel.
-    Portable,
-}
-
-/// How the always-on scheduler programs (sched_switch, sched_wakeup,
-/// sched_wakeup_new) are attached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SchedPrograms {
-    /// BTF raw tracepoints (tp_btf, Linux 5.5+ with CONFIG_DEBUG_INFO_BTF):
-    /// the program gets the tracepoint's arguments as they are, without
-    /// the perf buffer record a classic tracepoint fills first, and it is
-    /// not skipped while user space sits in a bpf() syscall.
-    Btf,
-    /// Classic tracepoints, in `Accounting::layout`'s variant; the only
-    /// kind Android's bpfloader attaches.
-    Classic,
-}
-
-/// What the kernel offers, probed before loading.
-#[derive(Debug, Clone)]
-pub struct Features {
-    pub btf_vmlinux: bool,
-    pub page_fault_user_tracepoint: bool,
-    pub kernel_release: String,
-}
-
-impl Features {
-    pub fn probe(tracefs: &Tracefs) -> Result<Self, BpfError> {
-        Ok(Self {
-            btf_vmlinux: std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
-            page_fault_user_tracepoint: tracefs.has_event("exceptions", "page_fault_user"),
-            kernel_release: crate::system::utsname()?.release,
-        })
-    }
-}
-
 /// Everything read from the maps at one instant.
 #[derive(Debug, Clone, Default)]
 pub struct BpfSnapshot {
@@ -354,14 +306,7 @@ impl Accounting {
             }
             (FaultSourceChoice::Tracepoint, false) => return Err(BpfError::NoFaultTracepoint),
         };
-        for (cat, name, path) in [
-            ("sched", "sched_switch", "sched/sched_switch"),
-            ("sched", "sched_process_free", "sched/sched_process_free"),
-        ] {
-            if !tracefs.has_event(cat, name) {
-                return Err(BpfError::NoTracepoint(path));
-            }
-        }
+        features::require_tracepoints(&tracefs)?;
 
         let switch = tracefs.format("sched", "sched_switch")?;
         let wakeup = tracefs.format("sched", "sched_wakeup")?;
@@ -434,8 +379,7 @@ impl Accounting {
         let track_wait_flag = u32::from(cfg.runq_wait);
         // Only the capture tier uses CAPTURE_EVENTS, but the map exists in
         // the object whatever runs, so probe even without a capture.
-        let ringbuf_ok =
-            !cfg.assume_no_ringbuf && aya::sys::is_map_supported(MapType::RingBuf).unwrap_or(false);
+        let ringbuf_ok = features::ringbuf_map_supported(cfg.assume_no_ringbuf);
         let transport = match (cfg.capture.map(|c| c.transport), ringbuf_ok) {
             (Some(CaptureTransportChoice::PerfArray), _) | (_, false) => {
                 if cfg.capture.map(|c| c.transport) == Some(CaptureTransportChoice::RingBuf) {
@@ -1237,15 +1181,6 @@ fn sum_per_cpu_hash<V: aya::Pod + Default>(
     Ok(out)
 }
 
-fn possible_cpu_count() -> Result<usize, BpfError> {
-    aya::util::nr_cpus().map_err(|(path, source)| {
-        BpfError::System(crate::system::SystemError::Read {
-            path: path.into(),
-            source,
-        })
-    })
-}
-
 fn map_err(name: &'static str) -> impl Fn(MapError) -> BpfError {
     move |source| BpfError::Map { name, source }
 }
@@ -1270,8 +1205,6 @@ fn load_tracepoint(ebpf: &mut Ebpf, name: &'static str) -> Result<(), BpfError> 
     let prog: &mut TracePoint = program(ebpf, name)?;
     prog.load().map_err(program_err(name))
 }
-
-const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// The program for scheduler `event` ("sched_switch", "sched_wakeup",
 /// "sched_wakeup_new").
