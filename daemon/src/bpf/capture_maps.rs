@@ -17,7 +17,10 @@ use aya::{
 };
 use vitals_common::{capture, names, CaptureControl};
 
-use super::{attach_err, map_err, program, Accounting, BpfError, CaptureSizing, TracepointLayout};
+use super::{
+    attach_err, map_err, program, program_err, Accounting, BpfError, CaptureSizing,
+    TracepointLayout,
+};
 
 /// How capture records get from the programs to user space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -104,10 +107,7 @@ impl Accounting {
             }
         }
         if flags & capture::FLAG_SCHED != 0 {
-            let name = match self.layout {
-                TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,
-                TracepointLayout::Portable => names::PROG_SCHED_WAKING,
-            };
+            let name = waking_program(self.layout);
             let ebpf = self.ebpf.as_mut().ok_or(BpfError::CaptureNotConfigured)?;
             let prog: &mut TracePoint = program(ebpf, name)?;
             let link = prog
@@ -134,10 +134,7 @@ impl Accounting {
     pub fn capture_pause(&mut self) -> Result<(), BpfError> {
         let res = self.set_capture(CaptureControl::default());
         if let Some(link) = self.waking_link.take() {
-            let name = match self.layout {
-                TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,
-                TracepointLayout::Portable => names::PROG_SCHED_WAKING,
-            };
+            let name = waking_program(self.layout);
             if let Some(Ok(prog)) = self
                 .ebpf
                 .as_mut()
@@ -192,10 +189,37 @@ impl Accounting {
     }
 }
 
+/// The sched_waking program of the classic programs' `layout`.
+fn waking_program(layout: TracepointLayout) -> &'static str {
+    match layout {
+        TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,
+        TracepointLayout::Portable => names::PROG_SCHED_WAKING,
+    }
+}
+
+/// With a capture configured (`sizing`): loads (verifies) sched_waking
+/// now, attached only while a capture runs, and takes the transport's
+/// buffers. None without one.
+pub(super) fn load_capture_tier(
+    ebpf: &mut Ebpf,
+    layout: TracepointLayout,
+    sizing: Option<CaptureSizing>,
+    transport: CaptureTransport,
+    page: u32,
+) -> Result<Option<CaptureOutput>, BpfError> {
+    let Some(sizing) = sizing else {
+        return Ok(None);
+    };
+    let name = waking_program(layout);
+    let prog: &mut TracePoint = program(ebpf, name)?;
+    prog.load().map_err(program_err(name))?;
+    take_capture_output(ebpf, transport, sizing, page).map(Some)
+}
+
 /// Takes the capture transport's map out of `ebpf`, with its buffers: for
 /// the perf array one perf buffer per online CPU, opened now so the memory
 /// is reserved at load as the ring buffer's is.
-pub(super) fn take_capture_output(
+fn take_capture_output(
     ebpf: &mut Ebpf,
     transport: CaptureTransport,
     sizing: CaptureSizing,

@@ -40,7 +40,7 @@ pub use self::config::{
 };
 pub use self::features::{Features, SchedPrograms, TracepointLayout};
 use self::{
-    capture_maps::{object_without_ringbuf, take_capture_output},
+    capture_maps::{load_capture_tier, object_without_ringbuf},
     features::{possible_cpu_count, read_pid_max, VMLINUX_BTF},
     tracefs::{Tracefs, TracefsError},
 };
@@ -530,18 +530,7 @@ impl Accounting {
                 None => "none (capture not configured)",
             }
         );
-        // Loaded (verified) now, attached only while a capture runs.
-        let waking_prog = match layout {
-            TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,
-            TracepointLayout::Portable => names::PROG_SCHED_WAKING,
-        };
-        let ring = match sizing {
-            Some(c) => {
-                load_tracepoint(&mut ebpf, waking_prog)?;
-                Some(take_capture_output(&mut ebpf, transport, c, page)?)
-            }
-            None => None,
-        };
+        let ring = load_capture_tier(&mut ebpf, layout, sizing, transport, page)?;
         Ok(Self {
             ebpf: Some(ebpf),
             pinned_maps: HashMap::new(),
@@ -925,11 +914,6 @@ fn attach_err(
         target,
         source,
     }
-}
-
-fn load_tracepoint(ebpf: &mut Ebpf, name: &'static str) -> Result<(), BpfError> {
-    let prog: &mut TracePoint = program(ebpf, name)?;
-    prog.load().map_err(program_err(name))
 }
 
 /// The program for scheduler `event` ("sched_switch", "sched_wakeup",
