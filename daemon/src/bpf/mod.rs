@@ -9,17 +9,17 @@ pub mod btf;
 mod capture_maps;
 mod config;
 mod features;
+mod read;
 pub mod totals;
 pub mod tracefs;
 
 use std::{
     collections::HashMap,
-    os::fd::AsFd,
     path::{Path, PathBuf},
 };
 
 use aya::{
-    maps::{HashMap as AyaHashMap, MapData, MapError, PerCpuArray, PerCpuHashMap},
+    maps::{MapData, MapError},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         trace_point::TracePointLinkId,
@@ -28,9 +28,7 @@ use aya::{
     Btf, Ebpf, EbpfError, EbpfLoader,
 };
 use thiserror::Error;
-use vitals_common::{
-    drop_reason, fixed_layout, names, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters,
-};
+use vitals_common::{fixed_layout, names};
 
 pub use self::capture_maps::{
     perf_pages_per_cpu, CaptureOutput, CaptureTransport, CaptureTransportChoice,
@@ -39,6 +37,7 @@ pub use self::config::{
     AccountingConfig, CaptureSizing, FaultSource, FaultSourceChoice, MapLimits, PinMode,
 };
 pub use self::features::{Features, SchedPrograms, TracepointLayout};
+pub use self::read::{BpfSnapshot, MapRead};
 use self::{
     capture_maps::{load_capture_tier, object_without_ringbuf},
     features::{possible_cpu_count, read_pid_max, VMLINUX_BTF},
@@ -157,26 +156,6 @@ const ACCOUNTING_MAPS: [&str; 5] = [
 /// bounded hash instead (systemd hosts set pid_max to 4194304).
 pub const WAKE_ARRAY_MAX_PIDS: u32 = 1 << 18;
 
-/// Everything read from the maps at one instant.
-#[derive(Debug, Clone, Default)]
-pub struct BpfSnapshot {
-    /// CLOCK_MONOTONIC (bpf_ktime_get_ns's clock) when CPU_STATE was read.
-    pub monotonic_ns: u64,
-    /// Live tasks, per-CPU slots summed. `oncpu_ns` here is only what was
-    /// attributed at switch-outs; see `inflight_ns`.
-    pub tasks: HashMap<u32, TaskCounters>,
-    /// On-CPU time of tasks running right now since their last switch-in,
-    /// not yet attributed by the kernel side. Read after `tasks`, so
-    /// `tasks[t].oncpu_ns + inflight_ns[t]` never exceeds the truth.
-    pub inflight_ns: HashMap<u32, u64>,
-    /// Freed tasks drained from EXITED by this read.
-    pub exited: Vec<(ExitKey, ExitedTask)>,
-    /// tgid -> fault counters of the whole process.
-    pub process_faults: HashMap<u32, FaultCounters>,
-    /// Cumulative drop counters, indexed by `drop_reason`.
-    pub drops: [u64; drop_reason::COUNT as usize],
-}
-
 /// Held for its links: dropping a program detaches what it attached.
 #[allow(dead_code)]
 enum PinnedProgram {
@@ -209,15 +188,6 @@ pub struct Accounting {
     /// How per-CPU hashes are read; `Batch` falls back to `Iterate` for
     /// good on a kernel without batch lookups.
     map_read: MapRead,
-}
-
-/// How `Accounting::read` walks the per-CPU hashes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MapRead {
-    /// BPF_MAP_LOOKUP_BATCH (Linux 5.6+).
-    Batch,
-    /// aya's iterator: get_next_key + lookup per entry.
-    Iterate,
 }
 
 impl Accounting {
@@ -581,102 +551,6 @@ impl Accounting {
         self.limits
     }
 
-    /// Reads every map. Tasks first, then CPU_STATE, so in-flight time is a
-    /// lower bound (see `BpfSnapshot::inflight_ns`). Drains EXITED.
-    pub fn read(&mut self) -> Result<BpfSnapshot, BpfError> {
-        let mut snap = BpfSnapshot::default();
-
-        // Freed tasks first: a task freed between this drain and the TASKS
-        // walk below is then seen live now and exited next time, never lost.
-        {
-            let map = self.map_mut(names::EXITED)?;
-            let mut exited: AyaHashMap<&mut MapData, ExitKey, ExitedTask> =
-                AyaHashMap::try_from(map).map_err(map_err(names::EXITED))?;
-            let keys: Vec<ExitKey> = exited.keys().filter_map(Result::ok).collect();
-            for key in keys {
-                match exited.get(&key, 0) {
-                    Ok(v) => snap.exited.push((key, v)),
-                    Err(MapError::KeyNotFound) => continue,
-                    Err(e) => {
-                        return Err(BpfError::Map {
-                            name: names::EXITED,
-                            source: e,
-                        })
-                    }
-                }
-                // Drained records are final values, not live counters.
-                let _ = exited.remove(&key);
-            }
-        }
-
-        snap.tasks = self.sum_per_cpu_hash(names::TASKS, TaskCounters::add)?;
-        snap.process_faults = self.sum_per_cpu_hash(names::PROCESS_FAULTS, FaultCounters::add)?;
-
-        {
-            let cpu_state: PerCpuArray<&MapData, CpuState> =
-                PerCpuArray::try_from(self.map(names::CPU_STATE)?)
-                    .map_err(map_err(names::CPU_STATE))?;
-            let per_cpu = cpu_state.get(&0, 0).map_err(map_err(names::CPU_STATE))?;
-            snap.monotonic_ns = crate::clock::monotonic_ns();
-            for s in per_cpu.iter() {
-                if s.valid != 0 && snap.monotonic_ns > s.last_switch_ns {
-                    *snap.inflight_ns.entry(s.running_tid).or_default() +=
-                        snap.monotonic_ns - s.last_switch_ns;
-                }
-            }
-        }
-
-        {
-            let drops: PerCpuArray<&MapData, u64> =
-                PerCpuArray::try_from(self.map(names::DROPS)?).map_err(map_err(names::DROPS))?;
-            for reason in 0..drop_reason::COUNT {
-                let per_cpu = drops.get(&reason, 0).map_err(map_err(names::DROPS))?;
-                snap.drops[reason as usize] = per_cpu.iter().sum();
-            }
-        }
-        Ok(snap)
-    }
-
-    /// How per-CPU hashes are read now.
-    pub fn map_read(&self) -> MapRead {
-        self.map_read
-    }
-
-    /// Forces a way of reading the per-CPU hashes; for tests comparing them.
-    #[doc(hidden)]
-    pub fn set_map_read(&mut self, how: MapRead) {
-        self.map_read = how;
-    }
-
-    /// One per-CPU hash with u32 keys, each key's slots summed with `add`.
-    fn sum_per_cpu_hash<V: aya::Pod + Default>(
-        &mut self,
-        name: &'static str,
-        add: fn(&mut V, &V),
-    ) -> Result<HashMap<u32, V>, BpfError> {
-        if self.map_read == MapRead::Batch {
-            if let aya::maps::Map::PerCpuHashMap(data) = self.map(name)? {
-                let ncpus = possible_cpu_count()?;
-                let mut out = HashMap::new();
-                let batched =
-                    batch::percpu_hash_u32::<V>(data.fd().as_fd(), ncpus, |key, slots| {
-                        let mut sum = V::default();
-                        for slot in slots {
-                            add(&mut sum, slot);
-                        }
-                        out.insert(key, sum);
-                    })
-                    .map_err(|source| BpfError::Batch { name, source })?;
-                if batched {
-                    return Ok(out);
-                }
-                log::info!("no BPF_MAP_LOOKUP_BATCH on this kernel; iterating the maps");
-                self.map_read = MapRead::Iterate;
-            }
-        }
-        sum_per_cpu_hash(self.map(name)?, name, add)
-    }
-
     fn map(&self, name: &'static str) -> Result<&aya::maps::Map, BpfError> {
         self.pinned_maps
             .get(name)
@@ -868,32 +742,6 @@ fn check_capabilities() -> Result<(), BpfError> {
         missing: missing.join(" and "),
         have: crate::privileges::describe(&have),
     })
-}
-
-/// Every entry of a per-CPU hash keyed by u32, its slots summed over
-/// possible CPUs with `add`. Keys freed between get_next_key and the lookup
-/// are skipped: that race is normal for tasks exiting during the walk.
-fn sum_per_cpu_hash<V: aya::Pod + Default>(
-    map: &aya::maps::Map,
-    name: &'static str,
-    add: fn(&mut V, &V),
-) -> Result<HashMap<u32, V>, BpfError> {
-    let hash: PerCpuHashMap<&MapData, u32, V> =
-        PerCpuHashMap::try_from(map).map_err(map_err(name))?;
-    let mut out = HashMap::new();
-    for item in hash.iter() {
-        let (key, per_cpu) = match item {
-            Ok(kv) => kv,
-            Err(MapError::KeyNotFound) => continue,
-            Err(source) => return Err(BpfError::Map { name, source }),
-        };
-        let mut sum = V::default();
-        for slot in per_cpu.iter() {
-            add(&mut sum, slot);
-        }
-        out.insert(key, sum);
-    }
-    Ok(out)
 }
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> BpfError {
