@@ -1,0 +1,245 @@
+//! Pinned objects on a bpffs: the pin names (bpfloader's `prog_vitals_*`
+//! and `map_vitals_*` scheme, and the names `vitalsd pin` gives), and
+//! attaching the programs bpfloader pinned, the only way in on Android user
+//! builds (`PinMode::AttachFrom`).
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::MapData,
+    programs::{
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        PerfEvent, TracePoint,
+    },
+};
+use vitals_common::names;
+
+use super::{
+    attach_err, map_err, tracefs::Tracefs, Accounting, AccountingConfig, BpfError,
+    CaptureTransport, FaultSource, FaultSourceChoice, Features, MapRead, SchedPrograms,
+    TracepointLayout,
+};
+
+/// Pin names follow bpfloader's scheme, `prog_<object>_<program>` and
+/// `map_<object>_<map>`, with object name `vitals`.
+pub fn pinned_prog_path(dir: &Path, prog: &str) -> PathBuf {
+    dir.join(format!("prog_vitals_{prog}"))
+}
+
+/// The pin bpfloader gives a program of `cargo xtask android-bpf`'s
+/// `vitals.o`: `prog_vitals_<section, '/' -> '_'>` (AOSP Loader.cpp), so
+/// named after the tracepoint, not the function. Keep in step with
+/// `xtask/src/android_bpf.rs` PROGRAMS.
+pub fn bpfloader_prog_path(dir: &Path, prog: &str) -> Option<PathBuf> {
+    let section = match prog {
+        names::PROG_SCHED_SWITCH_FIXED => "tracepoint_sched_sched_switch",
+        names::PROG_SCHED_WAKEUP_FIXED => "tracepoint_sched_sched_wakeup",
+        names::PROG_SCHED_WAKEUP_NEW_FIXED => "tracepoint_sched_sched_wakeup_new",
+        names::PROG_SCHED_PROCESS_FREE => "tracepoint_sched_sched_process_free",
+        names::PROG_PAGE_FAULT_USER => "tracepoint_exceptions_page_fault_user",
+        names::PROG_PERF_MINFLT => "perf_event_minflt",
+        names::PROG_PERF_MAJFLT => "perf_event_majflt",
+        _ => return None,
+    };
+    Some(dir.join(format!("prog_vitals_{section}")))
+}
+
+/// Where to look for a pinned program: bpfloader's name first, then the
+/// `vitalsd pin` name.
+fn pinned_prog_candidates(dir: &Path, prog: &str) -> Vec<PathBuf> {
+    bpfloader_prog_path(dir, prog)
+        .into_iter()
+        .chain([pinned_prog_path(dir, prog)])
+        .collect()
+}
+
+pub fn pinned_map_path(dir: &Path, map: &str) -> PathBuf {
+    dir.join(format!("map_vitals_{map}"))
+}
+
+/// The maps the always-on path reads.
+const ACCOUNTING_MAPS: [&str; 5] = [
+    names::TASKS,
+    names::PROCESS_FAULTS,
+    names::EXITED,
+    names::CPU_STATE,
+    names::DROPS,
+];
+
+/// Held for its links: dropping a program detaches what it attached.
+#[allow(dead_code)]
+pub(super) enum PinnedProgram {
+    TracePoint(TracePoint),
+    Perf(PerfEvent),
+}
+
+impl Accounting {
+    /// Attaches the programs pinned in `dir` and opens the pinned maps.
+    /// Their load-time settings (field offsets, map sizes) are whatever the
+    /// loader gave them; the capture tier is not available this way.
+    pub(super) fn attach_pinned(cfg: &AccountingConfig, dir: &Path) -> Result<Self, BpfError> {
+        let tracefs = Tracefs::find_or_mount()?;
+        let features = Features::probe(&tracefs)?;
+        let mut pinned_maps = HashMap::new();
+        for name in ACCOUNTING_MAPS {
+            let path = pinned_map_path(dir, name);
+            let data = MapData::from_pin(&path).map_err(map_err(name))?;
+            pinned_maps.insert(
+                name,
+                aya::maps::Map::from_map_data(data).map_err(map_err(name))?,
+            );
+        }
+        let mut programs = Vec::new();
+        let open = |name: &str| {
+            pinned_prog_candidates(dir, name)
+                .into_iter()
+                .find_map(|p| TracePoint::from_pin(p).ok())
+        };
+        let mut attach = |mut prog: TracePoint, name: &'static str, cat: &str, ev: &str| {
+            prog.attach(cat, ev)
+                .map_err(attach_err(name, format!("tracepoint {cat}/{ev} (pinned)")))?;
+            programs.push(PinnedProgram::TracePoint(prog));
+            Ok::<(), BpfError>(())
+        };
+        let (layout, switch, wakeup, wakeup_new) =
+            if let Some(p) = open(names::PROG_SCHED_SWITCH_FIXED) {
+                (
+                    TracepointLayout::Fixed,
+                    p,
+                    names::PROG_SCHED_WAKEUP_FIXED,
+                    names::PROG_SCHED_WAKEUP_NEW_FIXED,
+                )
+            } else if let Some(p) = open(names::PROG_SCHED_SWITCH) {
+                (
+                    TracepointLayout::Portable,
+                    p,
+                    names::PROG_SCHED_WAKEUP,
+                    names::PROG_SCHED_WAKEUP_NEW,
+                )
+            } else {
+                return Err(BpfError::Missing("pinned sched_switch program"));
+            };
+        attach(switch, names::PROG_SCHED_SWITCH, "sched", "sched_switch")?;
+        let runq_wait = match (open(wakeup), open(wakeup_new)) {
+            (Some(w), Some(wn)) => {
+                attach(w, names::PROG_SCHED_WAKEUP, "sched", "sched_wakeup")?;
+                attach(
+                    wn,
+                    names::PROG_SCHED_WAKEUP_NEW,
+                    "sched",
+                    "sched_wakeup_new",
+                )?;
+                true
+            }
+            _ => false,
+        };
+        let free = open(names::PROG_SCHED_PROCESS_FREE)
+            .ok_or(BpfError::Missing("pinned sched_process_free program"))?;
+        attach(
+            free,
+            names::PROG_SCHED_PROCESS_FREE,
+            "sched",
+            "sched_process_free",
+        )?;
+        let fault_tp =
+            open(names::PROG_PAGE_FAULT_USER).filter(|_| features.page_fault_user_tracepoint);
+        let fault_source = if cfg.fault_source == FaultSourceChoice::Off {
+            FaultSource::None
+        } else if let (Some(p), false) =
+            (fault_tp, cfg.fault_source == FaultSourceChoice::PerfEvent)
+        {
+            attach(
+                p,
+                names::PROG_PAGE_FAULT_USER,
+                "exceptions",
+                "page_fault_user",
+            )?;
+            FaultSource::Tracepoint
+        } else {
+            let cpus = crate::system::online_cpus(Path::new("/sys"))?;
+            let mut found = false;
+            for (name, event) in [
+                (names::PROG_PERF_MINFLT, SoftwareEvent::PageFaultsMin),
+                (names::PROG_PERF_MAJFLT, SoftwareEvent::PageFaultsMaj),
+            ] {
+                let Some(mut prog) = pinned_prog_candidates(dir, name)
+                    .into_iter()
+                    .find_map(|p| PerfEvent::from_pin(p).ok())
+                else {
+                    continue;
+                };
+                for &cpu in &cpus {
+                    prog.attach(
+                        PerfEventConfig::Software(event),
+                        PerfEventScope::AllProcessesOneCpu { cpu },
+                        SamplePolicy::Period(1),
+                        false,
+                    )
+                    .map_err(attach_err(
+                        name,
+                        format!("perf software event {event:?} on cpu {cpu} (pinned)"),
+                    ))?;
+                }
+                programs.push(PinnedProgram::Perf(prog));
+                found = true;
+            }
+            if found {
+                FaultSource::PerfEvent
+            } else {
+                FaultSource::None
+            }
+        };
+        log::info!(
+            "eBPF accounting attached from pins in {}: fault source {}; {:?} tracepoint layout; runqueue wait {}",
+            dir.display(),
+            fault_source.describe(),
+            layout,
+            if runq_wait { "on" } else { "off (no pinned wakeup programs)" }
+        );
+        Ok(Self {
+            ebpf: None,
+            pinned_maps,
+            pinned_programs: programs,
+            fault_source,
+            features,
+            limits: cfg.limits,
+            layout,
+            sched_programs: SchedPrograms::Classic,
+            runq_wait,
+            capture_sizing: None,
+            transport: CaptureTransport::RingBuf,
+            ring: None,
+            waking_link: None,
+            map_read: MapRead::Batch,
+        })
+    }
+}
+
+#[cfg(test)]
+mod pin_name_tests {
+    use super::*;
+
+    #[test]
+    fn bpfloader_names_come_first_and_vitalsd_pin_names_still_work() {
+        let dir = Path::new("/sys/fs/bpf");
+        assert_eq!(
+            pinned_prog_candidates(dir, names::PROG_SCHED_SWITCH_FIXED),
+            [
+                dir.join("prog_vitals_tracepoint_sched_sched_switch"),
+                dir.join("prog_vitals_sched_switch_fixed"),
+            ]
+        );
+        assert_eq!(
+            pinned_prog_candidates(dir, names::PROG_PERF_MINFLT)[0],
+            dir.join("prog_vitals_perf_event_minflt")
+        );
+        // Portable programs are not in the bpfloader object.
+        assert_eq!(
+            pinned_prog_candidates(dir, names::PROG_SCHED_SWITCH),
+            [dir.join("prog_vitals_sched_switch")]
+        );
+    }
+}
