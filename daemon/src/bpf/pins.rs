@@ -83,115 +83,13 @@ impl Accounting {
     pub(super) fn attach_pinned(cfg: &AccountingConfig, dir: &Path) -> Result<Self, BpfError> {
         let tracefs = Tracefs::find_or_mount()?;
         let features = Features::probe(&tracefs)?;
-        let mut pinned_maps = HashMap::new();
-        for name in ACCOUNTING_MAPS {
-            let path = pinned_map_path(dir, name);
-            let data = MapData::from_pin(&path).map_err(map_err(name))?;
-            pinned_maps.insert(
-                name,
-                aya::maps::Map::from_map_data(data).map_err(map_err(name))?,
-            );
-        }
-        let mut programs = Vec::new();
-        let open = |name: &str| {
-            pinned_prog_candidates(dir, name)
-                .into_iter()
-                .find_map(|p| TracePoint::from_pin(p).ok())
+        let pinned_maps = open_pinned_maps(dir)?;
+        let mut pins = PinnedAttach {
+            dir,
+            programs: Vec::new(),
         };
-        let mut attach = |mut prog: TracePoint, name: &'static str, cat: &str, ev: &str| {
-            prog.attach(cat, ev)
-                .map_err(attach_err(name, format!("tracepoint {cat}/{ev} (pinned)")))?;
-            programs.push(PinnedProgram::TracePoint(prog));
-            Ok::<(), BpfError>(())
-        };
-        let (layout, switch, wakeup, wakeup_new) =
-            if let Some(p) = open(names::PROG_SCHED_SWITCH_FIXED) {
-                (
-                    TracepointLayout::Fixed,
-                    p,
-                    names::PROG_SCHED_WAKEUP_FIXED,
-                    names::PROG_SCHED_WAKEUP_NEW_FIXED,
-                )
-            } else if let Some(p) = open(names::PROG_SCHED_SWITCH) {
-                (
-                    TracepointLayout::Portable,
-                    p,
-                    names::PROG_SCHED_WAKEUP,
-                    names::PROG_SCHED_WAKEUP_NEW,
-                )
-            } else {
-                return Err(BpfError::Missing("pinned sched_switch program"));
-            };
-        attach(switch, names::PROG_SCHED_SWITCH, "sched", "sched_switch")?;
-        let runq_wait = match (open(wakeup), open(wakeup_new)) {
-            (Some(w), Some(wn)) => {
-                attach(w, names::PROG_SCHED_WAKEUP, "sched", "sched_wakeup")?;
-                attach(
-                    wn,
-                    names::PROG_SCHED_WAKEUP_NEW,
-                    "sched",
-                    "sched_wakeup_new",
-                )?;
-                true
-            }
-            _ => false,
-        };
-        let free = open(names::PROG_SCHED_PROCESS_FREE)
-            .ok_or(BpfError::Missing("pinned sched_process_free program"))?;
-        attach(
-            free,
-            names::PROG_SCHED_PROCESS_FREE,
-            "sched",
-            "sched_process_free",
-        )?;
-        let fault_tp =
-            open(names::PROG_PAGE_FAULT_USER).filter(|_| features.page_fault_user_tracepoint);
-        let fault_source = if cfg.fault_source == FaultSourceChoice::Off {
-            FaultSource::None
-        } else if let (Some(p), false) =
-            (fault_tp, cfg.fault_source == FaultSourceChoice::PerfEvent)
-        {
-            attach(
-                p,
-                names::PROG_PAGE_FAULT_USER,
-                "exceptions",
-                "page_fault_user",
-            )?;
-            FaultSource::Tracepoint
-        } else {
-            let cpus = crate::system::online_cpus(Path::new("/sys"))?;
-            let mut found = false;
-            for (name, event) in [
-                (names::PROG_PERF_MINFLT, SoftwareEvent::PageFaultsMin),
-                (names::PROG_PERF_MAJFLT, SoftwareEvent::PageFaultsMaj),
-            ] {
-                let Some(mut prog) = pinned_prog_candidates(dir, name)
-                    .into_iter()
-                    .find_map(|p| PerfEvent::from_pin(p).ok())
-                else {
-                    continue;
-                };
-                for &cpu in &cpus {
-                    prog.attach(
-                        PerfEventConfig::Software(event),
-                        PerfEventScope::AllProcessesOneCpu { cpu },
-                        SamplePolicy::Period(1),
-                        false,
-                    )
-                    .map_err(attach_err(
-                        name,
-                        format!("perf software event {event:?} on cpu {cpu} (pinned)"),
-                    ))?;
-                }
-                programs.push(PinnedProgram::Perf(prog));
-                found = true;
-            }
-            if found {
-                FaultSource::PerfEvent
-            } else {
-                FaultSource::None
-            }
-        };
+        let (layout, runq_wait) = pins.attach_sched()?;
+        let fault_source = pins.attach_faults(cfg.fault_source, &features)?;
         log::info!(
             "eBPF accounting attached from pins in {}: fault source {}; {:?} tracepoint layout; runqueue wait {}",
             dir.display(),
@@ -202,7 +100,7 @@ impl Accounting {
         Ok(Self {
             ebpf: None,
             pinned_maps,
-            pinned_programs: programs,
+            pinned_programs: pins.programs,
             fault_source,
             features,
             limits: cfg.limits,
@@ -214,6 +112,159 @@ impl Accounting {
             ring: None,
             waking_link: None,
             map_read: MapRead::Batch,
+        })
+    }
+}
+
+/// The pinned maps the always-on path reads (`ACCOUNTING_MAPS`).
+fn open_pinned_maps(dir: &Path) -> Result<HashMap<&'static str, aya::maps::Map>, BpfError> {
+    let mut pinned_maps = HashMap::new();
+    for name in ACCOUNTING_MAPS {
+        let path = pinned_map_path(dir, name);
+        let data = MapData::from_pin(&path).map_err(map_err(name))?;
+        pinned_maps.insert(
+            name,
+            aya::maps::Map::from_map_data(data).map_err(map_err(name))?,
+        );
+    }
+    Ok(pinned_maps)
+}
+
+/// Attaching the programs pinned in `dir`. Each one attached is kept in
+/// `programs`: dropping it would detach it.
+struct PinnedAttach<'a> {
+    dir: &'a Path,
+    programs: Vec<PinnedProgram>,
+}
+
+impl PinnedAttach<'_> {
+    /// The tracepoint program `name` pinned under either name.
+    fn open(&self, name: &str) -> Option<TracePoint> {
+        pinned_prog_candidates(self.dir, name)
+            .into_iter()
+            .find_map(|p| TracePoint::from_pin(p).ok())
+    }
+
+    fn attach(
+        &mut self,
+        mut prog: TracePoint,
+        name: &'static str,
+        cat: &str,
+        ev: &str,
+    ) -> Result<(), BpfError> {
+        prog.attach(cat, ev)
+            .map_err(attach_err(name, format!("tracepoint {cat}/{ev} (pinned)")))?;
+        self.programs.push(PinnedProgram::TracePoint(prog));
+        Ok(())
+    }
+
+    /// sched_switch in whichever layout is pinned (fixed first), the two
+    /// wakeup programs if both are pinned, and sched_process_free. Returns
+    /// the layout and whether runqueue wait is measured.
+    fn attach_sched(&mut self) -> Result<(TracepointLayout, bool), BpfError> {
+        let (layout, switch, wakeup, wakeup_new) =
+            if let Some(p) = self.open(names::PROG_SCHED_SWITCH_FIXED) {
+                (
+                    TracepointLayout::Fixed,
+                    p,
+                    names::PROG_SCHED_WAKEUP_FIXED,
+                    names::PROG_SCHED_WAKEUP_NEW_FIXED,
+                )
+            } else if let Some(p) = self.open(names::PROG_SCHED_SWITCH) {
+                (
+                    TracepointLayout::Portable,
+                    p,
+                    names::PROG_SCHED_WAKEUP,
+                    names::PROG_SCHED_WAKEUP_NEW,
+                )
+            } else {
+                return Err(BpfError::Missing("pinned sched_switch program"));
+            };
+        self.attach(switch, names::PROG_SCHED_SWITCH, "sched", "sched_switch")?;
+        let runq_wait = match (self.open(wakeup), self.open(wakeup_new)) {
+            (Some(w), Some(wn)) => {
+                self.attach(w, names::PROG_SCHED_WAKEUP, "sched", "sched_wakeup")?;
+                self.attach(
+                    wn,
+                    names::PROG_SCHED_WAKEUP_NEW,
+                    "sched",
+                    "sched_wakeup_new",
+                )?;
+                true
+            }
+            _ => false,
+        };
+        let free = self
+            .open(names::PROG_SCHED_PROCESS_FREE)
+            .ok_or(BpfError::Missing("pinned sched_process_free program"))?;
+        self.attach(
+            free,
+            names::PROG_SCHED_PROCESS_FREE,
+            "sched",
+            "sched_process_free",
+        )?;
+        Ok((layout, runq_wait))
+    }
+
+    /// The page-fault tracepoint where it is pinned, the kernel has it and
+    /// `choice` allows it; else the pinned perf programs; else none.
+    fn attach_faults(
+        &mut self,
+        choice: FaultSourceChoice,
+        features: &Features,
+    ) -> Result<FaultSource, BpfError> {
+        let fault_tp = self
+            .open(names::PROG_PAGE_FAULT_USER)
+            .filter(|_| features.page_fault_user_tracepoint);
+        if choice == FaultSourceChoice::Off {
+            Ok(FaultSource::None)
+        } else if let (Some(p), false) = (fault_tp, choice == FaultSourceChoice::PerfEvent) {
+            self.attach(
+                p,
+                names::PROG_PAGE_FAULT_USER,
+                "exceptions",
+                "page_fault_user",
+            )?;
+            Ok(FaultSource::Tracepoint)
+        } else {
+            self.attach_perf_faults()
+        }
+    }
+
+    /// The pinned minflt and majflt programs, each on a perf software event
+    /// per online CPU; `PerfEvent` if either is pinned.
+    fn attach_perf_faults(&mut self) -> Result<FaultSource, BpfError> {
+        let cpus = crate::system::online_cpus(Path::new("/sys"))?;
+        let mut found = false;
+        for (name, event) in [
+            (names::PROG_PERF_MINFLT, SoftwareEvent::PageFaultsMin),
+            (names::PROG_PERF_MAJFLT, SoftwareEvent::PageFaultsMaj),
+        ] {
+            let Some(mut prog) = pinned_prog_candidates(self.dir, name)
+                .into_iter()
+                .find_map(|p| PerfEvent::from_pin(p).ok())
+            else {
+                continue;
+            };
+            for &cpu in &cpus {
+                prog.attach(
+                    PerfEventConfig::Software(event),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Period(1),
+                    false,
+                )
+                .map_err(attach_err(
+                    name,
+                    format!("perf software event {event:?} on cpu {cpu} (pinned)"),
+                ))?;
+            }
+            self.programs.push(PinnedProgram::Perf(prog));
+            found = true;
+        }
+        Ok(if found {
+            FaultSource::PerfEvent
+        } else {
+            FaultSource::None
         })
     }
 }
