@@ -69,6 +69,23 @@ impl CaptureTransport {
             CaptureTransport::PerfArray => capture::TRANSPORT_PERF_ARRAY,
         }
     }
+
+    /// The transport for `choice` (None: no capture configured) on a
+    /// kernel with or without the ring buffer map.
+    pub(super) fn choose(
+        choice: Option<CaptureTransportChoice>,
+        ringbuf_ok: bool,
+    ) -> Result<Self, BpfError> {
+        match (choice, ringbuf_ok) {
+            (Some(CaptureTransportChoice::PerfArray), _) | (_, false) => {
+                if choice == Some(CaptureTransportChoice::RingBuf) {
+                    return Err(BpfError::NoRingBuf);
+                }
+                Ok(CaptureTransport::PerfArray)
+            }
+            _ => Ok(CaptureTransport::RingBuf),
+        }
+    }
 }
 
 /// The user-space end of the capture transport: lent to a capture by
@@ -187,6 +204,34 @@ impl Accounting {
             }),
         }
     }
+}
+
+/// max_entries of CAPTURE_EVENTS, CAPTURE_STACKS and CAPTURE_FAULT_CTR.
+/// Without a capture configured (`sizing` None) the capture maps take
+/// their minimum size, so the always-on tier's memory does not grow.
+pub(super) fn capture_map_sizes(
+    sizing: Option<CaptureSizing>,
+    transport: CaptureTransport,
+    ringbuf_ok: bool,
+    page: u32,
+) -> [(&'static str, u32); 3] {
+    // The ring buffer goes unused with the perf array: minimum.
+    let ring_bytes = match (sizing, transport, ringbuf_ok) {
+        (_, _, false) => 1,
+        (Some(c), CaptureTransport::RingBuf, _) => c.ring_bytes.max(page).next_power_of_two(),
+        _ => page,
+    };
+    [
+        (names::CAPTURE_EVENTS, ring_bytes),
+        (
+            names::CAPTURE_STACKS,
+            sizing.map_or(1, |c| c.stack_entries.max(1)),
+        ),
+        (
+            names::CAPTURE_FAULT_CTR,
+            sizing.map_or(1, |c| c.fault_processes.max(1)),
+        ),
+    ]
 }
 
 /// The sched_waking program of the classic programs' `layout`.

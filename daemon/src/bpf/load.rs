@@ -17,12 +17,14 @@ use vitals_common::{fixed_layout, names};
 
 use super::{
     attach_err, btf,
-    capture_maps::{load_capture_tier, object_without_ringbuf},
+    capture_maps::{capture_map_sizes, load_capture_tier, object_without_ringbuf, AlignedObject},
     features::{self, possible_cpu_count, read_pid_max, VMLINUX_BTF},
-    pinned_map_path, pinned_prog_path, program, program_err,
+    pinned_map_path, pinned_prog_path,
+    pins::pin_maps,
+    program, program_err,
     tracefs::Tracefs,
-    Accounting, AccountingConfig, BpfError, CaptureTransport, CaptureTransportChoice, FaultSource,
-    FaultSourceChoice, Features, MapRead, PinMode, SchedPrograms, TracepointLayout, EBPF_OBJECT,
+    Accounting, AccountingConfig, BpfError, CaptureTransport, FaultSource, FaultSourceChoice,
+    Features, MapRead, PinMode, SchedPrograms, TracepointLayout, EBPF_OBJECT,
 };
 
 /// Above this pid_max the wakeup array would cost more than 2 MiB; use the
@@ -48,23 +50,104 @@ impl Accounting {
         };
         let tracefs = Tracefs::find_or_mount()?;
         let features = Features::probe(&tracefs)?;
-        let fault_source = match (cfg.fault_source, features.page_fault_user_tracepoint) {
-            (FaultSourceChoice::Off, _) => FaultSource::None,
-            (FaultSourceChoice::PerfEvent, _) | (FaultSourceChoice::Auto, false) => {
-                FaultSource::PerfEvent
-            }
-            (FaultSourceChoice::Tracepoint | FaultSourceChoice::Auto, true) => {
-                FaultSource::Tracepoint
-            }
-            (FaultSourceChoice::Tracepoint, false) => return Err(BpfError::NoFaultTracepoint),
-        };
+        let fault_source = choose_fault_source(cfg.fault_source, &features)?;
         features::require_tracepoints(&tracefs)?;
+        let offsets = FieldOffsets::read(&tracefs)?;
+        let settings = LoadSettings::choose(cfg, &features, pin_to.is_some())?;
+        let mut ebpf = settings.load(cfg, &offsets)?;
+        let layout = offsets.layout(&tracefs, cfg.force_portable_layout)?;
+        let sched_programs = attach_sched(
+            &mut ebpf,
+            cfg.runq_wait,
+            layout,
+            settings.btf_offsets.is_some(),
+            pin_to,
+        )?;
+        attach_tracepoint(
+            &mut ebpf,
+            names::PROG_SCHED_PROCESS_FREE,
+            "sched",
+            "sched_process_free",
+            pin_to,
+        )?;
+        attach_fault_source(&mut ebpf, fault_source, pin_to)?;
+        if let Some(dir) = pin_to {
+            pin_maps(&ebpf, dir)?;
+        }
+        log::info!(
+            "eBPF accounting {}: fault source {}; scheduler programs {}; wakeup times in {}; {} possible CPUs; BTF {}; capture transport {}",
+            if pin_to.is_some() { "loaded" } else { "attached" },
+            fault_source.describe(),
+            match sched_programs {
+                SchedPrograms::Btf => "tp_btf".to_string(),
+                SchedPrograms::Classic => format!("classic tracepoints, {layout:?} layout"),
+            },
+            if settings.wake_array { "an array (pid_max small)" } else { "a bounded hash" },
+            settings.nr_cpus,
+            if features.btf_vmlinux { "yes" } else { "no" },
+            match cfg.capture {
+                Some(_) => settings.transport.name(),
+                None => "none (capture not configured)",
+            }
+        );
+        let ring = load_capture_tier(
+            &mut ebpf,
+            layout,
+            cfg.capture,
+            settings.transport,
+            settings.page,
+        )?;
+        Ok(Self {
+            ebpf: Some(ebpf),
+            pinned_maps: HashMap::new(),
+            pinned_programs: Vec::new(),
+            fault_source,
+            features,
+            limits: cfg.limits,
+            layout,
+            sched_programs,
+            runq_wait: cfg.runq_wait,
+            capture_sizing: cfg.capture,
+            transport: settings.transport,
+            ring,
+            waking_link: None,
+            map_read: MapRead::Batch,
+        })
+    }
+}
 
+/// The fault source for `choice` on this kernel.
+fn choose_fault_source(
+    choice: FaultSourceChoice,
+    features: &Features,
+) -> Result<FaultSource, BpfError> {
+    Ok(match (choice, features.page_fault_user_tracepoint) {
+        (FaultSourceChoice::Off, _) => FaultSource::None,
+        (FaultSourceChoice::PerfEvent, _) | (FaultSourceChoice::Auto, false) => {
+            FaultSource::PerfEvent
+        }
+        (FaultSourceChoice::Tracepoint | FaultSourceChoice::Auto, true) => FaultSource::Tracepoint,
+        (FaultSourceChoice::Tracepoint, false) => return Err(BpfError::NoFaultTracepoint),
+    })
+}
+
+/// Tracepoint field offsets from the tracefs format files, which the
+/// classic programs get as globals.
+struct FieldOffsets {
+    /// Fields the always-on programs read.
+    sched: [(&'static str, u32); 5],
+    /// Fields the capture records copy, with the offset `fixed_layout`
+    /// expects each at.
+    capture: [(&'static str, u32, u32); 7],
+}
+
+impl FieldOffsets {
+    fn read(tracefs: &Tracefs) -> Result<Self, BpfError> {
         let switch = tracefs.format("sched", "sched_switch")?;
         let wakeup = tracefs.format("sched", "sched_wakeup")?;
         let free = tracefs.format("sched", "sched_process_free")?;
         let waking = tracefs.format("sched", "sched_waking")?;
-        let capture_offsets: [(&str, u32, u32); 7] = [
+        let capture = [
             (
                 names::G_SWITCH_PREV_PRIO,
                 switch.offset_of("prev_prio", 4)?,
@@ -101,7 +184,7 @@ impl Accounting {
                 fixed_layout::WAKING_TARGET_CPU,
             ),
         ];
-        let offsets: [(&str, u32); 5] = [
+        let sched = [
             (names::G_SWITCH_PREV_PID, switch.offset_of("prev_pid", 4)?),
             (
                 names::G_SWITCH_PREV_STATE,
@@ -111,8 +194,59 @@ impl Accounting {
             (names::G_WAKEUP_PID, wakeup.offset_of("pid", 4)?),
             (names::G_FREE_PID, free.offset_of("pid", 4)?),
         ];
-        let nr_cpus = possible_cpu_count()? as u32;
+        Ok(Self { sched, capture })
+    }
 
+    /// `Fixed` where every field sits where `fixed_layout` says (and
+    /// sched_wakeup_new's pid where sched_wakeup's does), unless a test
+    /// forces the portable programs.
+    fn layout(
+        &self,
+        tracefs: &Tracefs,
+        force_portable: bool,
+    ) -> Result<TracepointLayout, BpfError> {
+        let wakeup_new = tracefs.format("sched", "sched_wakeup_new")?;
+        let fixed_matches = self.sched[0].1 == fixed_layout::SWITCH_PREV_PID
+            && self.sched[1].1 == fixed_layout::SWITCH_PREV_STATE
+            && self.sched[2].1 == fixed_layout::SWITCH_NEXT_PID
+            && self.sched[3].1 == fixed_layout::WAKEUP_PID
+            && wakeup_new.offset_of("pid", 4)? == fixed_layout::WAKEUP_PID
+            && self.capture.iter().all(|(_, off, fixed)| off == fixed);
+        Ok(if fixed_matches && !force_portable {
+            TracepointLayout::Fixed
+        } else {
+            TracepointLayout::Portable
+        })
+    }
+}
+
+/// What the load sets in the object besides the field offsets, chosen
+/// from the config and the kernel before anything is loaded.
+struct LoadSettings {
+    /// Possible CPUs (the programs' NR_CPUS).
+    nr_cpus: u32,
+    /// Wakeup times in the array indexed by tid, not the bounded hash.
+    wake_array: bool,
+    wake_array_len: u32,
+    wake_hash_len: u32,
+    ringbuf_ok: bool,
+    transport: CaptureTransport,
+    /// The object rewritten without BPF_MAP_TYPE_RINGBUF, where the kernel
+    /// has none; None: the embedded object as it is.
+    patched: Option<AlignedObject>,
+    /// `struct task_struct` offsets for the tp_btf programs; None: attach
+    /// the classic tracepoints.
+    btf_offsets: Option<btf::TaskStructOffsets>,
+    page: u32,
+}
+
+impl LoadSettings {
+    fn choose(
+        cfg: &AccountingConfig,
+        features: &Features,
+        pinning: bool,
+    ) -> Result<Self, BpfError> {
+        let nr_cpus = possible_cpu_count()? as u32;
         // Wakeup times in an array indexed by tid when pid_max keeps it
         // small (8 bytes a pid): its lookups are inlined, a hash's are not.
         // Not fatal: Android's policy does not grant pid_max (see
@@ -127,24 +261,12 @@ impl Accounting {
         } else {
             (1, cfg.limits.max_tasks)
         };
-        let wake_array_flag = u32::from(wake_array);
-        let track_wait_flag = u32::from(cfg.runq_wait);
         // Only the capture tier uses CAPTURE_EVENTS, but the map exists in
         // the object whatever runs, so probe even without a capture.
         let ringbuf_ok = features::ringbuf_map_supported(cfg.assume_no_ringbuf);
-        let transport = match (cfg.capture.map(|c| c.transport), ringbuf_ok) {
-            (Some(CaptureTransportChoice::PerfArray), _) | (_, false) => {
-                if cfg.capture.map(|c| c.transport) == Some(CaptureTransportChoice::RingBuf) {
-                    return Err(BpfError::NoRingBuf);
-                }
-                CaptureTransport::PerfArray
-            }
-            _ => CaptureTransport::RingBuf,
-        };
-        let transport_flag = transport.rodata();
-        let patched;
-        let object: &[u8] = if ringbuf_ok {
-            EBPF_OBJECT
+        let transport = CaptureTransport::choose(cfg.capture.map(|c| c.transport), ringbuf_ok)?;
+        let patched = if ringbuf_ok {
+            None
         } else {
             // aya creates every map in the object and fails the load when
             // one cannot be created; EbpfLoader::allow_unsupported_maps does
@@ -155,208 +277,185 @@ impl Accounting {
             // it, but only from the ringbuf branch of `emit`, which the
             // verifier never walks: CAPTURE_TRANSPORT is 1 in frozen .rodata.
             log::info!("kernel has no BPF_MAP_TYPE_RINGBUF: capture uses the perf event array");
-            patched = object_without_ringbuf(EBPF_OBJECT)?;
-            patched.bytes()
+            Some(object_without_ringbuf(EBPF_OBJECT)?)
         };
-        // Raw tracepoints where the kernel's BTF describes them as the
-        // programs expect; classic ones otherwise (and always for pins:
-        // bpfloader attaches only classic tracepoints).
-        let btf_offsets =
-            if cfg.force_classic_tracepoints || pin_to.is_some() || !features.btf_vmlinux {
-                None
-            } else {
-                match btf::task_struct_offsets(Path::new(VMLINUX_BTF)) {
-                    Ok(o) => Some(o),
-                    Err(e) => {
-                        log::info!("{e}; attaching the classic scheduler tracepoints");
-                        None
-                    }
-                }
-            };
-        let task_offsets = btf_offsets.map(|o| {
-            [
+        Ok(Self {
+            nr_cpus,
+            wake_array,
+            wake_array_len,
+            wake_hash_len,
+            ringbuf_ok,
+            transport,
+            patched,
+            btf_offsets: choose_btf_offsets(cfg, features, pinning),
+            page: crate::system::page_size_bytes()? as u32,
+        })
+    }
+
+    /// The globals the load freezes in .rodata, as (name, value).
+    fn globals(&self, cfg: &AccountingConfig, offsets: &FieldOffsets) -> Vec<(&'static str, u32)> {
+        let mut globals = Vec::new();
+        if let Some(o) = self.btf_offsets {
+            globals.extend([
                 (names::G_TASK_PID, o.pid),
                 (names::G_TASK_TGID, o.tgid),
                 (names::G_TASK_PRIO, o.prio),
                 (names::G_TASK_COMM, o.comm),
                 (names::G_TASK_EXIT_STATE, o.exit_state),
-            ]
-        });
+            ]);
+        }
+        globals.extend([
+            (names::G_CAPTURE_TRANSPORT, self.transport.rodata()),
+            (names::G_NR_CPUS, self.nr_cpus),
+            (names::G_WAKE_ARRAY, u32::from(self.wake_array)),
+            (names::G_TRACK_WAIT, u32::from(cfg.runq_wait)),
+        ]);
+        let free_pid_unset = |name: &str| name == names::G_FREE_PID && cfg.free_pid_from_record;
+        globals.extend(
+            offsets
+                .sched
+                .iter()
+                .filter(|(name, _)| !free_pid_unset(name)),
+        );
+        globals.extend(offsets.capture.iter().map(|&(name, off, _)| (name, off)));
+        globals
+    }
+
+    /// Every map's max_entries.
+    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 8] {
+        let [events, stacks, fault_ctr] =
+            capture_map_sizes(cfg.capture, self.transport, self.ringbuf_ok, self.page);
+        [
+            (names::TASKS, cfg.limits.max_tasks),
+            (names::WAKE_TS, self.wake_hash_len),
+            (names::WAKE_TS_ARRAY, self.wake_array_len),
+            (names::PROCESS_FAULTS, cfg.limits.max_processes),
+            (names::EXITED, cfg.limits.max_exited),
+            events,
+            stacks,
+            fault_ctr,
+        ]
+    }
+
+    /// Loads the object with these settings and `offsets`: creates the
+    /// maps and leaves the programs unloaded.
+    fn load(&self, cfg: &AccountingConfig, offsets: &FieldOffsets) -> Result<Ebpf, BpfError> {
+        let globals = self.globals(cfg, offsets);
         let mut loader = EbpfLoader::new();
-        for (name, off) in task_offsets.iter().flatten() {
-            loader.override_global(name, off, true);
+        for (name, value) in &globals {
+            loader.override_global(name, value, true);
         }
-        loader
-            .override_global(names::G_CAPTURE_TRANSPORT, &transport_flag, true)
-            .override_global(names::G_NR_CPUS, &nr_cpus, true)
-            .override_global(names::G_WAKE_ARRAY, &wake_array_flag, true)
-            .override_global(names::G_TRACK_WAIT, &track_wait_flag, true)
-            .map_max_entries(names::TASKS, cfg.limits.max_tasks)
-            .map_max_entries(names::WAKE_TS, wake_hash_len)
-            .map_max_entries(names::WAKE_TS_ARRAY, wake_array_len)
-            .map_max_entries(names::PROCESS_FAULTS, cfg.limits.max_processes)
-            .map_max_entries(names::EXITED, cfg.limits.max_exited);
-        for (name, off) in &offsets {
-            if *name == names::G_FREE_PID && cfg.free_pid_from_record {
-                continue;
-            }
-            loader.override_global(name, off, true);
+        for (name, entries) in self.map_sizes(cfg) {
+            loader.map_max_entries(name, entries);
         }
-        for (name, off, _) in &capture_offsets {
-            loader.override_global(name, off, true);
-        }
-        // Without a capture configured the capture maps take their minimum
-        // size, so the always-on tier's memory does not grow.
-        let sizing = cfg.capture;
-        let page = crate::system::page_size_bytes()? as u32;
-        loader
-            .map_max_entries(
-                names::CAPTURE_EVENTS,
-                // The ring buffer goes unused with the perf array: minimum.
-                match (sizing, transport, ringbuf_ok) {
-                    (_, _, false) => 1,
-                    (Some(c), CaptureTransport::RingBuf, _) => {
-                        c.ring_bytes.max(page).next_power_of_two()
-                    }
-                    _ => page,
-                },
-            )
-            .map_max_entries(
-                names::CAPTURE_STACKS,
-                sizing.map_or(1, |c| c.stack_entries.max(1)),
-            )
-            .map_max_entries(
-                names::CAPTURE_FAULT_CTR,
-                sizing.map_or(1, |c| c.fault_processes.max(1)),
-            );
-        let mut ebpf = loader.load(object).map_err(BpfError::Load)?;
+        let object = self
+            .patched
+            .as_ref()
+            .map_or(EBPF_OBJECT, AlignedObject::bytes);
+        let ebpf = loader.load(object).map_err(BpfError::Load)?;
         // EbpfLoader::new() parsed vmlinux BTF (aya 0.14 always does, and
-        // hides it); free that before parsing it again for the tp_btf
-        // loads, so start-up holds one parse at a time, not two.
+        // hides it); free that before attach_sched parses it again for the
+        // tp_btf loads, so start-up holds one parse at a time, not two.
         drop(loader);
         crate::system::release_free_heap();
-        let vmlinux_btf = if btf_offsets.is_some() {
-            Btf::from_sys_fs().ok()
-        } else {
-            None
-        };
-
-        let wakeup_new = tracefs.format("sched", "sched_wakeup_new")?;
-        let fixed_matches = offsets[0].1 == fixed_layout::SWITCH_PREV_PID
-            && offsets[1].1 == fixed_layout::SWITCH_PREV_STATE
-            && offsets[2].1 == fixed_layout::SWITCH_NEXT_PID
-            && offsets[3].1 == fixed_layout::WAKEUP_PID
-            && wakeup_new.offset_of("pid", 4)? == fixed_layout::WAKEUP_PID
-            && capture_offsets.iter().all(|(_, off, fixed)| off == fixed);
-        let layout = if fixed_matches && !cfg.force_portable_layout {
-            TracepointLayout::Fixed
-        } else {
-            TracepointLayout::Portable
-        };
-        let mut events = vec!["sched_switch"];
-        if cfg.runq_wait {
-            events.extend(["sched_wakeup", "sched_wakeup_new"]);
-        }
-        let mut sched_programs = SchedPrograms::Classic;
-        if let (Some(_), Some(btf)) = (&btf_offsets, &vmlinux_btf) {
-            // A kernel or policy that refuses them (verifier, LSM) costs
-            // the cheaper attach, not the accounting.
-            match attach_btf_sched(&mut ebpf, &events, btf) {
-                Ok(()) => sched_programs = SchedPrograms::Btf,
-                Err(e) => log::warn!("{e}; attaching the classic scheduler tracepoints"),
-            }
-        }
-        drop(vmlinux_btf);
-        crate::system::release_free_heap();
-        if sched_programs == SchedPrograms::Classic {
-            for event in &events {
-                let name = sched_program(SchedPrograms::Classic, layout, event);
-                attach_tracepoint(&mut ebpf, name, "sched", event, pin_to)?;
-            }
-        }
-        attach_tracepoint(
-            &mut ebpf,
-            names::PROG_SCHED_PROCESS_FREE,
-            "sched",
-            "sched_process_free",
-            pin_to,
-        )?;
-        match fault_source {
-            FaultSource::Tracepoint => attach_tracepoint(
-                &mut ebpf,
-                names::PROG_PAGE_FAULT_USER,
-                "exceptions",
-                "page_fault_user",
-                pin_to,
-            )?,
-            FaultSource::PerfEvent => {
-                let cpus = crate::system::online_cpus(std::path::Path::new("/sys"))?;
-                attach_perf_sw(
-                    &mut ebpf,
-                    names::PROG_PERF_MINFLT,
-                    SoftwareEvent::PageFaultsMin,
-                    &cpus,
-                    pin_to,
-                )?;
-                attach_perf_sw(
-                    &mut ebpf,
-                    names::PROG_PERF_MAJFLT,
-                    SoftwareEvent::PageFaultsMaj,
-                    &cpus,
-                    pin_to,
-                )?;
-            }
-            FaultSource::None => {}
-        }
-        if let Some(dir) = pin_to {
-            // Internal maps (.rodata, .bss) stay with the programs that use
-            // them; bpffs refuses names with a '.' anyway.
-            for (name, map) in ebpf.maps().filter(|(n, _)| !n.starts_with('.')) {
-                let path = pinned_map_path(dir, name);
-                map.pin(&path).map_err(|e| BpfError::Pin {
-                    path: path.clone(),
-                    message: e.to_string(),
-                })?;
-            }
-            log::info!(
-                "eBPF programs and maps pinned in {} (not attached)",
-                dir.display()
-            );
-        }
-        log::info!(
-            "eBPF accounting {}: fault source {}; scheduler programs {}; wakeup times in {}; {} possible CPUs; BTF {}; capture transport {}",
-            if pin_to.is_some() { "loaded" } else { "attached" },
-            fault_source.describe(),
-            match sched_programs {
-                SchedPrograms::Btf => "tp_btf".to_string(),
-                SchedPrograms::Classic => format!("classic tracepoints, {layout:?} layout"),
-            },
-            if wake_array { "an array (pid_max small)" } else { "a bounded hash" },
-            nr_cpus,
-            if features.btf_vmlinux { "yes" } else { "no" },
-            match sizing {
-                Some(_) => transport.name(),
-                None => "none (capture not configured)",
-            }
-        );
-        let ring = load_capture_tier(&mut ebpf, layout, sizing, transport, page)?;
-        Ok(Self {
-            ebpf: Some(ebpf),
-            pinned_maps: HashMap::new(),
-            pinned_programs: Vec::new(),
-            fault_source,
-            features,
-            limits: cfg.limits,
-            layout,
-            sched_programs,
-            runq_wait: cfg.runq_wait,
-            capture_sizing: sizing,
-            transport,
-            ring,
-            waking_link: None,
-            map_read: MapRead::Batch,
-        })
+        Ok(ebpf)
     }
+}
+
+/// Raw tracepoints where the kernel's BTF describes them as the programs
+/// expect; classic ones otherwise (and always for pins: bpfloader attaches
+/// only classic tracepoints).
+fn choose_btf_offsets(
+    cfg: &AccountingConfig,
+    features: &Features,
+    pinning: bool,
+) -> Option<btf::TaskStructOffsets> {
+    if cfg.force_classic_tracepoints || pinning || !features.btf_vmlinux {
+        return None;
+    }
+    match btf::task_struct_offsets(Path::new(VMLINUX_BTF)) {
+        Ok(o) => Some(o),
+        Err(e) => {
+            log::info!("{e}; attaching the classic scheduler tracepoints");
+            None
+        }
+    }
+}
+
+/// Attaches sched_switch, and with `runq_wait` sched_wakeup and
+/// sched_wakeup_new: as tp_btf programs with `try_btf` where the kernel
+/// takes them, else as classic tracepoints in `layout` (with `pin_to`
+/// pinned there instead).
+fn attach_sched(
+    ebpf: &mut Ebpf,
+    runq_wait: bool,
+    layout: TracepointLayout,
+    try_btf: bool,
+    pin_to: Option<&Path>,
+) -> Result<SchedPrograms, BpfError> {
+    let mut events = vec!["sched_switch"];
+    if runq_wait {
+        events.extend(["sched_wakeup", "sched_wakeup_new"]);
+    }
+    let vmlinux_btf = if try_btf {
+        Btf::from_sys_fs().ok()
+    } else {
+        None
+    };
+    let mut sched_programs = SchedPrograms::Classic;
+    if let Some(btf) = &vmlinux_btf {
+        // A kernel or policy that refuses them (verifier, LSM) costs
+        // the cheaper attach, not the accounting.
+        match attach_btf_sched(ebpf, &events, btf) {
+            Ok(()) => sched_programs = SchedPrograms::Btf,
+            Err(e) => log::warn!("{e}; attaching the classic scheduler tracepoints"),
+        }
+    }
+    drop(vmlinux_btf);
+    crate::system::release_free_heap();
+    if sched_programs == SchedPrograms::Classic {
+        for event in &events {
+            let name = sched_program(SchedPrograms::Classic, layout, event);
+            attach_tracepoint(ebpf, name, "sched", event, pin_to)?;
+        }
+    }
+    Ok(sched_programs)
+}
+
+/// Attaches (or with `pin_to` pins) the programs of `fault_source`.
+fn attach_fault_source(
+    ebpf: &mut Ebpf,
+    fault_source: FaultSource,
+    pin_to: Option<&Path>,
+) -> Result<(), BpfError> {
+    match fault_source {
+        FaultSource::Tracepoint => attach_tracepoint(
+            ebpf,
+            names::PROG_PAGE_FAULT_USER,
+            "exceptions",
+            "page_fault_user",
+            pin_to,
+        )?,
+        FaultSource::PerfEvent => {
+            let cpus = crate::system::online_cpus(Path::new("/sys"))?;
+            attach_perf_sw(
+                ebpf,
+                names::PROG_PERF_MINFLT,
+                SoftwareEvent::PageFaultsMin,
+                &cpus,
+                pin_to,
+            )?;
+            attach_perf_sw(
+                ebpf,
+                names::PROG_PERF_MAJFLT,
+                SoftwareEvent::PageFaultsMaj,
+                &cpus,
+                pin_to,
+            )?;
+        }
+        FaultSource::None => {}
+    }
+    Ok(())
 }
 
 /// Names the missing capability up front instead of surfacing a bare EPERM

@@ -14,6 +14,7 @@ use aya::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         PerfEvent, TracePoint,
     },
+    Ebpf,
 };
 use vitals_common::names;
 
@@ -114,6 +115,24 @@ impl Accounting {
             map_read: MapRead::Batch,
         })
     }
+}
+
+/// Pins every map of `ebpf` in `dir` under bpfloader's names (`PinMode::PinTo`).
+pub(super) fn pin_maps(ebpf: &Ebpf, dir: &Path) -> Result<(), BpfError> {
+    // Internal maps (.rodata, .bss) stay with the programs that use
+    // them; bpffs refuses names with a '.' anyway.
+    for (name, map) in ebpf.maps().filter(|(n, _)| !n.starts_with('.')) {
+        let path = pinned_map_path(dir, name);
+        map.pin(&path).map_err(|e| BpfError::Pin {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+    }
+    log::info!(
+        "eBPF programs and maps pinned in {} (not attached)",
+        dir.display()
+    );
+    Ok(())
 }
 
 /// The pinned maps the always-on path reads (`ACCOUNTING_MAPS`).
