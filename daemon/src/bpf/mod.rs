@@ -3,6 +3,18 @@
 //! The kernel side keeps monotonic counters; this module only reads them
 //! (summing per-CPU slots over *possible* CPUs) and drains the EXITED map of
 //! final counters of freed tasks. It never clears a live map.
+//!
+//! This file holds the error type, the embedded object and `Accounting`,
+//! the handle on the loaded programs and their maps, with its accessors.
+//! Its work is spread by concern, one `impl Accounting` each where it has
+//! methods: `features` (what the kernel offers), `config` (what the caller
+//! asks for), `load` (loading and attaching with aya), `pins` (bpffs pins,
+//! attaching bpfloader's), `read` (the counters), `capture_maps` (the
+//! capture tier's transport and maps). Their public items are re-exported
+//! here, so callers name them `bpf::X`. The public submodules: `tracefs`
+//! and `btf` (what load reads about tracepoints and `task_struct`),
+//! `batch` (BPF_MAP_LOOKUP_BATCH for read), `totals` (cumulative counters
+//! from successive snapshots).
 
 pub mod batch;
 pub mod btf;
