@@ -34,7 +34,7 @@ pub const ANDROID_PATHS: &[(&str, &str)] = &[
     ),
     (
         "/proc/sys/kernel/pid_max",
-        "bpf::read_pid_max: sizes the wakeup-time array",
+        "bpf::features::read_pid_max: sizes the wakeup-time array",
     ),
     // eBPF loader
     (
@@ -129,7 +129,7 @@ pub const NOT_GRANTED: &[(&str, &str)] = &[
     (
         "/proc/sys/kernel/pid_max",
         "AOSP has no dedicated label for it (generic proc); when the read is denied \
-         bpf::read_pid_max falls back to the bounded wakeup hash",
+         bpf::features::read_pid_max falls back to the bounded wakeup hash",
     ),
     (
         "/sys/kernel/btf/vmlinux",

@@ -4,7 +4,7 @@
 //!
 //! On Android user builds only bpfloader may load BPF programs (SELinux
 //! neverallow); vitalsd then attaches what it pinned
-//! (`daemon/src/bpf/mod.rs`, `PinMode::AttachFrom`).
+//! (`daemon/src/bpf/pins.rs`, `PinMode::AttachFrom`).
 //!
 //! NOT VERIFIED AGAINST A REAL BPFLOADER: there is no device, NDK or AOSP
 //! tree here. The format below was read from AOSP source (files cited at

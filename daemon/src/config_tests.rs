@@ -1,0 +1,158 @@
+//! Config tests: parsing, defaults, key-naming errors and ranges, and
+//! proptests that no value makes the parser panic.
+
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(Path::new("test.toml"), text)
+}
+
+#[test]
+fn empty_file_is_the_defaults() {
+    assert_eq!(parse("").unwrap(), Config::default());
+}
+
+#[test]
+fn defaults_round_trip_through_toml() {
+    let d = Config::default();
+    assert_eq!(parse(&d.to_toml()).unwrap(), d);
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let e = parse("[sampling]\nintervall = \"1s\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("intervall"), "{e}");
+    let e = parse("bogus = 1\n").unwrap_err().to_string();
+    assert!(e.contains("bogus"), "{e}");
+}
+
+#[test]
+fn bad_values_name_the_key() {
+    let e = parse("[sampling]\ninterval = \"fast\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("interval") || e.contains("fast"), "{e}");
+    let e = parse("[sampling]\ninterval = \"10ms\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sampling.interval"), "{e}");
+    let e = parse("[store]\nquota_bytes = 5\n").unwrap_err().to_string();
+    assert!(e.contains("store.quota_bytes"), "{e}");
+    let e = parse(
+        "[[rule]]\nname = \"x\"\nmetric = { kind = \"psi_avg10\", resource = \"gpu\", full = false }\nthreshold = 5\nwindow = \"10s\"\ncooldown = \"1m\"\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("metric.resource"), "{e}");
+    let e = parse("[[rule]]\nname = \"x\"\nmetric = { kind = \"nope\" }\nthreshold = 5\nwindow = \"10s\"\ncooldown = \"1m\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nope"), "{e}");
+}
+
+#[test]
+fn rules_parse() {
+    let c = parse(
+        r#"
+[sampling]
+interval = "200ms"
+history = "1m"
+
+[[rule]]
+name = "spinner"
+metric = { kind = "process_cpu_pct", process = "vitals-workload" }
+threshold = 50
+window = "1s"
+cooldown = "1h"
+capture = { duration = "2s", sched = false }
+"#,
+    )
+    .unwrap();
+    assert_eq!(c.rules.len(), 1);
+    assert_eq!(c.rules[0].capture.duration.0, Duration::from_secs(2));
+    assert!(!c.rules[0].capture.sched);
+    assert_eq!(c.history_len(), 300);
+}
+
+#[test]
+fn durations() {
+    assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+    assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+    assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+    assert_eq!(
+        parse_duration("7d").unwrap(),
+        Duration::from_secs(7 * 86400)
+    );
+    assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+    assert!(parse_duration("0s").is_err());
+    assert!(parse_duration("abc").is_err());
+    assert!(parse_duration("-1s").is_err());
+    assert!(parse_duration("1e20s").is_err());
+    assert!(parse_duration("1e-9s").is_err());
+    assert!(parse_duration("367d").is_err());
+    assert_eq!(parse_duration("366d").unwrap(), MAX_DURATION);
+}
+
+#[test]
+fn huge_durations_are_errors_that_name_the_key_not_panics() {
+    for (text, key) in [
+        ("[sampling]\nhistory = \"1e20s\"\n", "history"),
+        ("[store]\nmax_age = \"1e300d\"\n", "max_age"),
+        ("[heapprofd]\nmax_duration = \"2h\"\n", "heapprofd.max_duration"),
+        (
+            "[[rule]]\nname = \"x\"\nmetric = { kind = \"loadavg_per_cpu\" }\nthreshold = 1\nwindow = \"1s\"\ncooldown = \"1e20s\"\n",
+            "cooldown",
+        ),
+        (
+            "[[rule]]\nname = \"x\"\nmetric = { kind = \"loadavg_per_cpu\" }\nthreshold = 1\nwindow = \"1s\"\ncooldown = \"1m\"\ncapture = { duration = \"2h\" }\n",
+            "capture.duration",
+        ),
+        ("[sampling]\nmax_tasks = 4294967295\n", "sampling.max_tasks"),
+        ("[sampling]\nhistory_processes = 0\n", "sampling.history_processes"),
+        (
+            "[conditions]\nmax_thermal_millicelsius = 9223372036854775807\n",
+            "conditions.max_thermal_millicelsius",
+        ),
+        ("[budget]\ncaptures_per_hour = 4294967295\n", "budget"),
+    ] {
+        let e = parse(text).unwrap_err().to_string();
+        assert!(e.contains(key), "{text:?}: {e}");
+    }
+}
+
+proptest::proptest! {
+    /// No string makes the parser panic, and what it accepts is in range.
+    #[test]
+    fn parse_duration_never_panics(s in ".{0,40}") {
+        if let Ok(d) = parse_duration(&s) {
+            proptest::prop_assert!(d >= Duration::from_millis(1) && d <= MAX_DURATION);
+        }
+    }
+
+    /// Numbers of any magnitude with every unit: in range or an error.
+    #[test]
+    fn parse_duration_takes_any_number_with_a_unit(
+        v in proptest::num::f64::ANY,
+        unit in proptest::sample::select(vec!["", "ms", "s", "m", "h", "d"]),
+    ) {
+        let s = format!("{v}{unit}");
+        if let Ok(d) = parse_duration(&s) {
+            proptest::prop_assert!(d >= Duration::from_millis(1) && d <= MAX_DURATION);
+        }
+    }
+
+    /// A whole config file with arbitrary duration and integer values
+    /// parses or fails with an error; it never panics.
+    #[test]
+    fn config_with_arbitrary_values_never_panics(
+        dur in ".{0,24}",
+        n in proptest::num::i64::ANY,
+    ) {
+        let text = format!(
+            "[sampling]\nhistory = {dur:?}\nmax_tasks = {n}\n[store]\nmax_age = {dur:?}\nquota_bytes = {n}\n"
+        );
+        let _ = parse(&text);
+    }
+}
