@@ -36,6 +36,10 @@ pub const ANDROID_PATHS: &[(&str, &str)] = &[
         "/proc/sys/kernel/pid_max",
         "bpf::features::read_pid_max: sizes the wakeup-time array",
     ),
+    (
+        "/proc/sys/kernel/random/boot_id",
+        "store::SystemClock: the boot a capture's CLOCK_BOOTTIME stamp belongs to",
+    ),
     // eBPF loader
     (
         "/sys/kernel/tracing/",
@@ -101,6 +105,7 @@ pub const AOSP_LABELS: &[(&str, &str, &str)] = &[
     ("/proc", "/pressure/cpu", "proc_pressure_cpu"),
     ("/proc", "/pressure/io", "proc_pressure_io"),
     ("/proc", "/pressure/memory", "proc_pressure_mem"),
+    ("/proc", "/sys/kernel/random", "proc_random"),
     // Android mounts tracefs on /sys/kernel/tracing; the events the
     // platform lets traced_probes use on user builds (sched_switch,
     // sched_wakeup, sched_wakeup_new, sched_process_free among them) are

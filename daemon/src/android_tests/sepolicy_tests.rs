@@ -418,6 +418,7 @@ const AOSP_KNOWN: &[&str] = &[
     "proc_pressure_cpu",
     "proc_pressure_io",
     "proc_pressure_mem",
+    "proc_random",
     "debugfs_tracing",
     "sysfs_devices_system_cpu",
     "sysfs_thermal",
