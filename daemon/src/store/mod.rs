@@ -3,27 +3,59 @@
 //! Layout of the spool directory:
 //! - `<id>.pftrace`: a finished trace, mode 0640;
 //! - `<id>.json`: its metadata (trigger, rule values, times, sizes,
-//!   heapprofd outcome), the source of truth: a capture exists iff both exist;
+//!   heapprofd outcome, and the store's sequence number and age basis), the
+//!   source of truth: a capture exists iff both exist;
 //! - `.<id>.pftrace.tmp`: a capture being written;
 //! - `index.json`: the metadata of every capture, rewritten atomically after
 //!   each change, a convenience for readers; rebuilt from `<id>.json` files
-//!   at every start.
+//!   at every start;
+//! - `heapprofd/`: perfetto's output for heapprofd sessions in flight
+//!   (`spill.rs`): counted in the quota, emptied at start, stale files
+//!   removed.
 //!
-//! Commit order: trace fsync, rename; metadata written to a temporary name,
-//! fsync, rename; directory fsync. A kill -9 at any point leaves either no
-//! metadata (the capture is not listed and the next start deletes its
-//! leftovers) or a complete capture.
+//! Commit order: the trace is opened without following symlinks, cut after
+//! its last whole packet (streamed, `packets.rs`), fchmod'ed, fsynced and
+//! renamed; metadata written to a temporary name, fsync, rename; directory
+//! fsync. A kill -9 at any point leaves either a recording (the next start
+//! salvages its whole packets as a capture marked "cut: daemon crashed",
+//! `repair.rs`), leftovers without metadata (removed) or a complete capture.
+//!
+//! Bounds (`evict.rs`): one capture keeps at most half the quota (or
+//! [`Store::set_max_capture_bytes`], if lower); a larger one is cut at its
+//! last whole packet under that and its status says so, and one with not even
+//! a first packet under it is refused. Committing a capture evicts the oldest
+//! captures only until the limits hold, never the newest other one, and a
+//! manual capture makes room from other manual ones first. Order is a
+//! persisted sequence number and age survives wall-clock jumps (`clock.rs`).
+
+mod clock;
+mod evict;
+mod meta;
+mod packets;
+mod repair;
+mod spill;
+#[cfg(test)]
+mod tests;
 
 use std::{
     fs::{self, File, OpenOptions},
-    io::{Read, Write},
+    io::Write,
     os::unix::fs::{OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use thiserror::Error;
+
+pub use clock::{ClockReading, StoreClock, SystemClock, PLAUSIBLE_UNIX_MS};
+pub use meta::{AgeBasis, CaptureMeta, TriggerInfo, MANUAL_RULES};
+pub use packets::truncate_to_whole_packets;
+pub use repair::CRASH_STATUS;
+pub use spill::{DEFAULT_STALE_AFTER_MS, HEAPPROFD_DIR};
+
+use meta::{RecordRef, Stamp, INDEX};
+use packets::{Scan, Stop};
 
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -38,6 +70,10 @@ pub enum StoreError {
     NotFound(String),
     #[error("capture id {0:?} is not a plain file name")]
     BadId(String),
+    #[error("{0}: not a regular file with a single link; refusing to store it")]
+    NotRegular(PathBuf),
+    #[error("capture {id}: its first packet is over the per-capture limit of {limit_bytes} bytes")]
+    TooLarge { id: String, limit_bytes: u64 },
 }
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
@@ -49,38 +85,12 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> St
 }
 
 const FILE_MODE: u32 = 0o640;
-const INDEX: &str = "index.json";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub quota_bytes: u64,
     pub max_captures: usize,
     pub max_age_ms: u64,
-}
-
-/// What started a capture.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TriggerInfo {
-    /// Rule name, or "manual" for `vitalsctl capture`.
-    pub rule: String,
-    pub value: Option<f64>,
-    pub threshold: Option<f64>,
-    pub offender_pid: Option<i32>,
-    pub offender_name: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CaptureMeta {
-    pub id: String,
-    pub created_unix_ms: u64,
-    pub trigger: TriggerInfo,
-    pub duration_ms: u64,
-    pub trace_bytes: u64,
-    /// "complete", or why the capture ended early (stopped, write error).
-    pub status: String,
-    /// heapprofd's own outcome per process, when a profile was taken.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub heapprofd: Option<serde_json::Value>,
 }
 
 /// Counted store events, exported in status and dump.
@@ -93,6 +103,22 @@ pub struct StoreCounters {
     pub write_failures: u64,
     /// Leftovers of interrupted captures removed at start.
     pub repaired_leftovers: u64,
+    /// Recordings a crash interrupted, kept as captures at start.
+    pub salvaged_after_crash: u64,
+    /// Captures cut at the per-capture limit.
+    pub cut_at_limit: u64,
+    /// Wall-clock jumps seen (`clock.rs`).
+    pub clock_jumps: u64,
+    /// Capture ages restarted because a jump made them unknowable.
+    pub age_restarts: u64,
+    /// Files removed from `heapprofd/` (at start, or stale).
+    pub heapprofd_files_removed: u64,
+}
+
+/// What commit's slow part found, done ahead by [`Pending::seal`].
+#[derive(Debug, Clone, Copy)]
+struct Sealed {
+    scan: Scan,
 }
 
 /// A capture being written: the recorder writes `tmp_path`.
@@ -100,15 +126,48 @@ pub struct StoreCounters {
 pub struct Pending {
     pub id: String,
     pub tmp_path: PathBuf,
+    seq: u64,
+    basis: AgeBasis,
+    limit_bytes: u64,
+    sealed: Option<Sealed>,
+}
+
+impl Pending {
+    /// The most bytes the store will keep of this capture (see
+    /// [`Store::max_capture_bytes`]): a recorder can stop there.
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit_bytes
+    }
+
+    /// Does the slow part of [`Store::commit`] (reading the trace for its
+    /// whole packets, cutting it, fsync) without the store, so it need not
+    /// run under the store's lock. Optional: commit does whatever was not
+    /// done, and reports any error again (so this result may be ignored).
+    pub fn seal(&mut self) -> Result<(), StoreError> {
+        self.sealed = None;
+        let f = packets::open_trace(&self.tmp_path)?;
+        let scan = packets::cut(&f, &self.tmp_path, self.limit_bytes)?;
+        f.sync_all().map_err(io("fsync", &self.tmp_path))?;
+        self.sealed = Some(Sealed { scan });
+        Ok(())
+    }
 }
 
 #[derive(Debug)]
 pub struct Store {
     dir: PathBuf,
     limits: Limits,
+    /// Oldest first ([`meta::order_key`]); `stamps[i]` goes with
+    /// `captures[i]` (kept apart so [`Store::list`] stays a slice of
+    /// [`CaptureMeta`]).
     captures: Vec<CaptureMeta>,
+    stamps: Vec<Stamp>,
     pub counters: StoreCounters,
-    seq: u64,
+    next_seq: u64,
+    max_capture_bytes: Option<u64>,
+    clock: Box<dyn StoreClock>,
+    jumps: clock::JumpWatch,
+    spill: spill::Spill,
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -147,114 +206,50 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     fs::rename(&tmp, path).map_err(io("rename", &tmp))
 }
 
-/// Cuts a trace file after its last whole packet (field 1, length-delimited),
-/// so a capture ended by a write error still decodes. Returns the new length.
-pub fn truncate_to_whole_packets(path: &Path) -> Result<u64, StoreError> {
-    let mut bytes = Vec::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(io("read", path))?;
-    let mut pos = 0usize;
-    let mut good = 0usize;
-    while pos < bytes.len() {
-        if bytes[pos] != 0x0a {
-            break;
-        }
-        let mut len = 0u64;
-        let mut shift = 0;
-        let mut i = pos + 1;
-        let mut ok = false;
-        while i < bytes.len() && shift < 64 {
-            let b = bytes[i];
-            len |= u64::from(b & 0x7f) << shift;
-            i += 1;
-            if b & 0x80 == 0 {
-                ok = true;
-                break;
-            }
-            shift += 7;
-        }
-        if !ok || (bytes.len() - i) < len as usize {
-            break;
-        }
-        pos = i + len as usize;
-        good = pos;
-    }
-    if good < bytes.len() {
-        let f = OpenOptions::new()
-            .write(true)
-            .open(path)
-            .map_err(io("open", path))?;
-        f.set_len(good as u64).map_err(io("truncate", path))?;
-        f.sync_all().map_err(io("fsync", path))?;
-    }
-    Ok(good as u64)
+/// `<id>.json`'s content.
+fn record_json(meta: &CaptureMeta, stamp: &Stamp) -> Vec<u8> {
+    serde_json::to_vec_pretty(&RecordRef { meta, stamp }).unwrap_or_default()
+}
+
+/// Marks a capture the store cut at `limit` bytes.
+fn mark_cut(meta: &mut CaptureMeta, limit: u64) {
+    let why = format!("cut: over the store's per-capture limit of {limit} bytes");
+    meta.status = if meta.status == "complete" {
+        why
+    } else {
+        format!("{}; {why}", meta.status)
+    };
 }
 
 impl Store {
     /// Opens (creating) the spool directory and repairs it: leftovers of
     /// interrupted captures go, the index is rebuilt from the metadata files.
     pub fn open(dir: &Path, limits: Limits) -> Result<Self, StoreError> {
+        Self::open_with_clock(dir, limits, Box::new(SystemClock::new()))
+    }
+
+    /// [`Store::open`], reading time from `clock`.
+    pub fn open_with_clock(
+        dir: &Path,
+        limits: Limits,
+        clock: Box<dyn StoreClock>,
+    ) -> Result<Self, StoreError> {
         fs::create_dir_all(dir).map_err(io("create", dir))?;
         let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o750));
         let mut store = Self {
             dir: dir.to_owned(),
             limits,
             captures: Vec::new(),
+            stamps: Vec::new(),
             counters: StoreCounters::default(),
-            seq: 0,
+            next_seq: 1,
+            max_capture_bytes: None,
+            clock,
+            jumps: clock::JumpWatch::default(),
+            spill: spill::Spill::default(),
         };
         store.repair()?;
         Ok(store)
-    }
-
-    fn repair(&mut self) -> Result<(), StoreError> {
-        let mut metas = Vec::new();
-        let mut traces = Vec::new();
-        let mut junk = Vec::new();
-        for e in fs::read_dir(&self.dir)
-            .map_err(io("list", &self.dir))?
-            .flatten()
-        {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name == INDEX {
-                continue;
-            } else if name.ends_with(".tmp") {
-                junk.push(e.path());
-            } else if let Some(id) = name.strip_suffix(".json") {
-                metas.push((id.to_owned(), e.path()));
-            } else if let Some(id) = name.strip_suffix(".pftrace") {
-                traces.push(id.to_owned());
-            }
-        }
-        for (id, path) in metas {
-            let meta: Option<CaptureMeta> = fs::read(&path)
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok());
-            match meta {
-                Some(m) if m.id == id && traces.contains(&id) => self.captures.push(m),
-                _ => {
-                    log::warn!(
-                        "store: dropping unreadable or orphaned metadata {}",
-                        path.display()
-                    );
-                    junk.push(path);
-                }
-            }
-        }
-        for id in traces {
-            if !self.captures.iter().any(|c| c.id == id) {
-                junk.push(self.trace_path(&id));
-            }
-        }
-        for p in &junk {
-            log::info!("store: removing leftover {}", p.display());
-            let _ = fs::remove_file(p);
-            self.counters.repaired_leftovers += 1;
-        }
-        self.captures
-            .sort_by_key(|c| (c.created_unix_ms, c.id.clone()));
-        self.write_index()
     }
 
     fn trace_path(&self, id: &str) -> PathBuf {
@@ -266,90 +261,180 @@ impl Store {
     }
 
     fn write_index(&self) -> Result<(), StoreError> {
-        let bytes = serde_json::to_vec_pretty(&self.captures).unwrap_or_default();
+        let records: Vec<RecordRef> = self
+            .captures
+            .iter()
+            .zip(&self.stamps)
+            .map(|(meta, stamp)| RecordRef { meta, stamp })
+            .collect();
+        let bytes = serde_json::to_vec_pretty(&records).unwrap_or_default();
         write_atomic(&self.dir.join(INDEX), &bytes)?;
         sync_dir(&self.dir)
+    }
+
+    /// Rewrites capture `i`'s `<id>.json` (its stamp changed).
+    fn write_record(&self, i: usize) -> Result<(), StoreError> {
+        let (m, s) = (&self.captures[i], &self.stamps[i]);
+        write_atomic(&self.meta_path(&m.id), &record_json(m, s))
+    }
+
+    /// Restores the oldest-first order.
+    fn sort(&mut self) {
+        let mut both: Vec<(CaptureMeta, Stamp)> =
+            self.captures.drain(..).zip(self.stamps.drain(..)).collect();
+        both.sort_by_cached_key(|(m, s)| meta::order_key(m, s));
+        (self.captures, self.stamps) = both.into_iter().unzip();
+    }
+
+    fn insert(&mut self, meta: CaptureMeta, stamp: Stamp) {
+        let key = meta::order_key(&meta, &stamp);
+        let at = (0..self.captures.len())
+            .position(|i| meta::order_key(&self.captures[i], &self.stamps[i]) > key)
+            .unwrap_or(self.captures.len());
+        self.captures.insert(at, meta);
+        self.stamps.insert(at, stamp);
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
+    /// Where perfetto writes heapprofd sessions before they are stored.
+    pub fn heapprofd_dir(&self) -> PathBuf {
+        self.dir.join(HEAPPROFD_DIR)
+    }
+
     pub fn set_limits(&mut self, limits: Limits) {
         self.limits = limits;
     }
 
+    /// Lowers the per-capture limit below half the quota (`None`: half the
+    /// quota).
+    pub fn set_max_capture_bytes(&mut self, max: Option<u64>) {
+        self.max_capture_bytes = max;
+    }
+
+    /// The most bytes one capture keeps: half the quota, or the limit set,
+    /// if lower. Half, so that the capture and the newest other one always
+    /// fit together.
+    pub fn max_capture_bytes(&self) -> u64 {
+        let half = self.limits.quota_bytes / 2;
+        self.max_capture_bytes.map_or(half, |m| m.min(half))
+    }
+
+    /// How long a file may sit in `heapprofd/` before it is removed as
+    /// stale (default [`DEFAULT_STALE_AFTER_MS`]): more than a session lives.
+    pub fn set_heapprofd_stale_after(&mut self, after: Duration) {
+        self.spill.stale_after_ms = after.as_millis().min(u128::from(u64::MAX)) as u64;
+    }
+
     /// Reserves a new capture id and its temporary path.
     pub fn begin(&mut self, label: &str) -> Pending {
-        self.seq += 1;
-        let label: String = label
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .take(40)
-            .collect();
-        let id = format!("{}-{}-{}", now_unix_ms(), self.seq, label);
+        let now = self.clock.now();
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let id = format!("{}-{}-{}", now.unix_ms, seq, meta::label_of(label));
         let tmp_path = self.dir.join(format!(".{id}.pftrace.tmp"));
-        Pending { id, tmp_path }
+        Pending {
+            id,
+            tmp_path,
+            seq,
+            basis: AgeBasis::at(&now),
+            limit_bytes: self.max_capture_bytes(),
+            sealed: None,
+        }
     }
 
     /// Makes a written capture durable and listed, then enforces the limits
-    /// (never evicting the capture just committed).
+    /// (never evicting the capture just committed). A capture over
+    /// [`Store::max_capture_bytes`] is cut there and its status says so.
     pub fn commit(
         &mut self,
         pending: Pending,
         mut meta: CaptureMeta,
     ) -> Result<CaptureMeta, StoreError> {
-        let result = self.commit_inner(&pending, &mut meta);
-        if result.is_err() {
-            self.counters.write_failures += 1;
-            let _ = fs::remove_file(&pending.tmp_path);
-            let _ = fs::remove_file(self.meta_path(&pending.id));
-            let _ = fs::remove_file(self.trace_path(&pending.id));
-        }
-        result?;
+        let stamp = Stamp {
+            seq: Some(pending.seq),
+            age_basis: Some(pending.basis.clone()),
+            age_restarted: false,
+        };
+        let result = self.commit_inner(&pending, &mut meta, &stamp);
+        let cut = match result {
+            Ok(cut) => cut,
+            Err(e) => {
+                self.counters.write_failures += 1;
+                let _ = fs::remove_file(&pending.tmp_path);
+                let _ = fs::remove_file(self.meta_path(&pending.id));
+                let _ = fs::remove_file(self.trace_path(&pending.id));
+                return Err(e);
+            }
+        };
         self.counters.committed += 1;
-        self.captures.push(meta.clone());
-        self.enforce_limits(now_unix_ms(), &meta.id);
+        if cut {
+            self.counters.cut_at_limit += 1;
+        }
+        self.insert(meta.clone(), stamp);
+        self.enforce_limits(Some(&meta.id));
         self.write_index()?;
         Ok(meta)
     }
 
+    /// Returns whether the capture was cut at the limit.
     fn commit_inner(
         &mut self,
         pending: &Pending,
         meta: &mut CaptureMeta,
-    ) -> Result<(), StoreError> {
+        stamp: &Stamp,
+    ) -> Result<bool, StoreError> {
         let tmp = &pending.tmp_path;
         meta.id = pending.id.clone();
-        meta.trace_bytes = truncate_to_whole_packets(tmp)?;
-        fs::set_permissions(tmp, fs::Permissions::from_mode(FILE_MODE))
+        let limit = self.max_capture_bytes();
+        let f = packets::open_trace(tmp)?;
+        let len = f.metadata().map_err(io("fstat", tmp))?.len();
+        let scan = match pending.sealed {
+            // Sealed, unchanged since, and within today's limit.
+            Some(s) if s.scan.whole_bytes == len && len <= limit => s.scan,
+            _ => packets::cut(&f, tmp, limit)?,
+        };
+        let cut = scan.stop == Stop::Limit;
+        if cut && scan.whole_bytes == 0 {
+            return Err(StoreError::TooLarge {
+                id: pending.id.clone(),
+                limit_bytes: limit,
+            });
+        }
+        meta.trace_bytes = scan.whole_bytes;
+        if cut {
+            log::warn!(
+                "store: {} cut at {} bytes, the per-capture limit",
+                pending.id,
+                scan.whole_bytes
+            );
+            mark_cut(meta, limit);
+        }
+        // fchmod and fsync on the descriptor: the path is never followed.
+        f.set_permissions(fs::Permissions::from_mode(FILE_MODE))
             .map_err(io("chmod", tmp))?;
-        File::open(tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(io("fsync", tmp))?;
+        f.sync_all().map_err(io("fsync", tmp))?;
+        drop(f);
         let trace = self.trace_path(&pending.id);
         fs::rename(tmp, &trace).map_err(io("rename", tmp))?;
-        let bytes = serde_json::to_vec_pretty(meta).unwrap_or_default();
+        let bytes = record_json(meta, stamp);
         let meta_path = self.meta_path(&pending.id);
         if let Err(e) = write_atomic(&meta_path, &bytes) {
-            // Full disk: make room from the oldest captures, then try once more.
-            log::warn!("store: {e}; evicting the oldest capture and retrying");
-            if self.captures.is_empty() {
+            // Full disk: make room from one capture eviction may take, then
+            // try once more.
+            let manual = meta.trigger.is_manual();
+            let protected = self.protected(None, manual);
+            let Some(victim) = self.next_victim(None, protected, manual) else {
                 return Err(e);
-            }
-            let oldest = self.captures[0].id.clone();
-            self.remove_files(&oldest);
-            self.captures.remove(0);
-            self.counters.evicted_over_quota += 1;
+            };
+            log::warn!("store: {e}; evicting one capture and retrying");
+            self.evict(victim, evict::Reason::Quota);
             write_atomic(&meta_path, &bytes)?;
         }
-        sync_dir(&self.dir)
+        sync_dir(&self.dir)?;
+        Ok(cut)
     }
 
     /// Abandons a capture that could not be recorded at all.
@@ -364,54 +449,19 @@ impl Store {
         let _ = fs::remove_file(self.trace_path(id));
     }
 
-    fn total_bytes(&self) -> u64 {
-        self.captures.iter().map(|c| c.trace_bytes).sum()
-    }
-
-    /// Oldest first: expired ones, then whatever exceeds count or quota.
-    fn enforce_limits(&mut self, now_ms: u64, keep: &str) {
-        let mut i = 0;
-        while i < self.captures.len() {
-            let c = &self.captures[i];
-            if c.id != keep && now_ms.saturating_sub(c.created_unix_ms) > self.limits.max_age_ms {
-                let id = c.id.clone();
-                self.remove_files(&id);
-                self.captures.remove(i);
-                self.counters.expired += 1;
-            } else {
-                i += 1;
-            }
-        }
-        while self.captures.len() > self.limits.max_captures
-            || self.total_bytes() > self.limits.quota_bytes
-        {
-            let Some(pos) = self.captures.iter().position(|c| c.id != keep) else {
-                break;
-            };
-            let over_count = self.captures.len() > self.limits.max_captures;
-            let id = self.captures[pos].id.clone();
-            log::info!(
-                "store: evicting {id} ({})",
-                if over_count { "count" } else { "quota" }
-            );
-            self.remove_files(&id);
-            self.captures.remove(pos);
-            if over_count {
-                self.counters.evicted_over_count += 1;
-            } else {
-                self.counters.evicted_over_quota += 1;
-            }
-        }
-    }
-
-    /// Drops captures older than max_age (called periodically).
-    pub fn expire(&mut self, now_ms: u64) -> Result<(), StoreError> {
-        let before = self.captures.len();
-        self.enforce_limits(now_ms, "");
-        if self.captures.len() != before {
+    /// Periodic upkeep: ages (minding clock jumps), count and quota, stale
+    /// files in `heapprofd/`.
+    pub fn maintain(&mut self) -> Result<(), StoreError> {
+        if self.enforce_limits(None) {
             self.write_index()?;
         }
         Ok(())
+    }
+
+    /// [`Store::maintain`]. `_now_ms` is no longer used: ages come from the
+    /// store's clock, which minds wall-clock jumps.
+    pub fn expire(&mut self, _now_ms: u64) -> Result<(), StoreError> {
+        self.maintain()
     }
 
     pub fn list(&self) -> &[CaptureMeta] {
@@ -438,186 +488,20 @@ impl Store {
     pub fn delete(&mut self, id: &str) -> Result<(), StoreError> {
         self.get(id)?;
         self.remove_files(id);
-        self.captures.retain(|c| c.id != id);
+        if let Some(i) = self.captures.iter().position(|c| c.id == id) {
+            self.captures.remove(i);
+            self.stamps.remove(i);
+        }
         self.write_index()
     }
 
+    /// Bytes of the stored traces.
     pub fn total_trace_bytes(&self) -> u64 {
-        self.total_bytes()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const LIMITS: Limits = Limits {
-        quota_bytes: 1 << 20,
-        max_captures: 10,
-        max_age_ms: 3_600_000,
-    };
-
-    fn meta(rule: &str) -> CaptureMeta {
-        CaptureMeta {
-            id: String::new(),
-            created_unix_ms: now_unix_ms(),
-            trigger: TriggerInfo {
-                rule: rule.into(),
-                value: Some(95.0),
-                threshold: Some(90.0),
-                offender_pid: None,
-                offender_name: None,
-            },
-            duration_ms: 1000,
-            trace_bytes: 0,
-            status: "complete".into(),
-            heapprofd: None,
-        }
+        self.captures.iter().map(|c| c.trace_bytes).sum()
     }
 
-    /// A trace of `n` packets of `size` bytes each.
-    fn packets(n: usize, size: usize) -> Vec<u8> {
-        let mut v = Vec::new();
-        for _ in 0..n {
-            v.push(0x0a);
-            let mut len = size;
-            loop {
-                let b = (len & 0x7f) as u8;
-                len >>= 7;
-                if len == 0 {
-                    v.push(b);
-                    break;
-                }
-                v.push(b | 0x80);
-            }
-            v.extend(std::iter::repeat_n(0x08, size));
-        }
-        v
-    }
-
-    fn add(store: &mut Store, rule: &str, bytes: &[u8]) -> CaptureMeta {
-        let p = store.begin(rule);
-        fs::write(&p.tmp_path, bytes).unwrap();
-        store.commit(p, meta(rule)).unwrap()
-    }
-
-    #[test]
-    fn commit_lists_with_mode_0640_and_index() {
-        let d = tempfile::tempdir().unwrap();
-        let mut s = Store::open(d.path(), LIMITS).unwrap();
-        let m = add(&mut s, "cpu", &packets(3, 10));
-        assert_eq!(m.trace_bytes, 36);
-        let (_, path) = s.get(&m.id).unwrap();
-        assert_eq!(
-            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-            0o640
-        );
-        let index: Vec<CaptureMeta> =
-            serde_json::from_slice(&fs::read(d.path().join(INDEX)).unwrap()).unwrap();
-        assert_eq!(index, vec![m]);
-    }
-
-    #[test]
-    fn quota_evicts_oldest_first() {
-        let d = tempfile::tempdir().unwrap();
-        let mut s = Store::open(
-            d.path(),
-            Limits {
-                quota_bytes: 2500,
-                ..LIMITS
-            },
-        )
-        .unwrap();
-        let a = add(&mut s, "a", &packets(1, 1000));
-        let b = add(&mut s, "b", &packets(1, 1000));
-        let c = add(&mut s, "c", &packets(1, 1000));
-        let ids: Vec<&str> = s.list().iter().map(|m| m.id.as_str()).collect();
-        assert_eq!(ids, vec![b.id.as_str(), c.id.as_str()]);
-        assert!(!s.trace_path(&a.id).exists() && !s.meta_path(&a.id).exists());
-        assert_eq!(s.counters.evicted_over_quota, 1);
-        // A capture larger than the whole quota is still kept (it is the newest).
-        let big = add(&mut s, "big", &packets(1, 4000));
-        assert_eq!(s.list().len(), 1);
-        assert_eq!(s.list()[0].id, big.id);
-    }
-
-    #[test]
-    fn count_limit_and_expiry() {
-        let d = tempfile::tempdir().unwrap();
-        let mut s = Store::open(
-            d.path(),
-            Limits {
-                max_captures: 2,
-                max_age_ms: 1000,
-                ..LIMITS
-            },
-        )
-        .unwrap();
-        add(&mut s, "a", &packets(1, 10));
-        let b = add(&mut s, "b", &packets(1, 10));
-        let c = add(&mut s, "c", &packets(1, 10));
-        assert_eq!(s.counters.evicted_over_count, 1);
-        assert_eq!(
-            s.list().iter().map(|m| &m.id).collect::<Vec<_>>(),
-            vec![&b.id, &c.id]
-        );
-        s.expire(now_unix_ms() + 5000).unwrap();
-        assert!(s.list().is_empty());
-        assert_eq!(s.counters.expired, 2);
-    }
-
-    #[test]
-    fn interrupted_captures_are_repaired_at_open() {
-        let d = tempfile::tempdir().unwrap();
-        let kept = {
-            let mut s = Store::open(d.path(), LIMITS).unwrap();
-            let kept = add(&mut s, "kept", &packets(2, 10));
-            // Killed while recording: only the temporary file.
-            let p = s.begin("recording");
-            fs::write(&p.tmp_path, packets(1, 10)).unwrap();
-            // Killed between the trace rename and the metadata: an orphan trace.
-            fs::write(d.path().join("123-9-orphan.pftrace"), packets(1, 10)).unwrap();
-            // Killed while writing metadata: its temporary.
-            fs::write(d.path().join("123-9-orphan.json.tmp"), b"{").unwrap();
-            // Metadata whose trace is gone.
-            fs::write(
-                d.path().join("55-1-ghost.json"),
-                serde_json::to_vec(&meta("ghost")).unwrap(),
-            )
-            .unwrap();
-            kept
-        };
-        let s = Store::open(d.path(), LIMITS).unwrap();
-        assert_eq!(s.list(), &[kept]);
-        assert_eq!(s.counters.repaired_leftovers, 4);
-        let mut names: Vec<String> = fs::read_dir(d.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert_eq!(names.len(), 3, "{names:?}");
-    }
-
-    #[test]
-    fn partial_last_packet_is_cut() {
-        let d = tempfile::tempdir().unwrap();
-        let mut s = Store::open(d.path(), LIMITS).unwrap();
-        let mut bytes = packets(2, 100);
-        bytes.extend_from_slice(&packets(1, 100)[..50]);
-        let m = add(&mut s, "cut", &bytes);
-        assert_eq!(m.trace_bytes, 204);
-        assert_eq!(fs::metadata(s.get(&m.id).unwrap().1).unwrap().len(), 204);
-    }
-
-    #[test]
-    fn ids_are_checked_and_delete_works() {
-        let d = tempfile::tempdir().unwrap();
-        let mut s = Store::open(d.path(), LIMITS).unwrap();
-        assert!(matches!(s.get("../etc/passwd"), Err(StoreError::BadId(_))));
-        assert!(matches!(s.get("nope"), Err(StoreError::NotFound(_))));
-        let m = add(&mut s, "x", &packets(1, 10));
-        s.delete(&m.id).unwrap();
-        assert!(s.list().is_empty());
-        assert!(!s.trace_path(&m.id).exists());
+    /// Bytes in `heapprofd/` at the last look (counted in the quota).
+    pub fn heapprofd_bytes(&self) -> u64 {
+        self.spill.bytes
     }
 }
