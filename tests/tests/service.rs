@@ -1,5 +1,6 @@
 //! `vitalsd run` as a service: health-triggered captures, the store across
-//! a kill -9, the control socket's authentication and robustness, SIGHUP.
+//! a kill -9 (the capture in flight salvaged), the control socket's
+//! authentication and robustness, SIGHUP.
 
 use std::{
     io::{Read, Write},
@@ -222,8 +223,11 @@ fn rule_fires_once_on_a_spinner_then_respects_its_cooldown() {
     );
 }
 
+/// A kill -9 mid-capture costs only the packets not yet written: the next
+/// start keeps the whole ones as a capture marked cut by the crash, and
+/// leaves nothing else behind.
 #[test]
-fn kill_9_during_a_capture_leaves_no_partial_capture_listed() {
+fn kill_9_during_a_capture_salvages_its_whole_packets() {
     let mut d = Daemon::start("");
     let v = d.call(&Request::Capture {
         duration_s: 30.0,
@@ -234,33 +238,42 @@ fn kill_9_during_a_capture_leaves_no_partial_capture_listed() {
     d.wait_status("the capture to run", Duration::from_secs(10), |st| {
         st["capture"]["id"] == id.as_str()
     });
+    // The recorder flushes its prelude (clock snapshot, system info,
+    // process tree) first: wait for whole packets on disk.
+    let tmp = d.store().join(format!(".{id}.pftrace.tmp"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&tmp).map(|m| m.len()).unwrap_or(0) == 0 {
+        assert!(Instant::now() < deadline, "{} stays empty", tmp.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     std::thread::sleep(Duration::from_millis(800));
-    let tmp: Vec<String> = std::fs::read_dir(d.store())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".tmp"))
-        .collect();
-    assert_eq!(tmp.len(), 1, "the capture is being written: {tmp:?}");
     let mut child = d.child.take().unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
 
     d.spawn();
-    assert!(
-        d.list().is_empty(),
-        "a half-written capture is listed: {:?}",
-        d.list()
+    let list = d.list();
+    assert_eq!(list.len(), 1, "{list:?}");
+    let m = &list[0];
+    assert_eq!(m["id"], id.as_str(), "{m}");
+    assert_eq!(m["status"], "cut: daemon crashed", "{m}");
+    assert_eq!(m["trigger"]["rule"], "manual", "{m}");
+    let path = d.store().join(format!("{id}.pftrace"));
+    assert_eq!(
+        m["trace_bytes"].as_u64().unwrap(),
+        std::fs::metadata(&path).unwrap().len()
     );
+    assert!(m["trace_bytes"].as_u64().unwrap() > 0, "{m}");
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    // Whole packets only: the official decoder reads it to the end.
+    decode_trace(&path);
     let st = d.call(&Request::Status {});
-    assert!(
-        st["store"]["counters"]["repaired_leftovers"]
-            .as_u64()
-            .unwrap()
-            >= 1,
-        "{st}"
-    );
+    assert_eq!(st["store"]["counters"]["salvaged_after_crash"], 1, "{st}");
     // Files only: state/ holds the heapprofd rate-limit history.
-    let names: Vec<String> = std::fs::read_dir(d.store())
+    let mut names: Vec<String> = std::fs::read_dir(d.store())
         .unwrap()
         .map(|e| e.unwrap())
         .filter(|e| e.file_type().unwrap().is_file())
@@ -268,9 +281,14 @@ fn kill_9_during_a_capture_leaves_no_partial_capture_listed() {
         .filter(|e| e.file_name() != ".lock")
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
+    names.sort();
     assert_eq!(
         names,
-        vec!["index.json".to_string()],
+        vec![
+            format!("{id}.json"),
+            format!("{id}.pftrace"),
+            "index.json".to_string()
+        ],
         "leftovers: {names:?}"
     );
     // And the store still works: a short capture is stored.
