@@ -174,6 +174,8 @@ pub struct Sampling {
 pub struct StoreConfig {
     pub dir: PathBuf,
     pub quota_bytes: u64,
+    /// One capture stops (kept, marked cut) once its trace reaches this.
+    pub max_capture_bytes: u64,
     pub max_captures: usize,
     pub max_age: Dur,
 }
@@ -322,6 +324,8 @@ impl Default for StoreConfig {
                 "/var/lib/vitalsd"
             }),
             quota_bytes: 256 << 20,
+            // A minute of `--sched` on a busy 8-core phone is ~30-60 MB.
+            max_capture_bytes: 64 << 20,
             max_captures: 50,
             max_age: Dur(Duration::from_secs(7 * 86400)),
         }
@@ -449,6 +453,14 @@ impl Config {
         if self.store.quota_bytes < 1 << 20 {
             return bad("store.quota_bytes", "must be at least 1 MiB".into());
         }
+        if self.store.max_capture_bytes < 64 << 10
+            || self.store.max_capture_bytes > self.store.quota_bytes
+        {
+            return bad(
+                "store.max_capture_bytes",
+                "must be between 64 KiB and store.quota_bytes".into(),
+            );
+        }
         if self.store.max_captures == 0 {
             return bad("store.max_captures", "must be at least 1".into());
         }
@@ -503,6 +515,14 @@ impl Config {
             let key = |k: &str| format!("rule[{i}] ({}).{k}", r.name);
             if r.name.is_empty() || !names.insert(r.name.clone()) {
                 return bad(&format!("rule[{i}].name"), "empty or duplicate".into());
+            }
+            // The store tells manual captures by these names (they are
+            // evicted before rule-triggered ones).
+            if ["manual", "manual-heap"].contains(&r.name.as_str()) {
+                return bad(
+                    &format!("rule[{i}].name"),
+                    format!("{:?} is reserved for manual captures", r.name),
+                );
             }
             if !r.threshold.is_finite() || r.threshold < 0.0 {
                 return bad(&key("threshold"), "must be a finite number >= 0".into());

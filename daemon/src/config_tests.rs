@@ -116,6 +116,11 @@ fn huge_durations_are_errors_that_name_the_key_not_panics() {
             "conditions.max_thermal_millicelsius",
         ),
         ("[budget]\ncaptures_per_hour = 4294967295\n", "budget"),
+        ("[store]\nmax_capture_bytes = 1024\n", "store.max_capture_bytes"),
+        (
+            "[[rule]]\nname = \"manual\"\nmetric = { kind = \"loadavg_per_cpu\" }\nthreshold = 1\nwindow = \"1s\"\ncooldown = \"1m\"\n",
+            "rule[0].name",
+        ),
     ] {
         let e = parse(text).unwrap_err().to_string();
         assert!(e.contains(key), "{text:?}: {e}");

@@ -70,6 +70,10 @@ pub struct RecordOptions {
     /// High-fidelity capture for the whole recording (`--sched`,
     /// `--faults`); needs `accounting.capture` sizing.
     pub capture: CaptureOptions,
+    /// Stop once the trace holds this many bytes (checked after each
+    /// sample, so it may pass the cap by one interval's packets; the store
+    /// cuts a committed capture at its own limit). None: no cap.
+    pub max_bytes: Option<u64>,
 }
 
 /// One process's figures over the recording.
@@ -100,6 +104,8 @@ pub struct RecordSummary {
     pub bytes_written: u64,
     pub samples: u64,
     pub capture: Option<CaptureStats>,
+    /// The recording stopped early because the trace reached `max_bytes`.
+    pub cut_at_max_bytes: bool,
 }
 
 /// One per-process counter track: its descriptor and where its value comes from.
@@ -274,6 +280,7 @@ struct Recording {
     capture: Option<Capture>,
     accounting: Accounting,
     samples: u64,
+    cut_at_max_bytes: bool,
 }
 
 impl Recording {
@@ -353,6 +360,7 @@ impl Recording {
             tracks: HashMap::new(),
             final_rows: HashMap::new(),
             samples: 0,
+            cut_at_max_bytes: false,
         })
     }
 
@@ -372,6 +380,18 @@ impl Recording {
             next_tick += opts.interval;
             self.tick()?;
             if finishing {
+                return Ok(());
+            }
+            if opts
+                .max_bytes
+                .is_some_and(|max| self.writer.bytes_written() >= max)
+            {
+                log::warn!(
+                    "recording stopped at {} bytes: the cap is {} bytes",
+                    self.writer.bytes_written(),
+                    opts.max_bytes.unwrap_or_default()
+                );
+                self.cut_at_max_bytes = true;
                 return Ok(());
             }
         }
@@ -512,6 +532,7 @@ impl Recording {
             bytes_written,
             samples: self.samples,
             capture: capture_stats,
+            cut_at_max_bytes: self.cut_at_max_bytes,
         })
     }
 

@@ -337,3 +337,30 @@ impl Recording {
         String::from_utf8(out.stdout).unwrap()
     }
 }
+
+/// A `perf bench sched pipe` switch storm in its own process group. perf
+/// forks a partner process; killing only the parent left the partner
+/// spinning through the rest of the suite, so Drop kills the whole group.
+pub struct SwitchStorm(Child);
+
+impl SwitchStorm {
+    pub fn start() -> Self {
+        use std::os::unix::process::CommandExt;
+        let child = Command::new("perf")
+            .args(["bench", "sched", "pipe", "-l", "100000000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("perf (cargo xtask setup installs linux-perf)");
+        Self(child)
+    }
+}
+
+impl Drop for SwitchStorm {
+    fn drop(&mut self) {
+        let pgid = nix::unistd::Pid::from_raw(-(self.0.id() as i32));
+        let _ = nix::sys::signal::kill(pgid, nix::sys::signal::Signal::SIGKILL);
+        let _ = self.0.wait();
+    }
+}

@@ -667,12 +667,7 @@ fn a_full_disk_costs_at_most_that_capture_and_the_daemon_keeps_going() {
 
     // Every switch on the machine for 3 s under a switch storm: far more
     // than 256 KiB.
-    let mut storm = Command::new("perf")
-        .args(["bench", "sched", "pipe", "-l", "100000000"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("perf (cargo xtask setup installs linux-perf)");
+    let storm = SwitchStorm::start();
     let v = d.call(&Request::Capture {
         duration_s: 3.0,
         sched: true,
@@ -685,8 +680,7 @@ fn a_full_disk_costs_at_most_that_capture_and_the_daemon_keeps_going() {
                 .as_array()
                 .is_some_and(|t| t.iter().any(|t| t["rule"] == "manual"))
     });
-    let _ = storm.kill();
-    let _ = storm.wait();
+    drop(storm);
     let outcome = st["recent_triggers"][0]["outcome"]
         .as_str()
         .unwrap()
@@ -760,4 +754,50 @@ fn top_carries_the_ebpf_figures_of_each_window() {
     assert!(row["core_equivalent_pct"].as_f64().unwrap() > 0.0, "{row}");
     w.expect("done");
     w.finish();
+}
+
+/// A capture that reaches `store.max_capture_bytes` under a switch storm
+/// stops, is kept, cut at a whole packet within the cap and marked cut; the
+/// capture stored before it survives.
+#[test]
+fn a_capture_reaching_max_capture_bytes_is_cut_and_older_captures_survive() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("vitalsd.toml"),
+        config(dir.path(), "").replace("[store]\n", "[store]\nmax_capture_bytes = 65536\n"),
+    )
+    .unwrap();
+    let mut d = Daemon { child: None, dir };
+    d.spawn();
+    let capture = |d: &Daemon, sched: bool, duration_s: f64| {
+        let v = d.call(&Request::Capture {
+            duration_s,
+            sched,
+            faults: false,
+        });
+        let id = v["id"].as_str().unwrap_or_else(|| panic!("{v}")).to_owned();
+        d.wait_status("the capture to end", Duration::from_secs(60), |st| {
+            st["capture"].is_null() && d.list().iter().any(|m| m["id"] == id.as_str())
+        });
+        id
+    };
+    let older = capture(&d, false, 1.0);
+    let storm = SwitchStorm::start();
+    let cut = capture(&d, true, 30.0);
+    drop(storm);
+    let list = d.list();
+    let meta = list.iter().find(|m| m["id"] == cut.as_str()).unwrap();
+    let status = meta["status"].as_str().unwrap();
+    assert!(status.starts_with("cut"), "{meta}");
+    assert!(meta["trace_bytes"].as_u64().unwrap() <= 65536, "{meta}");
+    assert!(
+        meta["duration_ms"].as_u64().unwrap() < 30_000,
+        "stopped at the cap, not at its end: {meta}"
+    );
+    decode_trace(&d.store().join(format!("{cut}.pftrace")));
+    assert!(
+        list.iter().any(|m| m["id"] == older.as_str()),
+        "the older capture survives: {list:?}"
+    );
 }

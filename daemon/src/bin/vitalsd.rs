@@ -388,6 +388,7 @@ fn record_options(args: RecordArgs) -> RecordOptions {
         proc_root,
         drop_privileges: !keep_privileges,
         capture,
+        max_bytes: None,
     }
 }
 

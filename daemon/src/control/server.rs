@@ -468,6 +468,7 @@ fn store_summary(store: &Store) -> serde_json::Value {
         "bytes": store.total_trace_bytes(),
         "newest": store.newest().map(|m| m.id.clone()),
         "newest_path": store.newest().and_then(|m| store.get(&m.id).ok().map(|(_, p)| p)),
+        "heapprofd_bytes": store.heapprofd_bytes(),
         "counters": store.counters,
     })
 }

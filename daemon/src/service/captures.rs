@@ -60,6 +60,7 @@ pub(super) fn start_capture(
         proc_root: cfg.sampling.proc_root.clone(),
         drop_privileges: false,
         capture,
+        max_bytes: Some(cfg.store.max_capture_bytes),
     };
     let samples: Vec<history::VitalsSample> = history.iter().cloned().collect();
     let stop = Arc::new(AtomicBool::new(false));
@@ -98,6 +99,10 @@ pub(super) fn finish_capture(
     how: &str,
 ) {
     let result = c.thread.join();
+    // Scan before taking the lock the control socket also needs; commit
+    // redoes and reports whatever failed here.
+    let mut pending = c.pending;
+    let _ = pending.seal();
     let mut store = store.lock().unwrap();
     let outcome = match result {
         Ok(Ok(summary)) => {
@@ -107,10 +112,17 @@ pub(super) fn finish_capture(
                 trigger: c.trigger.clone(),
                 duration_ms: summary.wall_monotonic_ns / 1_000_000,
                 trace_bytes: 0,
-                status: how.into(),
+                status: if summary.cut_at_max_bytes {
+                    format!(
+                        "cut: reached store.max_capture_bytes ({} bytes)",
+                        summary.bytes_written
+                    )
+                } else {
+                    how.into()
+                },
                 heapprofd: None,
             };
-            match store.commit(c.pending, meta) {
+            match store.commit(pending, meta) {
                 Ok(m) => {
                     log::info!("capture {} stored ({} bytes)", m.id, m.trace_bytes);
                     format!("captured {}", m.id)
@@ -133,18 +145,18 @@ pub(super) fn finish_capture(
                 status: format!("cut short: {e}"),
                 heapprofd: None,
             };
-            if c.pending.tmp_path.exists() {
-                match store.commit(c.pending, meta) {
+            if pending.tmp_path.exists() {
+                match store.commit(pending, meta) {
                     Ok(m) => format!("captured {} (cut short: {e})", m.id),
                     Err(e2) => format!("failed: {e}; {e2}"),
                 }
             } else {
-                store.abort(c.pending);
+                store.abort(pending);
                 format!("failed: {e}")
             }
         }
         Err(_) => {
-            store.abort(c.pending);
+            store.abort(pending);
             "failed: capture thread panicked".into()
         }
     };

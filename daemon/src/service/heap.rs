@@ -112,7 +112,7 @@ pub(super) fn start_heap(
         // perfetto writes into heapprofd/, the one directory the policy
         // lets its domain write (sepolicy: vitalsd_heapprofd_data_file);
         // the trace moves into the store when the session ends.
-        let dir = store.dir().join("heapprofd");
+        let dir = store.heapprofd_dir();
         if let Err(e) = std::fs::create_dir_all(&dir) {
             return Err(format!("creating {}: {e}", dir.display()));
         }
@@ -159,6 +159,11 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
             log::error!("moving {} into the store: {e}", h.out.display());
         }
     }
+    // The scan that cuts the trace to whole packets reads the file: do it
+    // before taking the lock the control socket also needs (commit redoes
+    // and reports whatever failed here).
+    let mut pending = h.pending;
+    let _ = pending.seal();
     let mut store = store.lock().unwrap();
     let outcome = match result {
         Ok(Ok(report)) => {
@@ -180,8 +185,8 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
                 status,
                 heapprofd: serde_json::to_value(&report).ok(),
             };
-            if h.pending.tmp_path.exists() {
-                match store.commit(h.pending, meta) {
+            if pending.tmp_path.exists() {
+                match store.commit(pending, meta) {
                     Ok(m) => format!(
                         "heap profile {} ({})",
                         m.id,
@@ -190,7 +195,7 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
                     Err(e) => format!("heap profile not stored: {e}"),
                 }
             } else {
-                store.abort(h.pending);
+                store.abort(pending);
                 format!(
                     "heap profile: no trace ({})",
                     report
@@ -201,11 +206,11 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
             }
         }
         Ok(Err(e)) => {
-            store.abort(h.pending);
+            store.abort(pending);
             format!("heap profile refused: {e}")
         }
         Err(_) => {
-            store.abort(h.pending);
+            store.abort(pending);
             "heap profile failed: thread panicked".into()
         }
     };

@@ -26,7 +26,7 @@ use std::{
         atomic::{AtomicU64, Ordering},
         mpsc, Arc, Mutex,
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use thiserror::Error;
@@ -140,6 +140,15 @@ pub const DAEMON_CAPS: &[caps::Capability] =
 
 /// Recent triggers kept for `status` and `dump`.
 const RECENT_TRIGGERS: usize = 32;
+
+/// Applies the store settings of `cfg` (at start and at every reload).
+fn configure_store(store: &mut Store, cfg: &Config) {
+    store.set_limits(limits(cfg));
+    store.set_max_capture_bytes(Some(cfg.store.max_capture_bytes));
+    // A heapprofd session's output older than the longest session plus
+    // perfetto's flush and stop timeouts is a crash's leftover.
+    store.set_heapprofd_stale_after(cfg.heapprofd.max_duration.0 + Duration::from_secs(600));
+}
 
 fn limits(cfg: &Config) -> Limits {
     Limits {
@@ -258,7 +267,9 @@ impl Service {
         let store_lock = try_lock_store(&cfg.store.dir)?
             .ok_or_else(|| ServiceError::StoreBusy(cfg.store.dir.clone()))?;
         let accounting = Accounting::load(&accounting_cfg)?;
-        let store = Arc::new(Mutex::new(Store::open(&cfg.store.dir, limits(&cfg))?));
+        let mut store = Store::open(&cfg.store.dir, limits(&cfg))?;
+        configure_store(&mut store, &cfg);
+        let store = Arc::new(Mutex::new(store));
         let listener = server::bind_or_inherit(&cfg.control.socket)?;
         let kept = privileges::drop_to(DAEMON_CAPS)?;
         let capabilities = privileges::describe(&kept);

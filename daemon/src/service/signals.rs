@@ -10,8 +10,9 @@ use std::sync::{
 
 use super::{
     captures::finish_capture,
+    configure_store,
     heap::{finish_heap, heap_runner},
-    limits, Service,
+    Service,
 };
 use crate::config::Config;
 
@@ -79,7 +80,7 @@ impl Service {
             new.conditions.clone(),
         );
         self.history.set_capacity(new.history_len());
-        self.store.lock().unwrap().set_limits(limits(&new));
+        configure_store(&mut self.store.lock().unwrap(), &new);
         *self.shared.allowed_uids.lock().unwrap() = new.control.allowed_uids.clone();
         self.shared
             .max_request_bytes

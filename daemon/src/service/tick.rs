@@ -11,7 +11,7 @@ use std::{
 use super::Service;
 use crate::{
     control::server::{TopEbpf, TopRow},
-    history, store,
+    history,
     tracker::{bpf_deltas, BpfDelta, Window},
 };
 
@@ -117,12 +117,13 @@ impl Service {
         }
     }
 
-    /// Applies the store's age limit once a minute.
+    /// Applies the store's age limit and cleans stale heapprofd output
+    /// once a minute.
     pub(super) fn expire_store(&mut self) {
         if self.last_expiry.elapsed() > Duration::from_secs(60) {
             self.last_expiry = Instant::now();
-            if let Err(e) = self.store.lock().unwrap().expire(store::now_unix_ms()) {
-                log::warn!("store expiry: {e}");
+            if let Err(e) = self.store.lock().unwrap().maintain() {
+                log::warn!("store maintenance: {e}");
             }
         }
     }

@@ -458,12 +458,6 @@ impl Store {
         Ok(())
     }
 
-    /// [`Store::maintain`]. `_now_ms` is no longer used: ages come from the
-    /// store's clock, which minds wall-clock jumps.
-    pub fn expire(&mut self, _now_ms: u64) -> Result<(), StoreError> {
-        self.maintain()
-    }
-
     pub fn list(&self) -> &[CaptureMeta] {
         &self.captures
     }
