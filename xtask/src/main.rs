@@ -10,6 +10,7 @@ mod bench_idle;
 mod bench_overhead;
 mod bench_scan;
 mod dist;
+mod leftovers;
 mod setup;
 mod suites;
 mod util;
@@ -166,9 +167,15 @@ fn test(require_all: bool) -> Result<()> {
         }
         cmd.args(["--test", &file]);
     }
-    run(cmd
+    leftovers::become_subreaper()?;
+    let kernel_suites = run(cmd
         .args(["--", "--test-threads=1"])
-        .env("VITALSD_BIN", workspace_root().join("target/debug/vitalsd")))?;
+        .env("VITALSD_BIN", workspace_root().join("target/debug/vitalsd")));
+    // Checked even when a test failed: a panicking test is the likeliest
+    // to leave its load running.
+    let leaked = leftovers::check();
+    kernel_suites?;
+    leaked?;
     suites::report(&not_run);
     if require_all && !not_run.is_empty() {
         anyhow::bail!(
