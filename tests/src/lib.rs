@@ -63,7 +63,12 @@ pub fn fake_perfetto_bin() -> PathBuf {
 
 impl Workload {
     pub fn spawn(args: &[&str]) -> Self {
-        let mut child = Command::new(workload_bin())
+        Self::spawn_exe(&workload_bin(), args)
+    }
+
+    /// The workload run from another copy of its binary.
+    pub fn spawn_exe(exe: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new(exe)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

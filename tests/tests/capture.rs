@@ -243,6 +243,68 @@ fn sampled_fault_stacks_name_the_faulting_function() {
     );
 }
 
+/// The FIFO trick: a process runs from a file it then unlinks, and puts
+/// FIFOs where its maps line and the file's old name point. Opening either
+/// path for symbols would block the capture for good; the capture must
+/// finish, its frames must say why they have no name, and the next capture
+/// must run.
+#[test]
+fn a_fifo_in_place_of_a_mapped_file_neither_blocks_nor_fools_the_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("w");
+    std::fs::copy(workload_bin(), &exe).unwrap();
+    let mut w = Workload::spawn_exe(&exe, &["touch", "4000"]);
+    w.expect("ready");
+    std::fs::remove_file(&exe).unwrap();
+    let deleted = dir.path().join("w (deleted)");
+    for fifo in [&exe, &deleted] {
+        nix::unistd::mkfifo(fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    }
+    let trace = dir.path().join("t.pftrace");
+    let rec = start(
+        &trace,
+        &["--duration", "3s", "--faults", "--fault-period", "4"],
+    );
+    w.go();
+    w.expect("done");
+    let pid = w.pid() as u64;
+    // A blocked symboliser would hang here; the recording lasts 3 s.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let rec_pid = rec.child.id();
+    std::thread::spawn(move || done_tx.send(rec.wait()));
+    let table = done_rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .unwrap_or_else(|_| {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(rec_pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("the capture hung on the FIFO")
+        });
+    w.finish();
+    assert!(table.contains("fault samples"), "{table}");
+    let t = decode_trace_with(&trace, &["--capture"]);
+    let frames: Vec<String> = t["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["pid"].as_u64() == Some(pid))
+        .flat_map(|s| s["frames"].as_array().unwrap().clone())
+        .filter_map(|f| f.as_str().map(str::to_owned))
+        .collect();
+    assert!(!frames.is_empty(), "no samples of the workload");
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.starts_with("[unsymbolised: ") && f.contains("regular file")),
+        "frames in the FIFO'd file must say why they have no name: {frames:?}"
+    );
+    // And the next capture runs.
+    let again = dir.path().join("again.pftrace");
+    start(&again, &["--duration", "1s", "--faults"]).wait();
+    decode_trace_with(&again, &["--capture"]);
+}
+
 #[test]
 fn a_tiny_ring_buffer_loses_events_and_the_trace_says_so() {
     tiny_buffer_loses_events(RINGBUF);
