@@ -174,7 +174,8 @@ pub struct Sampling {
 pub struct StoreConfig {
     pub dir: PathBuf,
     pub quota_bytes: u64,
-    /// One capture stops (kept, marked cut) once its trace reaches this.
+    /// One capture stops (kept, marked cut) once its trace reaches this;
+    /// the store also keeps no capture over half its quota.
     pub max_capture_bytes: u64,
     pub max_captures: usize,
     pub max_age: Dur,
@@ -192,8 +193,13 @@ pub struct Control {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Budget {
+    /// Rule-triggered captures.
     pub captures_per_hour: u32,
     pub captures_per_day: u32,
+    /// Manual captures (`vitalsctl capture`): their own budget, so asking
+    /// by hand neither spends nor is blocked by the rules' budget.
+    pub manual_captures_per_hour: u32,
+    pub manual_captures_per_day: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -220,6 +226,12 @@ pub struct HeapprofdSettings {
     pub system_per_day: u32,
     pub target_per_hour: u32,
     pub target_per_day: u32,
+    /// Processes (normalised cmdline) a manual heap profile
+    /// (`vitalsctl heap`) may target, beside every rule's heap_allowlist.
+    /// Empty, with no rule allowlist either: manual profiles are refused.
+    pub allowlist: Vec<String>,
+    /// Installers a manual heap profile's target must come from; empty = any.
+    pub installers: Vec<String>,
 }
 
 impl Default for HeapprofdSettings {
@@ -233,6 +245,8 @@ impl Default for HeapprofdSettings {
             system_per_day: r.system_per_day,
             target_per_hour: r.target_per_hour,
             target_per_day: r.target_per_day,
+            allowlist: Vec::new(),
+            installers: Vec::new(),
         }
     }
 }
@@ -360,6 +374,8 @@ impl Default for Budget {
         Self {
             captures_per_hour: 4,
             captures_per_day: 20,
+            manual_captures_per_hour: 6,
+            manual_captures_per_day: 30,
         }
     }
 }
@@ -453,13 +469,8 @@ impl Config {
         if self.store.quota_bytes < 1 << 20 {
             return bad("store.quota_bytes", "must be at least 1 MiB".into());
         }
-        if self.store.max_capture_bytes < 64 << 10
-            || self.store.max_capture_bytes > self.store.quota_bytes
-        {
-            return bad(
-                "store.max_capture_bytes",
-                "must be between 64 KiB and store.quota_bytes".into(),
-            );
+        if self.store.max_capture_bytes < 64 << 10 {
+            return bad("store.max_capture_bytes", "must be at least 64 KiB".into());
         }
         if self.store.max_captures == 0 {
             return bad("store.max_captures", "must be at least 1".into());
@@ -470,10 +481,13 @@ impl Config {
                 "must be between 64 and 16 MiB".into(),
             );
         }
-        if self.budget.captures_per_hour > 3600 || self.budget.captures_per_day > 86_400 {
+        let b = &self.budget;
+        if b.captures_per_hour.max(b.manual_captures_per_hour) > 3600
+            || b.captures_per_day.max(b.manual_captures_per_day) > 86_400
+        {
             return bad(
                 "budget",
-                "captures_per_hour at most 3600, captures_per_day at most 86400".into(),
+                "*_per_hour at most 3600, *_per_day at most 86400".into(),
             );
         }
         if let Some(t) = self.conditions.max_thermal_millicelsius {

@@ -522,7 +522,7 @@ fn check_config_names_bad_keys() {
 
 fn heap_config(extra: &str) -> String {
     format!(
-        "[heapprofd]\nperfetto_bin = \"{}\"\n{extra}",
+        "[heapprofd]\nperfetto_bin = \"{}\"\nallowlist = [\"surfaceflinger\"]\n{extra}",
         fake_perfetto_bin().display()
     )
 }
@@ -800,4 +800,53 @@ fn a_capture_reaching_max_capture_bytes_is_cut_and_older_captures_survive() {
         list.iter().any(|m| m["id"] == older.as_str()),
         "the older capture survives: {list:?}"
     );
+}
+
+/// Manual requests follow the rules' policy: heap profiles only of
+/// allowlisted processes, captures within their own budget and the device
+/// conditions; each refusal says why and is counted in status.
+#[test]
+fn manual_requests_obey_the_allowlist_the_manual_budget_and_the_conditions() {
+    let thermal = tempfile::tempdir().unwrap();
+    let zone = thermal.path().join("thermal_zone0");
+    std::fs::create_dir_all(&zone).unwrap();
+    std::fs::write(zone.join("temp"), "30000\n").unwrap();
+    let d = Daemon::start(&format!(
+        "{}[budget]\nmanual_captures_per_hour = 1\n[conditions]\nmax_thermal_millicelsius = 45000\nthermal_root = \"{}\"\n",
+        heap_config(""),
+        thermal.path().display()
+    ));
+    let out = d.vitalsctl(&["heap", "--name", "not-listed", "--duration", "300ms"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not on the allowlist"), "{err}");
+
+    let capture = || {
+        Client::connect(&d.socket())
+            .unwrap()
+            .call(&Request::Capture {
+                duration_s: 1.0,
+                sched: false,
+                faults: false,
+            })
+            .map_err(|e| e.to_string())
+    };
+    // Too hot: refused, whoever asks.
+    std::fs::write(zone.join("temp"), "60000\n").unwrap();
+    let e = capture().unwrap_err();
+    assert!(e.contains("thermal"), "{e}");
+    std::fs::write(zone.join("temp"), "30000\n").unwrap();
+    let v = capture().unwrap();
+    let id = v["id"].as_str().unwrap_or_else(|| panic!("{v}")).to_owned();
+    d.wait_status("the capture to end", Duration::from_secs(30), |st| {
+        st["capture"].is_null() && d.list().iter().any(|m| m["id"] == id.as_str())
+    });
+    // The manual budget (1 an hour) is spent.
+    let e = capture().unwrap_err();
+    assert!(e.contains("budget_per_hour"), "{e}");
+    let st = d.wait_status("the refusals counted", Duration::from_secs(10), |st| {
+        !st["manual_refused"]["budget_per_hour"].is_null()
+    });
+    assert_eq!(st["manual_refused"]["thermal"], 1, "{st}");
+    assert_eq!(st["manual_refused"]["budget_per_hour"], 1, "{st}");
 }

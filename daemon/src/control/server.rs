@@ -95,6 +95,8 @@ pub struct DaemonState {
     pub recent_triggers: VecDeque<TriggerRecord>,
     pub triggers_fired: u64,
     pub triggers_skipped: BTreeMap<String, u64>,
+    /// Manual captures and heap profiles refused, by reason.
+    pub manual_refused: BTreeMap<String, u64>,
     pub bpf_drops: BTreeMap<String, u64>,
     /// Samples skipped because a read failed, by source.
     pub sample_errors: BTreeMap<String, u64>,

@@ -11,7 +11,13 @@ use super::{
     heap::{heap_request, start_heap},
     Service,
 };
-use crate::{config::CaptureSpec, control::server::Command, store::TriggerInfo};
+use crate::{
+    config::{CaptureSpec, Config},
+    control::server::Command,
+    heapprofd::normalize_cmdline,
+    store::TriggerInfo,
+    triggers::SysfsProbe,
+};
 
 impl Service {
     /// Manual captures and heap profiles asked for on the control socket;
@@ -44,6 +50,10 @@ impl Service {
     ) {
         if self.capture.is_some() {
             let _ = reply.send(Err("a capture is already running (one at a time)".into()));
+            return;
+        }
+        if let Err(why) = self.admit_manual(false) {
+            let _ = reply.send(Err(why));
             return;
         }
         let spec = CaptureSpec {
@@ -85,6 +95,18 @@ impl Service {
             ));
             return;
         }
+        let target = match heap_target_allowed(&self.cfg, name.as_deref(), pid) {
+            Ok(t) => t,
+            Err(why) => {
+                let _ = reply.send(Err(why));
+                return;
+            }
+        };
+        if let Err(why) = self.admit_manual(true) {
+            let _ = reply.send(Err(why));
+            return;
+        }
+        log::info!("manual heap profile of {target} admitted");
         let trigger = TriggerInfo {
             rule: "manual-heap".into(),
             value: None,
@@ -92,7 +114,8 @@ impl Service {
             offender_pid: pid.map(|p| p as i32),
             offender_name: name.clone(),
         };
-        let request = heap_request(&self.cfg, name, pid, duration, Vec::new());
+        let installers = self.cfg.heapprofd.installers.clone();
+        let request = heap_request(&self.cfg, name, pid, duration, installers);
         match start_heap(&self.runner, &self.store, request, trigger, &self.shared) {
             Ok(h) => {
                 let _ = reply.send(Ok(h.pending.id.clone()));
@@ -102,5 +125,59 @@ impl Service {
                 let _ = reply.send(Err(e));
             }
         }
+    }
+
+    /// The device conditions and, for captures, the manual budget; the
+    /// refusal names its reason.
+    fn admit_manual(&mut self, heap: bool) -> Result<(), String> {
+        let conditions = self.engine.conditions().clone();
+        self.engine
+            .admit_manual(crate::clock::boottime_ns(), &SysfsProbe(&conditions), heap)
+            .map_err(|(reason, detail)| {
+                log::info!("manual request refused: {} {detail}", reason.name());
+                format!("refused: {} {detail}", reason.name())
+                    .trim_end()
+                    .to_owned()
+            })
+    }
+}
+
+/// The names a manual heap profile may target: `heapprofd.allowlist` and
+/// every rule's `capture.heap_allowlist`, compared as heapprofd does
+/// (normalised cmdline). A pid target is checked by its own cmdline.
+fn heap_target_allowed(
+    cfg: &Config,
+    name: Option<&str>,
+    pid: Option<u64>,
+) -> Result<String, String> {
+    let allowed: Vec<&str> = cfg
+        .heapprofd
+        .allowlist
+        .iter()
+        .chain(cfg.rules.iter().flat_map(|r| &r.capture.heap_allowlist))
+        .map(|a| normalize_cmdline(a))
+        .collect();
+    let target = match (name, pid) {
+        (Some(n), _) => normalize_cmdline(n).to_owned(),
+        (None, Some(p)) => {
+            let path = cfg.sampling.proc_root.join(format!("{p}/cmdline"));
+            let cmdline = std::fs::read(&path)
+                .map_err(|e| format!("heap profile of pid {p}: reading {}: {e}", path.display()))?;
+            normalize_cmdline(&String::from_utf8_lossy(&cmdline)).to_owned()
+        }
+        (None, None) => return Err("heap profile: name a process or a pid".into()),
+    };
+    if allowed.contains(&target.as_str()) {
+        Ok(target)
+    } else if allowed.is_empty() {
+        Err(format!(
+            "heap profile of {target:?} refused: no process is allowlisted \
+             (heapprofd.allowlist or a rule's capture.heap_allowlist)"
+        ))
+    } else {
+        Err(format!(
+            "heap profile of {target:?} refused: not on the allowlist ({})",
+            allowed.join(", ")
+        ))
     }
 }

@@ -167,6 +167,12 @@ impl Service {
             .iter()
             .map(|(k, v)| (k.name().to_string(), *v))
             .collect();
+        st.manual_refused = self
+            .engine
+            .manual_refused
+            .iter()
+            .map(|(k, v)| (k.name().to_string(), *v))
+            .collect();
     }
 }
 

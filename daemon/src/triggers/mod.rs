@@ -16,6 +16,33 @@ use crate::{
 const HOUR_NS: u64 = 3600 * 1_000_000_000;
 const DAY_NS: u64 = 24 * HOUR_NS;
 
+/// Forgets starts older than a day, then says which budget (if any) a new
+/// start would exceed.
+fn over_budget(
+    started: &mut VecDeque<u64>,
+    now_boottime_ns: u64,
+    per_hour: u32,
+    per_day: u32,
+) -> Option<SkipReason> {
+    while started
+        .front()
+        .is_some_and(|&t| now_boottime_ns.saturating_sub(t) >= DAY_NS)
+    {
+        started.pop_front();
+    }
+    let last_hour = started
+        .iter()
+        .filter(|&&t| now_boottime_ns.saturating_sub(t) < HOUR_NS)
+        .count() as u32;
+    if last_hour >= per_hour {
+        Some(SkipReason::BudgetHour)
+    } else if started.len() as u32 >= per_day {
+        Some(SkipReason::BudgetDay)
+    } else {
+        None
+    }
+}
+
 /// The process a rule fired on.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Offender {
@@ -87,6 +114,10 @@ pub struct Engine {
     /// BOOTTIME of captures started, for the hourly and daily budgets
     /// (boottime, so a night in suspend still counts as a night).
     started: VecDeque<u64>,
+    /// The same for manual captures, which have their own budget.
+    manual_started: VecDeque<u64>,
+    /// Manual requests refused, by reason.
+    pub manual_refused: BTreeMap<SkipReason, u64>,
     pub skipped: BTreeMap<SkipReason, u64>,
     pub fired_total: u64,
     /// Rules in a skip streak, so a rule held above its threshold logs once.
@@ -112,6 +143,64 @@ impl Engine {
 
     pub fn conditions(&self) -> &Conditions {
         &self.conditions
+    }
+
+    /// The device conditions every capture obeys, rule-triggered or manual:
+    /// too hot, or not charging when charging is required.
+    fn condition_veto(&self, device: &dyn DeviceProbe) -> Option<(SkipReason, String)> {
+        if let Some(limit) = self.conditions.max_thermal_millicelsius {
+            if let Some(t) = device.max_thermal_millicelsius() {
+                if t > limit {
+                    return Some((SkipReason::Thermal, format!("({t} m°C > {limit})")));
+                }
+            }
+        }
+        if self.conditions.require_charging && !device.is_charging() {
+            return Some((SkipReason::NotCharging, String::new()));
+        }
+        None
+    }
+
+    /// Whether a manual capture may start now: the same device conditions
+    /// as rules, and the manual budget (`budget.manual_captures_per_*`),
+    /// which it then spends. `heap` requests obey the conditions only
+    /// (heapprofd's own rate limits count them).
+    pub fn admit_manual(
+        &mut self,
+        now_boottime_ns: u64,
+        device: &dyn DeviceProbe,
+        heap: bool,
+    ) -> Result<(), (SkipReason, String)> {
+        let refused = if let Some(veto) = self.condition_veto(device) {
+            Some(veto)
+        } else if heap {
+            None
+        } else {
+            let (h, d) = (
+                self.budget.manual_captures_per_hour,
+                self.budget.manual_captures_per_day,
+            );
+            over_budget(&mut self.manual_started, now_boottime_ns, h, d).map(|r| {
+                let limit = if r == SkipReason::BudgetHour {
+                    format!("{h} per hour")
+                } else {
+                    format!("{d} per day")
+                };
+                (r, format!("(manual captures: {limit})"))
+            })
+        };
+        match refused {
+            Some(r) => {
+                *self.manual_refused.entry(r.0).or_default() += 1;
+                Err(r)
+            }
+            None => {
+                if !heap {
+                    self.manual_started.push_back(now_boottime_ns);
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Names of processes rules watch, so history keeps them.
@@ -166,40 +255,14 @@ impl Engine {
                 self.skip(&rule.name, SkipReason::CaptureRunning, "");
                 continue;
             }
-            while self
-                .started
-                .front()
-                .is_some_and(|&t| now_boottime_ns.saturating_sub(t) >= DAY_NS)
+            let (per_hour, per_day) = (self.budget.captures_per_hour, self.budget.captures_per_day);
+            if let Some(reason) = over_budget(&mut self.started, now_boottime_ns, per_hour, per_day)
             {
-                self.started.pop_front();
-            }
-            let last_hour = self
-                .started
-                .iter()
-                .filter(|&&t| now_boottime_ns.saturating_sub(t) < HOUR_NS)
-                .count() as u32;
-            if last_hour >= self.budget.captures_per_hour {
-                self.skip(&rule.name, SkipReason::BudgetHour, "");
+                self.skip(&rule.name, reason, "");
                 continue;
             }
-            if self.started.len() as u32 >= self.budget.captures_per_day {
-                self.skip(&rule.name, SkipReason::BudgetDay, "");
-                continue;
-            }
-            if let Some(limit) = self.conditions.max_thermal_millicelsius {
-                if let Some(t) = device.max_thermal_millicelsius() {
-                    if t > limit {
-                        self.skip(
-                            &rule.name,
-                            SkipReason::Thermal,
-                            &format!("({t} m°C > {limit})"),
-                        );
-                        continue;
-                    }
-                }
-            }
-            if self.conditions.require_charging && !device.is_charging() {
-                self.skip(&rule.name, SkipReason::NotCharging, "");
+            if let Some((reason, detail)) = self.condition_veto(device) {
+                self.skip(&rule.name, reason, &detail);
                 continue;
             }
             self.skipping.remove(&rule.name);
@@ -478,6 +541,7 @@ mod tests {
             Budget {
                 captures_per_hour: 2,
                 captures_per_day: 3,
+                ..Budget::default()
             },
             Conditions::default(),
         );
@@ -522,6 +586,56 @@ mod tests {
         assert!(e.evaluate(&h, 2 * S, false, &unplugged).is_none());
         assert_eq!(e.skipped[&SkipReason::NotCharging], 1);
         assert!(e.evaluate(&h, 3 * S, false, &COOL).is_some());
+    }
+
+    /// Manual captures spend their own budget, never the rules'; they obey
+    /// the same device conditions; heap requests obey the conditions only.
+    #[test]
+    fn manual_requests_have_their_own_budget_and_the_same_conditions() {
+        let mut e = Engine::new(
+            vec![rule(Metric::SystemCpuBusyPct, 90.0, 1, 0)],
+            Budget {
+                captures_per_hour: 1,
+                captures_per_day: 1,
+                manual_captures_per_hour: 2,
+                manual_captures_per_day: 3,
+            },
+            Conditions {
+                max_thermal_millicelsius: Some(45_000),
+                ..Conditions::default()
+            },
+        );
+        let hot = Device {
+            temp: Some(50_000),
+            charging: true,
+        };
+        let refused = e.admit_manual(S, &hot, false).unwrap_err();
+        assert_eq!(refused.0, SkipReason::Thermal, "{refused:?}");
+        assert_eq!(
+            e.admit_manual(S, &hot, true).unwrap_err().0,
+            SkipReason::Thermal
+        );
+        assert!(e.admit_manual(S, &COOL, false).is_ok());
+        assert!(e.admit_manual(2 * S, &COOL, false).is_ok());
+        let refused = e.admit_manual(3 * S, &COOL, false).unwrap_err();
+        assert_eq!(refused.0, SkipReason::BudgetHour);
+        assert!(refused.1.contains("manual"), "{refused:?}");
+        // Heap requests are not counted against the capture budget.
+        assert!(e.admit_manual(4 * S, &COOL, true).is_ok());
+        assert_eq!(e.manual_refused[&SkipReason::BudgetHour], 1);
+        assert_eq!(e.manual_refused[&SkipReason::Thermal], 2);
+        // The rule's budget is untouched by the manual captures...
+        let h = history(&[95.0]);
+        assert!(e.evaluate(&h, 5 * S, false, &COOL).is_some());
+        // ...and spending it leaves the manual one as it was.
+        assert!(e.evaluate(&h, 6 * S, false, &COOL).is_none());
+        assert!(e.admit_manual(2 * 3600 * S, &COOL, false).is_ok());
+        assert_eq!(
+            e.admit_manual(2 * 3600 * S + 1, &COOL, false)
+                .unwrap_err()
+                .0,
+            SkipReason::BudgetDay
+        );
     }
 
     #[test]
