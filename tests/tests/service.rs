@@ -850,3 +850,27 @@ fn manual_requests_obey_the_allowlist_the_manual_budget_and_the_conditions() {
     assert_eq!(st["manual_refused"]["thermal"], 1, "{st}");
     assert_eq!(st["manual_refused"]["budget_per_hour"], 1, "{st}");
 }
+
+/// 64 idle connections from an allowlisted uid neither block accept nor
+/// starve the next request: idle ones are evicted to make room, counted.
+#[test]
+fn idle_connections_cannot_starve_the_control_socket() {
+    let d = Daemon::start("");
+    let idle: Vec<UnixStream> = (0..64)
+        .map(|_| UnixStream::connect(d.socket()).unwrap())
+        .collect();
+    // The old server took a slot per connection before reading a byte and
+    // never timed the header out: with 32 slots held, this never answered.
+    let mut s = UnixStream::connect(d.socket()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write_frame(&mut s, br#"{"cmd":"status"}"#).unwrap();
+    let v: Value = serde_json::from_slice(&read_frame(&mut s, 1 << 24).unwrap()).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    // Every idle connection past the uid's 16 slots was closed to make room.
+    d.wait_status(
+        "the idle connections evicted",
+        Duration::from_secs(10),
+        |st| st["control"]["idle_closed"].as_u64().unwrap() >= 64 + 1 - 16,
+    );
+    drop(idle);
+}

@@ -8,6 +8,7 @@
 //! and the connection closed (the stream cannot be resynchronised).
 
 pub mod server;
+pub mod slots;
 
 use std::{
     io::{Read, Write},

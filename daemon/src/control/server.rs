@@ -18,10 +18,13 @@ use thiserror::Error;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{UnixListener, UnixStream},
-    sync::{oneshot, Semaphore},
+    sync::oneshot,
 };
 
-use super::{Request, Response};
+use super::{
+    slots::{Full, Slot, Slots, IDLE_TIMEOUT},
+    Request, Response,
+};
 use crate::store::Store;
 
 #[derive(Debug, Error)]
@@ -129,6 +132,11 @@ pub enum Command {
 pub struct ControlCounters {
     pub connections: AtomicU64,
     pub refused_uid: AtomicU64,
+    /// Connections closed for sending no request (idle past the timeout,
+    /// or evicted to make room for a new connection).
+    pub idle_closed: AtomicU64,
+    /// Connections refused because every slot in the way was busy.
+    pub refused_full: AtomicU64,
     pub bad_requests: AtomicU64,
     pub oversized_requests: AtomicU64,
 }
@@ -142,8 +150,6 @@ pub struct Shared {
     pub counters: ControlCounters,
 }
 
-/// Connections served at once; more wait for a slot.
-const MAX_CONNECTIONS: usize = 32;
 /// A client must deliver a whole request within this.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -255,7 +261,9 @@ pub fn spawn(
                         return;
                     }
                 };
-                let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+                // Accept never waits for a slot: a peer is checked and given
+                // a slot (or refused) at once, see control/slots.rs.
+                let slots = Arc::new(Slots::default());
                 loop {
                     let (stream, _) = match listener.accept().await {
                         Ok(s) => s,
@@ -265,15 +273,12 @@ pub fn spawn(
                             continue;
                         }
                     };
-                    let Ok(permit) = slots.clone().acquire_owned().await else {
-                        return;
-                    };
                     let shared = Arc::clone(&shared);
+                    let slots = Arc::clone(&slots);
                     tokio::spawn(async move {
-                        if let Err(e) = serve(stream, &shared).await {
+                        if let Err(e) = admit_and_serve(stream, &slots, &shared).await {
                             log::debug!("control connection: {e}");
                         }
-                        drop(permit);
                     });
                 }
             });
@@ -288,7 +293,13 @@ async fn send(stream: &mut UnixStream, resp: &Response) -> std::io::Result<()> {
     stream.flush().await
 }
 
-async fn serve(mut stream: UnixStream, shared: &Shared) -> std::io::Result<()> {
+/// Checks the peer, takes a slot for it and serves it until it closes,
+/// idles out or is evicted.
+async fn admit_and_serve(
+    mut stream: UnixStream,
+    slots: &Arc<Slots>,
+    shared: &Shared,
+) -> std::io::Result<()> {
     shared.counters.connections.fetch_add(1, Ordering::Relaxed);
     let uid = stream.peer_cred()?.uid();
     if !shared.allowed_uids.lock().unwrap().contains(&uid) {
@@ -300,12 +311,42 @@ async fn serve(mut stream: UnixStream, shared: &Shared) -> std::io::Result<()> {
         )
         .await;
     }
+    let slot = match slots.take(uid) {
+        Ok((slot, evicted)) => {
+            shared
+                .counters
+                .idle_closed
+                .fetch_add(evicted, Ordering::Relaxed);
+            slot
+        }
+        Err(full) => {
+            shared.counters.refused_full.fetch_add(1, Ordering::Relaxed);
+            let why = match full {
+                Full::Uid => format!("uid {uid} has too many busy connections"),
+                Full::Total => "too many busy connections".to_string(),
+            };
+            return send(&mut stream, &Response::err(why)).await;
+        }
+    };
+    serve(stream, &slot, shared).await
+}
+
+async fn serve(mut stream: UnixStream, slot: &Slot, shared: &Shared) -> std::io::Result<()> {
     loop {
+        // Waiting for a request: evictable, and closed after IDLE_TIMEOUT.
+        slot.set_idle(true);
         let mut len = [0u8; 4];
-        match stream.read_exact(&mut len).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
+        tokio::select! {
+            r = tokio::time::timeout(IDLE_TIMEOUT, stream.read_exact(&mut len)) => match r {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    shared.counters.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+            },
+            _ = slot.evict.notified() => return Ok(()),
         }
         let len = u32::from_be_bytes(len);
         let max = shared.max_request_bytes.load(Ordering::Relaxed) as u32;
@@ -338,9 +379,11 @@ async fn serve(mut stream: UnixStream, shared: &Shared) -> std::io::Result<()> {
             }
         };
         if let Request::Export { id } = &req {
+            slot.set_idle(false);
             export(&mut stream, shared, id).await?;
             continue;
         }
+        slot.set_idle(false);
         let resp = handle(req, shared).await;
         send(&mut stream, &resp).await?;
     }
