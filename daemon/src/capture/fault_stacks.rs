@@ -330,16 +330,16 @@ fn open_mapped_file(proc_root: &Path, pid: u32, m: &MapEntry) -> Result<File, St
     let pid_dir = proc_root.join(pid.to_string());
     // map_files/ opens the mapped file itself, even unlinked; it needs
     // CAP_SYS_ADMIN. Else the target's root: its mount namespace, its path
-    // (minus the " (deleted)" the kernel appends, which then cannot match).
+    // (minus the " (deleted)" the kernel appends, which then cannot match);
+    // that needs ptrace access, which the daemon, with its capabilities
+    // dropped, lacks for processes with more. Last, the path in our own
+    // namespace: right when the target shares it, and refused by the
+    // device/inode check when it does not.
+    let path = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
     let map_file = pid_dir.join(format!("map_files/{:x}-{:x}", m.start, m.end));
-    let rooted = pid_dir.join("root").join(
-        m.path
-            .strip_suffix(" (deleted)")
-            .unwrap_or(&m.path)
-            .trim_start_matches('/'),
-    );
-    let mut why = String::new();
-    for candidate in [map_file, rooted] {
+    let rooted = pid_dir.join("root").join(path.trim_start_matches('/'));
+    let mut why = Vec::new();
+    for candidate in [map_file, rooted, PathBuf::from(path)] {
         let f = match std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -347,7 +347,7 @@ fn open_mapped_file(proc_root: &Path, pid: u32, m: &MapEntry) -> Result<File, St
         {
             Ok(f) => f,
             Err(e) => {
-                why = format!("opening {}: {e}", candidate.display());
+                why.push(format!("opening {}: {e}", candidate.display()));
                 continue;
             }
         };
@@ -357,7 +357,10 @@ fn open_mapped_file(proc_root: &Path, pid: u32, m: &MapEntry) -> Result<File, St
             return Err("not a regular file".into());
         }
         if dev != m.dev || meta.ino() != m.inode {
-            why = "file replaced since it was mapped".into();
+            why.push(format!(
+                "{} is not the file mapped (replaced, or another namespace's)",
+                candidate.display()
+            ));
             continue;
         }
         if meta.len() > MAX_ELF_BYTES {
@@ -365,7 +368,7 @@ fn open_mapped_file(proc_root: &Path, pid: u32, m: &MapEntry) -> Result<File, St
         }
         return Ok(f);
     }
-    Err(why)
+    Err(why.join("; "))
 }
 
 #[cfg(test)]
@@ -417,7 +420,7 @@ mod tests {
         std::fs::write(root.join("lib.so.new"), b"y").unwrap();
         std::fs::rename(root.join("lib.so.new"), root.join("lib.so")).unwrap();
         let e = open_mapped_file(dir.path(), 42, &ok).unwrap_err();
-        assert!(e.contains("replaced"), "{e}");
+        assert!(e.contains("not the file mapped"), "{e}");
 
         // A FIFO opens at once (O_NONBLOCK) and is refused, not read.
         let fifo = fake_mapping(dir.path(), "fifo (deleted)", |p| {
