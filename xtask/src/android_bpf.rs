@@ -93,11 +93,39 @@ pub const fn kver(a: u32, b: u32, c: u32) -> u32 {
 
 /// linux/bpf.h.
 pub const BPF_MAP_TYPE_RINGBUF: u32 = 27;
+/// linux/bpf.h.
+pub const BPF_MAP_TYPE_PERF_EVENT_ARRAY: u32 = 4;
+/// A perf event array declared with max_entries 0 is sized by aya to the
+/// possible CPUs at load; bpfloader passes max_entries through and the
+/// kernel refuses 0 with EINVAL (array_map_alloc_check), which is what
+/// AOSP's real loader hit. 256 slots (8 bytes each) cover the possible CPUs
+/// of any Android device; bpf_perf_event_output(BPF_F_CURRENT_CPU) only
+/// needs an index per CPU.
+pub const PERF_EVENT_ARRAY_ENTRIES: u32 = 256;
 /// Largest Android page size (16K arm64 kernels).
 pub const RINGBUF_MIN_BYTES: u32 = 16384;
 
 /// The object name bpfloader derives from `vitals.o`.
 pub const OBJ_NAME: &str = "vitals";
+
+/// `.rodata` settings whose compiled-in default does not suit bpfloader,
+/// by symbol name, with the value folded in instead.
+///
+/// NR_CPUS: its default 0 makes sched_process_free walk up to MAX_CPUS
+/// (1024) CPUs until the first NULL. The verifier then walks every
+/// iteration: about 190,000 processed instructions. AOSP's loader always
+/// loads with `log_level = 1` and a 1 MiB log (Loader.cpp
+/// BPF_LOAD_LOG_SZ), and at level 1 the verifier logs every processed
+/// instruction, so the log overflows and BPF_PROG_LOAD fails with ENOSPC
+/// although the program is valid (found by the real loader, 1a of
+/// `cargo xtask android-check`). A bound of 64 keeps it at about 12,000
+/// instructions; the loop still stops at the first NULL, i.e. at
+/// nr_cpu_ids. GKI kernels are built with CONFIG_NR_CPUS=32; a device
+/// with more possible CPUs than this bound would lose the exit counts of
+/// the CPUs above it, so check `/sys/devices/system/cpu/possible`.
+pub const BPFLOADER_SETTINGS: [(&str, u64); 1] = [("NR_CPUS", ANDROID_MAX_CPUS as u64)];
+/// The CPU bound folded into NR_CPUS for bpfloader (see BPFLOADER_SETTINGS).
+pub const ANDROID_MAX_CPUS: u32 = 64;
 
 pub struct ProgSpec {
     /// Function symbol in the aya object.
@@ -230,11 +258,38 @@ fn rodata_value(rodata: &[u8], off: usize, len: usize) -> Result<u64> {
     Ok(u64::from_le_bytes(v))
 }
 
+/// The value bpfloader's object gets for the `.rodata` setting at
+/// `addr` when it is one of [`BPFLOADER_SETTINGS`]; None: keep the
+/// compiled-in default.
+fn rodata_setting(
+    obj: &ElfFile64<LE>,
+    rodata: SectionIndex,
+    addr: usize,
+    len: usize,
+) -> Option<u64> {
+    let sym = obj.symbols().find(|s| {
+        s.section_index() == Some(rodata)
+            && s.address() as usize == addr
+            && s.size() as usize == len
+            && s.kind() == SymbolKind::Data
+    })?;
+    let name = sym.name().ok()?;
+    BPFLOADER_SETTINGS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| *v)
+}
+
 /// Folds `rA = <.rodata + k> ll; ...; rA = *(uN *)(rA + off)` into
 /// `ja +0; ja +0; ...; rA = <value>`. Only that shape, with no jump,
 /// write or read of rA in between and no jump landing in between, is
 /// accepted; anything else is an error rather than a guess.
-fn fold_rodata_load(code: &mut [u8], at: usize, rodata: &[u8], base: u64) -> Result<()> {
+fn fold_rodata_load(
+    code: &mut [u8],
+    at: usize,
+    base: u64,
+    value: impl Fn(usize, usize) -> Result<u64>,
+) -> Result<()> {
     let n = code.len() / INSN;
     let i = at / INSN;
     let reg = code[at + 1] & 0x0f;
@@ -260,7 +315,7 @@ fn fold_rodata_load(code: &mut [u8], at: usize, rodata: &[u8], base: u64) -> Res
             };
             let off = i16::from_le_bytes(code[p + 2..p + 4].try_into().unwrap()) as i64;
             let addr = (base as i64 + imm + off) as usize;
-            let v = rodata_value(rodata, addr, len)?;
+            let v = value(addr, len)?;
             // mov32 for <= 4 bytes (zero-extends like the load did); mov64
             // sign-extends its imm, so 8-byte values must fit in i32 >= 0.
             let op = if len == 8 {
@@ -371,7 +426,12 @@ fn extract_prog(
             code[at + 4..at + 8].copy_from_slice(&[0; 4]);
             relocs.push((at as u64, m));
         } else if let Some(ro) = rodata.as_ref().filter(|r| Some(r.index()) == tsec) {
-            fold_rodata_load(&mut code, at, ro.data()?, target.address())
+            let data = ro.data()?;
+            let value = |addr: usize, len: usize| match rodata_setting(obj, ro.index(), addr, len) {
+                Some(v) => Ok(v),
+                None => rodata_value(data, addr, len),
+            };
+            fold_rodata_load(&mut code, at, target.address(), value)
                 .with_context(|| format!("{}: folding a .rodata setting", spec.func))?;
         } else {
             bail!(
@@ -438,6 +498,8 @@ pub fn map_def(m: &MapInfo) -> [u8; MAP_DEF_SIZE] {
     // max_entries through unchanged, and arm64 devices may use 16K pages.
     let max_entries = if m.map_type == BPF_MAP_TYPE_RINGBUF {
         m.max_entries.max(RINGBUF_MIN_BYTES)
+    } else if m.map_type == BPF_MAP_TYPE_PERF_EVENT_ARRAY && m.max_entries == 0 {
+        PERF_EVENT_ARRAY_ENTRIES
     } else {
         m.max_entries
     };
@@ -733,8 +795,14 @@ fn write_elf(secs: &[OutSection]) -> Vec<u8> {
     out
 }
 
+/// The aya-built object: `VITALS_EBPF_OBJ` when set (daemon/build.rs then
+/// embeds that file too, so the daemon and vitals.o come from one object),
+/// else what build.rs built.
 pub fn aya_object(root: &Path) -> std::path::PathBuf {
-    root.join("target/bpf/bpfel-unknown-none/release/vitals-ebpf")
+    match std::env::var_os("VITALS_EBPF_OBJ") {
+        Some(p) => p.into(),
+        None => root.join("target/bpf/bpfel-unknown-none/release/vitals-ebpf"),
+    }
 }
 
 /// `cargo xtask android-bpf`: build (through daemon/build.rs), convert,
