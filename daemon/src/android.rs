@@ -132,6 +132,12 @@ pub const PROCESS_LABELLED: &[(&str, &str)] =
 /// does not grant, and what happens instead.
 pub const NOT_GRANTED: &[(&str, &str)] = &[
     (
+        "/sys/class/power_supply/",
+        "sysfs_batteryinfo: AOSP lets the platform read battery state only through the \
+         health HAL (public/domain.te neverallow on coredomain), so is_charging reads \
+         \"not charging\" there and `require_charging` must stay false on Android",
+    ),
+    (
         "/proc/sys/kernel/pid_max",
         "AOSP has no dedicated label for it (generic proc); when the read is denied \
          bpf::features::read_pid_max falls back to the bounded wakeup hash",
