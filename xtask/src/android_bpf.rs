@@ -6,9 +6,11 @@
 //! neverallow); vitalsd then attaches what it pinned
 //! (`daemon/src/bpf/pins.rs`, `PinMode::AttachFrom`).
 //!
-//! NOT VERIFIED AGAINST A REAL BPFLOADER: there is no device, NDK or AOSP
-//! tree here. The format below was read from AOSP source (files cited at
-//! each fact) and is checked structurally by the tests at the bottom.
+//! Checked against the real loader by `cargo xtask android-check` (1a):
+//! AOSP's Loader.cpp, built for the host, loads this object into a fresh
+//! bpffs and vitalsd counts from its pins. The format below was read from
+//! AOSP source (files cited at each fact); the tests at the bottom check
+//! the structure without a loader.
 //!
 //! Facts used (AOSP system/bpf, as mirrored by LineageOS/android_system_bpf):
 //! - `include/bpf/bpf_map_def.h`: `struct bpf_map_def` is 120 bytes, align 4
@@ -821,7 +823,7 @@ pub fn write(root: &Path) -> Result<std::path::PathBuf> {
     std::fs::create_dir_all(dest.parent().unwrap())?;
     std::fs::write(&dest, out)?;
     println!(
-        "{} (bpfloader format; structurally checked, not loaded by a real bpfloader)",
+        "{} (bpfloader format; `cargo xtask android-check` loads it with AOSP's loader)",
         dest.display()
     );
     for p in &PROGRAMS {
@@ -834,9 +836,9 @@ pub fn write(root: &Path) -> Result<std::path::PathBuf> {
     Ok(dest)
 }
 
-/// Structural checks of the produced object against the AOSP layout. NOT a
-/// load by a real bpfloader (none here): they parse the object the way
-/// Loader.cpp does and check what it would find.
+/// Structural checks of the produced object against the AOSP layout,
+/// without a loader: they parse the object the way Loader.cpp does and
+/// check what it would find (android-check runs the real one).
 #[cfg(test)]
 mod tests {
     use super::*;

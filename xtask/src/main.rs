@@ -5,6 +5,7 @@
 //! the benchmark peers, and the official `perfetto` Python package.
 
 mod android_bpf;
+mod android_check;
 mod bench_capture;
 mod bench_idle;
 mod bench_overhead;
@@ -61,6 +62,17 @@ enum Cmd {
     /// Rewrite the aya-built eBPF object into Android bpfloader's ELF format:
     /// target/dist/bpf/vitals.o (for /system/etc/bpf; see android_bpf.rs).
     AndroidBpf,
+    /// The Android pieces checked by Android's own code from an AOSP tree:
+    /// the real bpfloader loads vitals.o, the platform policy compiles with
+    /// sepolicy/, dist's packaging parses (see android_check/mod.rs).
+    AndroidCheck {
+        /// AOSP tree (default: ../shared/aosp next to the repository).
+        #[arg(long)]
+        aosp: Option<PathBuf>,
+        /// Fail when a check cannot run here (no AOSP tree, not root).
+        #[arg(long)]
+        require_all: bool,
+    },
     /// Benchmarks against the tools a user would pick instead.
     Bench {
         #[command(subcommand)]
@@ -112,6 +124,10 @@ fn main() -> Result<()> {
         Cmd::Test { require_all } => test(require_all),
         Cmd::Dist { target } => dist::run_dist(target),
         Cmd::AndroidBpf => android_bpf::run(&workspace_root()).map(|_| ()),
+        Cmd::AndroidCheck { aosp, require_all } => {
+            setup::all()?;
+            android_check::run(aosp, require_all).map(|_| ())
+        }
         Cmd::Bench { which } => {
             setup::all()?;
             build_release()?;

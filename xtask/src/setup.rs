@@ -8,7 +8,11 @@ use anyhow::{bail, Context, Result};
 use crate::util::{output, run, workspace_root};
 
 /// Debian packages: the eBPF toolchain (docs/toolchain.md), then what the
-/// tests and benches run against (perf, bpftrace, bpftool, top, pidstat, strace).
+/// tests and benches run against (perf, bpftrace, bpftool, top, pidstat,
+/// strace), then what `android-check` builds AOSP's tools with: clang for
+/// the host bpfloader and time_in_state.c, Android's libbase/liblog/
+/// libcutils/libselinux as Debian packages them, m4 + checkpolicy for the
+/// platform policy, libsepol's static library for checkfc.
 const APT_PACKAGES: &[&str] = &[
     "rustc-web",
     "libstd-rust-web-dev-bpf",
@@ -20,6 +24,14 @@ const APT_PACKAGES: &[&str] = &[
     "sysstat",
     "strace",
     "python3-venv",
+    "clang-22",
+    "android-libbase-dev",
+    "android-liblog-dev",
+    "android-libcutils-dev",
+    "android-libselinux-dev",
+    "libsepol-dev",
+    "checkpolicy",
+    "m4",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const PERFETTO_PY_VERSION: &str = "0.59.1";

@@ -1,0 +1,190 @@
+//! `cargo xtask android-check [--aosp DIR] [--require-all]`: vitalsd's
+//! Android pieces checked by Android's own code, from an AOSP tree
+//! (default `../shared/aosp`, relative to the repository root):
+//!
+//! - **1a loader** (`loader.rs`): AOSP's bpfloader, built for the host,
+//!   loads `vitals.o`; vitalsd attached from its pins counts a spinner and
+//!   a page-toucher within 10 % of /proc. Needs root.
+//! - **1b policy** (`policy.rs`): the platform policy compiled with
+//!   `sepolicy/` by m4 + checkpolicy in the build's order, user and
+//!   userdebug, neverallows on; file and property contexts checked by
+//!   AOSP's checkfc.
+//! - **1c packaging** (`packaging.rs`): what `dist` ships exists and its
+//!   Android.bp parses as Blueprint. Needs no AOSP tree.
+//!
+//! Without the AOSP tree (a fresh machine without ../shared), 1a and 1b
+//! are reported loudly as not run, with how to run them; that fails only
+//! with `--require-all` ([`run`]'s `require`).
+
+pub mod blueprint;
+pub mod loader;
+mod packaging;
+mod policy;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+
+use crate::util::{cargo, run as run_cmd, workspace_root};
+
+/// How one check ended.
+#[derive(Debug)]
+pub enum Outcome {
+    Pass(String),
+    /// The tool's own output.
+    Fail(String),
+    /// Could not run here: why, and how to run it.
+    NotRun {
+        why: String,
+        how: String,
+    },
+}
+
+#[derive(Debug)]
+pub struct Report {
+    pub checks: Vec<(&'static str, Outcome)>,
+}
+
+impl Report {
+    pub fn failed(&self) -> usize {
+        self.checks
+            .iter()
+            .filter(|(_, o)| matches!(o, Outcome::Fail(_)))
+            .count()
+    }
+
+    pub fn not_run(&self) -> usize {
+        self.checks
+            .iter()
+            .filter(|(_, o)| matches!(o, Outcome::NotRun { .. }))
+            .count()
+    }
+}
+
+/// The default AOSP tree: ../shared/aosp next to the repository.
+pub fn default_aosp() -> PathBuf {
+    workspace_root().join("../shared/aosp")
+}
+
+/// Where cargo puts build output (CARGO_TARGET_DIR or ./target).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+fn outcome(r: Result<String>) -> Outcome {
+    match r {
+        Ok(s) => Outcome::Pass(s),
+        Err(e) => Outcome::Fail(format!("{e:#}")),
+    }
+}
+
+fn is_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Builds what the checks need, runs them, prints the report. Errors when
+/// a check fails, or, with `require`, when one could not run.
+pub fn run(aosp: Option<PathBuf>, require: bool) -> Result<Report> {
+    let root = workspace_root();
+    let aosp_dir = aosp.unwrap_or_else(default_aosp);
+    let tree = loader::AospTree::find(&aosp_dir);
+    let work = target_dir().join("android-check");
+    std::fs::create_dir_all(&work)?;
+    // vitalsd and the workload for 1a and 1c; the aya object for vitals.o.
+    run_cmd(cargo().args([
+        "build",
+        "-p",
+        "vitalsd",
+        "--bins",
+        "-p",
+        "vitals-tests",
+        "--bin",
+        "vitals-workload",
+    ]))?;
+    let bins = target_dir().join("debug");
+    crate::android_bpf::write(&root)?;
+
+    let how = |what: &str| {
+        format!(
+            "get an AOSP tree (system/bpf, system/sepolicy, packages/modules/Connectivity; \
+             ../shared/aosp/README.md lists the files) and run `cargo xtask android-check \
+             --aosp DIR`{what}"
+        )
+    };
+    let mut checks = Vec::new();
+    match &tree {
+        None => {
+            let why = format!("no AOSP tree at {}", aosp_dir.display());
+            checks.push((
+                "1a loader: AOSP bpfloader loads vitals.o, vitalsd records from its pins",
+                Outcome::NotRun {
+                    why: why.clone(),
+                    how: how(" as root"),
+                },
+            ));
+            checks.push((
+                "1b policy: platform policy + sepolicy/, user and userdebug, neverallows, contexts",
+                Outcome::NotRun { why, how: how("") },
+            ));
+        }
+        Some(t) => {
+            let a = if is_root() {
+                outcome(loader::check(&root, t, &work, &bins))
+            } else {
+                Outcome::NotRun {
+                    why: "not root (the loader needs bpffs mounts, a mount namespace and bpf(2))"
+                        .into(),
+                    how: "sudo cargo xtask android-check".into(),
+                }
+            };
+            checks.push((
+                "1a loader: AOSP bpfloader loads vitals.o, vitalsd records from its pins",
+                a,
+            ));
+            checks.push((
+                "1b policy: platform policy + sepolicy/, user and userdebug, neverallows, contexts",
+                outcome(policy::check(&root, &t.sepolicy, &work.join("policy"))),
+            ));
+        }
+    }
+    checks.push((
+        "1c packaging: dist's files exist, its Android.bp parses",
+        outcome(packaging::check(&root, &bins)),
+    ));
+    let report = Report { checks };
+    print(&report, &aosp_dir);
+    if report.failed() > 0 {
+        bail!("android-check: {} check(s) failed", report.failed());
+    }
+    if require && report.not_run() > 0 {
+        bail!(
+            "android-check: {} check(s) could not run and --require-all was given",
+            report.not_run()
+        );
+    }
+    Ok(report)
+}
+
+fn print(report: &Report, aosp: &Path) {
+    println!("android-check (AOSP tree: {})", aosp.display());
+    for (name, o) in &report.checks {
+        match o {
+            Outcome::Pass(s) => println!("PASS {name}\n{s}"),
+            Outcome::Fail(s) => println!("FAIL {name}\n{s}"),
+            Outcome::NotRun { why, how } => {
+                println!(
+                    "NOT RUN {name}\n  !!! {why}: this check did NOT run.\n  !!! To run it: {how}"
+                )
+            }
+        }
+    }
+    let n = report.checks.len();
+    println!(
+        "android-check: {} passed, {} failed, {} not run",
+        n - report.failed() - report.not_run(),
+        report.failed(),
+        report.not_run()
+    );
+}
