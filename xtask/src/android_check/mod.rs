@@ -1,6 +1,7 @@
 //! `cargo xtask android-check [--aosp DIR] [--require-all]`: vitalsd's
 //! Android pieces checked by Android's own code, from an AOSP tree
-//! (default `../shared/aosp`, relative to the repository root):
+//! (default: `VITALS_AOSP_DIR`, else `../shared/aosp` beside the
+//! repository; `suites::Tool::AospTree`):
 //!
 //! - **1a loader** (`loader.rs`): AOSP's bpfloader, built for the host,
 //!   loads `vitals.o`; vitalsd attached from its pins counts a spinner and
@@ -21,11 +22,14 @@ pub mod loader;
 mod packaging;
 mod policy;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 
-use crate::util::{cargo, run as run_cmd, workspace_root};
+use crate::{
+    suites::Tool,
+    util::{cargo, run as run_cmd, workspace_root},
+};
 
 /// How one check ended.
 #[derive(Debug)]
@@ -61,11 +65,6 @@ impl Report {
     }
 }
 
-/// The default AOSP tree: ../shared/aosp next to the repository.
-pub fn default_aosp() -> PathBuf {
-    workspace_root().join("../shared/aosp")
-}
-
 /// Where cargo puts build output (CARGO_TARGET_DIR or ./target).
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
@@ -88,8 +87,16 @@ fn is_root() -> bool {
 /// a check fails, or, with `require`, when one could not run.
 pub fn run(aosp: Option<PathBuf>, require: bool) -> Result<Report> {
     let root = workspace_root();
-    let aosp_dir = aosp.unwrap_or_else(default_aosp);
-    let tree = loader::AospTree::find(&aosp_dir);
+    let (aosp_dir, tree) = match aosp.ok_or(String::new()).or_else(|_| Tool::AospTree.find()) {
+        Ok(dir) => {
+            let tree = loader::AospTree::find(&dir).ok_or(format!(
+                "{} has no system_bpf/libbpf_android/Loader.cpp (nor system/bpf/...)",
+                dir.display()
+            ));
+            (dir.display().to_string(), tree)
+        }
+        Err(why) => ("none found".to_owned(), Err(why)),
+    };
     let work = target_dir().join("android-check");
     std::fs::create_dir_all(&work)?;
     // vitalsd and the workload for 1a and 1c; the aya object for vitals.o.
@@ -106,22 +113,16 @@ pub fn run(aosp: Option<PathBuf>, require: bool) -> Result<Report> {
     let bins = target_dir().join("debug");
     crate::android_bpf::write(&root)?;
 
-    let how = |what: &str| {
-        format!(
-            "get an AOSP tree (system/bpf, system/sepolicy, packages/modules/Connectivity; \
-             ../shared/aosp/README.md lists the files) and run `cargo xtask android-check \
-             --aosp DIR`{what}"
-        )
-    };
+    let how = |what: &str| format!("{}{what}", Tool::AospTree.how());
     let mut checks = Vec::new();
     match &tree {
-        None => {
-            let why = format!("no AOSP tree at {}", aosp_dir.display());
+        Err(why) => {
+            let why = format!("no AOSP tree: {why}");
             checks.push((
                 "1a loader: AOSP bpfloader loads vitals.o, vitalsd records from its pins",
                 Outcome::NotRun {
                     why: why.clone(),
-                    how: how(" as root"),
+                    how: how("; as root (the loader mounts a bpffs)"),
                 },
             ));
             checks.push((
@@ -129,7 +130,7 @@ pub fn run(aosp: Option<PathBuf>, require: bool) -> Result<Report> {
                 Outcome::NotRun { why, how: how("") },
             ));
         }
-        Some(t) => {
+        Ok(t) => {
             let a = if is_root() {
                 outcome(loader::check(&root, t, &work, &bins))
             } else {
@@ -167,8 +168,8 @@ pub fn run(aosp: Option<PathBuf>, require: bool) -> Result<Report> {
     Ok(report)
 }
 
-fn print(report: &Report, aosp: &Path) {
-    println!("android-check (AOSP tree: {})", aosp.display());
+fn print(report: &Report, aosp: &str) {
+    println!("android-check (AOSP tree: {aosp})");
     for (name, o) in &report.checks {
         match o {
             Outcome::Pass(s) => println!("PASS {name}\n{s}"),
