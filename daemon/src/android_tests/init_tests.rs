@@ -95,7 +95,8 @@ fn rc_service_shape() {
     assert!(block.contains(&"disabled"), "started by the property only");
     // The socket the daemon inherits (control::server::bind_or_inherit).
     let socket = rc_option(&block, "socket");
-    assert_eq!(socket, ["vitalsd", "stream", "0660", "system", "system"]);
+    // Group shell: dumpstate connects as uid/gid 2000 (tests/tests/bugreport_uid.rs).
+    assert_eq!(socket, ["vitalsd", "stream", "0660", "system", "shell"]);
     let default_socket = crate::config::Control::default_for(true).socket;
     assert_eq!(
         default_socket.file_name().unwrap(),
