@@ -74,7 +74,7 @@ pub const ANDROID_PATHS: &[(&str, &str)] = &[
     ),
     (
         "/data/misc/vitalsd/heapprofd/",
-        "heapprofd::runner: `perfetto --out` traces and <trace>.meta.json",
+        "heapprofd::runner: the traces it opens for `perfetto --out -`, and <trace>.meta.json",
     ),
     (
         "/dev/socket/vitalsd",

@@ -374,9 +374,13 @@ impl HeapProfileRequest {
                 },
             ],
             duration_ms: Some(self.duration_ms),
-            // Streams buffers into the output file during the session, so a
-            // client stopped by SIGTERM still leaves what was collected.
-            write_into_file: Some(true),
+            // No write_into_file: traced keeps the data in its buffers and
+            // the client, as the session's consumer, reads them back over
+            // the consumer socket at the end and writes them to its stdout
+            // (heapprofd/runner.rs: on Android perfetto and traced may not
+            // open our files). A client stopped by SIGTERM still ends the
+            // session that way and writes what was collected.
+            write_into_file: Some(false),
             flush_timeout_ms: Some(self.flush_timeout_ms),
             unique_session_name: self.unique_session_name.clone(),
             bugreport_score: self.bugreport_score,

@@ -3,8 +3,9 @@
 //!
 //! - [`config`]: the typed request, its validation, and the TraceConfig it
 //!   becomes (android.heapprofd + linux.process_stats);
-//! - [`runner`]: runs `perfetto --config - --out <file>` with the binary
-//!   config on stdin, one session at a time, with timeout and cancellation;
+//! - [`runner`]: runs `perfetto --config - --out -` with the binary config
+//!   on stdin and a trace file it opened as stdout, one session at a time,
+//!   with timeout and cancellation;
 //! - [`ratelimit`]: persisted per-target and system-wide limits;
 //! - [`outcome`]: heapprofd's per-process verdict read back from the trace,
 //!   stored with the config in `<trace>.meta.json`.
@@ -53,7 +54,7 @@ pub fn default_state_file_for(android: bool) -> std::path::PathBuf {
     }
 }
 
-/// Where `perfetto --out` traces of heapprofd sessions go on Android: their
-/// own directory, the only one the policy lets the perfetto domain write
-/// (sepolicy/file_contexts: vitalsd_heapprofd_data_file).
+/// Where the heapprofd session traces go on Android: their own directory
+/// (sepolicy/file_contexts: vitalsd_heapprofd_data_file). The runner
+/// creates each file; the perfetto domain may only write to it.
 pub const ANDROID_TRACE_DIR: &str = "/data/misc/vitalsd/heapprofd";

@@ -1,9 +1,15 @@
 //! Runs one heapprofd session through the `perfetto` command-line client.
 //!
-//! `perfetto --config - --out <file>` reads a binary TraceConfig from stdin,
-//! starts the session with traced, and writes the trace to <file>. The child
-//! inherits our uid: traced marks the session TRUSTED_SYSTEM only when that
-//! uid is 1000 (system), so on Android vitalsd runs as `user system`.
+//! `perfetto --config - --out -` reads a binary TraceConfig from stdin,
+//! starts the session with traced and, when it ends, reads the buffers back
+//! over the consumer socket and writes the trace to its stdout, which is the
+//! file we opened. On Android the `perfetto` domain may not open, create or
+//! search other domains' data files, only write to one it is handed
+//! (system/sepolicy private/perfetto.te neverallows), so we open the file,
+//! and the session keeps its data in traced (no write_into_file), so traced
+//! never touches it. The child inherits our uid: traced marks the session
+//! TRUSTED_SYSTEM only when that uid is 1000 (system), so on Android
+//! vitalsd runs as `user system`.
 //!
 //! On SIGTERM (or SIGINT) the client asks traced to stop the session, waits
 //! for the flush and writes the trace, so cancellation and timeouts send
@@ -80,6 +86,12 @@ pub enum RunError {
     Busy,
     #[error(transparent)]
     RateLimited(#[from] RateLimitError),
+    #[error("creating the heapprofd trace {path}: {source}")]
+    Output {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("spawning {path}: {source}")]
     Spawn {
         path: PathBuf,
@@ -182,6 +194,19 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Reads a pipe to the end on a thread so a chatty client never blocks on a
 /// full pipe; keeps the last 4 KiB.
+/// The trace file the client writes as its stdout: created (or emptied)
+/// 0640, write-only and not O_APPEND, since on Android the perfetto domain
+/// is allowed `write` on it and nothing else.
+fn create_trace_file(out: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o640)
+        .open(out)
+}
+
 fn drain<R: Read + Send + 'static>(r: Option<R>) -> thread::JoinHandle<String> {
     thread::spawn(move || {
         let mut buf = Vec::new();
@@ -258,7 +283,6 @@ impl SessionRunner {
             log::error!("{e}");
         }
 
-        let stdout = drain(child.stdout.take());
         let stderr = drain(child.stderr.take());
         if let Some(mut stdin) = child.stdin.take() {
             // Dropping stdin afterwards is the client's end-of-config.
@@ -271,9 +295,13 @@ impl SessionRunner {
 
         let ended = self.wait(&mut child, request, cancel)?;
         let ended_at = SystemTime::now();
-        let _ = stdout.join();
         let stderr_tail = stderr.join().unwrap_or_default();
         let status = session_status(bin, ended, stderr_tail);
+        // We created the file before the client ran; one that wrote nothing
+        // (failed, or killed before its read-back) left no trace at all.
+        if std::fs::metadata(out).is_ok_and(|m| m.len() == 0) {
+            let _ = std::fs::remove_file(out);
+        }
 
         let (outcome, outcome_error) = match read_outcome(out, request) {
             Ok(o) => (Some(o), None),
@@ -298,16 +326,21 @@ impl SessionRunner {
         Ok(report)
     }
 
-    /// Starts `perfetto --config - --out <out>` with all three pipes.
+    /// Starts `perfetto --config - --out -`: the config on a stdin pipe,
+    /// stdout the trace file `out`, stderr a pipe.
     fn spawn(&self, out: &Path) -> Result<Child, RunError> {
         let bin = &self.config.perfetto_bin;
+        let trace = create_trace_file(out).map_err(|source| RunError::Output {
+            path: out.to_owned(),
+            source,
+        })?;
         Command::new(bin)
             .arg("--config")
             .arg("-")
             .arg("--out")
-            .arg(out)
+            .arg("-")
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
+            .stdout(Stdio::from(trace))
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|source| RunError::Spawn {

@@ -249,7 +249,7 @@ fn trace_config_decodes_with_official_schema_into_exactly_the_requested_fields()
             }}
         ],
         "duration_ms": 20000,
-        "write_into_file": true,
+        "write_into_file": false,
         "flush_timeout_ms": 15000,
         "unique_session_name": "vitalsd_heapprofd_test",
         "bugreport_score": 50

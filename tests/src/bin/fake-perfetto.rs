@@ -1,13 +1,14 @@
 //! A test double of the `perfetto` command-line client for the heapprofd
 //! runner tests.
 //!
-//! Accepts exactly `--config - --out <file>`, reads a binary TraceConfig from
+//! Accepts exactly `--config - --out -`, reads a binary TraceConfig from
 //! stdin, checks that it decodes, names android.heapprofd with a target, and
 //! leaves session_initiator unset (traced sets it; a consumer cannot). Then,
 //! depending on FAKE_PERFETTO_MODE:
 //!
 //! - `success`: sleeps duration_ms, writes a trace with the config, a
-//!   ProcessTree and a ProfilePacket per target, exits 0;
+//!   ProcessTree and a ProfilePacket per target to stdout (the file the
+//!   runner opened: on Android perfetto may only write it), exits 0;
 //! - `overrun`: the same with buffer_overran set;
 //! - `no-profile`: config and ProcessTree but no ProfilePacket, exits 0;
 //! - `exit1`: prints an error like the real client's, exits 1;
@@ -18,7 +19,11 @@
 //! FAKE_PERFETTO_CONFIG_OUT, if set, receives the raw stdin bytes. Named
 //! targets get pids from 4242 up.
 
-use std::{io::Read, path::PathBuf, process::exit, time::Duration};
+use std::{
+    io::{Read, Write},
+    process::exit,
+    time::Duration,
+};
 
 use nix::sys::signal::{signal, SigHandler, SigSet, Signal};
 use prost::Message;
@@ -34,11 +39,11 @@ fn fail(msg: &str) -> ! {
     exit(2)
 }
 
-fn parse_args() -> PathBuf {
+fn parse_args() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
-        [c, dash, o, out] if c == "--config" && dash == "-" && o == "--out" => PathBuf::from(out),
-        _ => fail(&format!("expected `--config - --out FILE`, got {args:?}")),
+        [c, dash, o, out] if c == "--config" && dash == "-" && o == "--out" && out == "-" => {}
+        _ => fail(&format!("expected `--config - --out -`, got {args:?}")),
     }
 }
 
@@ -92,7 +97,7 @@ fn packet(data: Data) -> TracePacket {
     }
 }
 
-fn write_trace(out: &PathBuf, cfg: &TraceConfig, mode: &str) {
+fn write_trace(cfg: &TraceConfig, mode: &str) {
     let t = targets(cfg);
     let interval = heapprofd_config(cfg).unwrap().sampling_interval_bytes;
     let mut packets = vec![
@@ -143,11 +148,14 @@ fn write_trace(out: &PathBuf, cfg: &TraceConfig, mode: &str) {
         })));
     }
     let bytes = protos::Trace { packet: packets }.encode_to_vec();
-    std::fs::write(out, bytes).unwrap_or_else(|e| fail(&format!("writing {out:?}: {e}")));
+    let mut out = std::io::stdout().lock();
+    out.write_all(&bytes)
+        .and_then(|()| out.flush())
+        .unwrap_or_else(|e| fail(&format!("writing the trace to stdout: {e}")));
 }
 
 fn main() {
-    let out = parse_args();
+    parse_args();
     let mode = std::env::var("FAKE_PERFETTO_MODE").unwrap_or_else(|_| "success".into());
     // Block SIGTERM before anything else so `hang` can sigwait for it.
     let mut term = SigSet::empty();
@@ -159,7 +167,7 @@ fn main() {
     match mode.as_str() {
         "success" | "overrun" | "no-profile" => {
             std::thread::sleep(Duration::from_millis(cfg.duration_ms().into()));
-            write_trace(&out, &cfg, &mode);
+            write_trace(&cfg, &mode);
         }
         "exit1" => {
             eprintln!("[perfetto_cmd] Could not connect to traced (fake)");
@@ -167,7 +175,7 @@ fn main() {
         }
         "hang" => {
             term.wait().unwrap();
-            write_trace(&out, &cfg, "success");
+            write_trace(&cfg, "success");
         }
         "hang-hard" => {
             // SAFETY: SIG_IGN installs no handler code.
