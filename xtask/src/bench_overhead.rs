@@ -122,7 +122,7 @@ impl Tool {
     }
 }
 
-fn perf_bench(loops: u64) -> Result<f64> {
+pub(crate) fn perf_bench(loops: u64) -> Result<f64> {
     let out = output(Command::new("taskset").args([
         "-c",
         "0",
@@ -140,7 +140,7 @@ fn perf_bench(loops: u64) -> Result<f64> {
         .with_context(|| format!("no ops/sec in perf output: {out}"))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let n = v.len();
     if n % 2 == 1 {

@@ -90,6 +90,14 @@ enum Bench {
         /// enough that a stray burst on the shared VM moves one run little).
         #[arg(long, default_value_t = 500_000)]
         loops: u64,
+        /// Android user-build setup instead: vitalsd's programs loaded by
+        /// AOSP's bpfloader and attached from pins, against time_in_state.c
+        /// loaded the same way (android_check/bench.rs).
+        #[arg(long)]
+        android: bool,
+        /// AOSP tree for --android (default: VITALS_AOSP_DIR, ../shared/aosp).
+        #[arg(long)]
+        aosp: Option<PathBuf>,
     },
     /// procfs scans with 1000 processes / 5000 threads: vitalsd vs top, top -H, pidstat -t.
     Scan,
@@ -132,7 +140,13 @@ fn main() -> Result<()> {
             setup::all()?;
             build_release()?;
             match which {
-                Bench::Overhead { rounds, loops } => bench_overhead::run(rounds, loops),
+                Bench::Overhead {
+                    rounds,
+                    loops,
+                    android: true,
+                    aosp,
+                } => android_check::bench::run(rounds, loops, aosp),
+                Bench::Overhead { rounds, loops, .. } => bench_overhead::run(rounds, loops),
                 Bench::Idle { seconds } => bench_idle::run(seconds),
                 Bench::Scan => bench_scan::run(&workspace_root().join("target/release/vitalsd")),
                 Bench::Capture { transport } => bench_capture::run(&transport),

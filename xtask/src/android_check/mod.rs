@@ -17,6 +17,7 @@
 //! are reported loudly as not run, with how to run them; that fails only
 //! with `--require-all` ([`run`]'s `require`).
 
+pub mod bench;
 pub mod blueprint;
 pub mod loader;
 mod packaging;
