@@ -162,9 +162,10 @@ pub struct Sampling {
     pub classic_tracepoints: bool,
     /// Processes kept per history sample (the busiest by CPU, faults, RSS).
     pub history_processes: usize,
-    /// bpffs directory of pinned programs and maps to attach (bpfloader's
-    /// on Android user builds, e.g. /sys/fs/bpf/vitals); used when they are
-    /// there, else the daemon loads its own object.
+    /// bpffs directory of pinned programs and maps to attach: on Android
+    /// /sys/fs/bpf, where bpfloader pins vitals.o's prog_vitals_* and
+    /// map_vitals_* (init/vitalsd.toml); used when they are there, else the
+    /// daemon loads its own object.
     pub pin_dir: Option<PathBuf>,
     pub proc_root: PathBuf,
 }
