@@ -876,6 +876,27 @@ mod tests {
     }
 
     #[test]
+    fn nr_cpus_is_folded_to_the_android_bound_and_other_settings_keep_their_default() {
+        let Some(input) = aya_obj() else { return };
+        let aya = ElfFile64::<LE>::parse(&*input).unwrap();
+        let rodata = aya.section_by_name(".rodata").unwrap().index();
+        let at = |name: &str| {
+            let s = aya
+                .symbols()
+                .find(|s| s.name() == Ok(name))
+                .unwrap_or_else(|| panic!("{name} not in the aya object"));
+            (s.address() as usize, s.size() as usize)
+        };
+        let (a, n) = at("NR_CPUS");
+        assert_eq!(
+            rodata_setting(&aya, rodata, a, n),
+            Some(u64::from(ANDROID_MAX_CPUS))
+        );
+        let (a, n) = at("FREE_PID_OFF");
+        assert_eq!(rodata_setting(&aya, rodata, a, n), None);
+    }
+
+    #[test]
     fn converted_object_has_bpfloader_structure() {
         let Some(input) = aya_obj() else { return };
         let aya = ElfFile64::<LE>::parse(&*input).unwrap();
@@ -913,6 +934,9 @@ mod tests {
             assert_eq!(f(8), m.value_size, "{name} value_size");
             if m.map_type == BPF_MAP_TYPE_RINGBUF {
                 assert_eq!(f(12), m.max_entries.max(RINGBUF_MIN_BYTES));
+            } else if m.map_type == BPF_MAP_TYPE_PERF_EVENT_ARRAY && m.max_entries == 0 {
+                // The kernel refuses 0 (AOSP's loader hit EINVAL there).
+                assert_eq!(f(12), PERF_EVENT_ARRAY_ENTRIES, "{name} max_entries");
             } else {
                 assert_eq!(f(12), m.max_entries, "{name} max_entries");
             }
