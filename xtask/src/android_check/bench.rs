@@ -470,12 +470,20 @@ pub fn run(rounds: usize, loops: u64, aosp: Option<PathBuf>) -> Result<()> {
             .find(|(cfg, n, _, _)| *cfg == c && n.ends_with("sched_sched_switch"))
             .map(|s| s.2)
     };
-    if let (Some(v), Some(t)) = (switch(Config::Vitalsd), switch(Config::TimeInState)) {
-        println!(
+    match (switch(Config::Vitalsd), switch(Config::TimeInState)) {
+        (Some(v), Some(t)) => println!(
             "sched_switch program: vitalsd {v:.1} ns/event vs time_in_state {t:.1} ns/event, \
              ratio {:.2} (target < 1)",
             v / t
-        );
+        ),
+        (v, _) => println!(
+            "sched_switch program: no BPF stats for {} (run_cnt did not move)",
+            if v.is_none() {
+                "vitalsd"
+            } else {
+                "time_in_state"
+            }
+        ),
     }
     println!(
         "(vitalsd counts per task on-CPU time, voluntary/involuntary switches, runqueue wait \
