@@ -206,6 +206,18 @@ fn test(require_all: bool) -> Result<()> {
     let leaked = leftovers::check();
     kernel_suites?;
     leaked?;
+    // Android's own tools on our Android pieces (AOSP's loader, policy
+    // compiler and contexts checker); what cannot run is reported below.
+    let android = android_check::run(None, false)?;
+    for (check, outcome) in &android.checks {
+        if let android_check::Outcome::NotRun { why, .. } = outcome {
+            not_run.push(suites::NotRun {
+                suite: format!("android-check {check}"),
+                tool: suites::Tool::AospTree,
+                why: why.clone(),
+            });
+        }
+    }
     suites::report(&not_run);
     if require_all && !not_run.is_empty() {
         anyhow::bail!(
