@@ -54,9 +54,10 @@ fn main() {
         ])
         .arg(&target_dir)
         .env("RUSTC", BPF_RUSTC)
-        // aya-ebpf enables an unstable feature on bpf targets; naming the
-        // crate (not `1`) keeps aya-build from asking for build-std.
-        .env("RUSTC_BOOTSTRAP", "aya_ebpf")
+        // aya-ebpf and vitals-ebpf enable an unstable feature on bpf
+        // targets (asm_experimental_arch); naming the crates (not `1`)
+        // keeps aya-build from asking for build-std.
+        .env("RUSTC_BOOTSTRAP", "aya_ebpf,vitals_ebpf")
         .env(
             "CARGO_ENCODED_RUSTFLAGS",
             format!("--cfg=bpf_target_arch=\"{arch}\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf"),

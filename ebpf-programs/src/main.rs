@@ -1,14 +1,22 @@
 //! vitalsd's always-on accounting programs.
 //!
-//! Every map holds monotonic counters; user space sums per-CPU slots and
-//! takes deltas, and never clears a live map. The per-event path is kept to
-//! the minimum number of map operations because every one of them shows up in
-//! `perf bench sched pipe` (see `cargo xtask bench overhead`):
-//! sched_switch does one per-CPU array access, one per-CPU hash lookup for the
-//! task switching out and one hash lookup for the task switching in (plus one
-//! update when the task switching out was preempted).
+//! Every map holds monotonic counters; user space takes deltas and never
+//! clears a live map. The per-event path is kept to the minimum number of
+//! map operations because every one of them shows up in `perf bench sched
+//! pipe` (see `cargo xtask bench overhead`): sched_switch does one per-CPU
+//! array access, one hash lookup for the task switching out and one for the
+//! task switching in (plus one update when the task switching out was
+//! preempted).
+//!
+//! Only helpers and instructions of Linux 5.10 (the floor, Android GKI
+//! 5.10) are needed on the always-on path; see `daemon/src/bpf/features.rs`
+//! for what each part needs and what the daemon does below it.
 #![no_std]
 #![no_main]
+// For the one inline `lock ... +=` (BPF_XADD) in `xadd`: the bpf target
+// has no compare-and-swap, so core's atomics offer no fetch_add there.
+// aya-ebpf turns on the same feature on bpf targets.
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 use core::ffi::c_void;
 
@@ -16,33 +24,24 @@ use aya_ebpf::{
     bindings::{BPF_F_CURRENT_CPU, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
-        bpf_ktime_get_ns,
-        generated::{bpf_map_lookup_percpu_elem, bpf_perf_event_output},
+        bpf_ktime_get_ns, generated::bpf_perf_event_output,
     },
     macros::{btf_tracepoint, map, perf_event, tracepoint},
-    maps::{
-        Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, PerfEventByteArray, RingBuf,
-        StackTrace,
-    },
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerfEventByteArray, RingBuf, StackTrace},
     programs::{
         tracing::StackIdContext, BtfTracePointContext, PerfEventContext, TracePointContext,
     },
     EbpfContext,
 };
 use vitals_common::{
-    capture, drop_reason, fixed_layout, free_pid_offset, reported_prev_state, CaptureControl,
-    CpuState, EventHeader, ExitKey, ExitedTask, FaultCounters, FaultEvent, SwitchEvent,
-    TaskCounters, WakingEvent, MAX_CPUS, PREV_STATE_BLOCKED_MASK,
+    capture, comm_prefix, drop_reason, fixed_layout, free_comm_field, free_pid_offset,
+    reported_prev_state, CaptureControl, CpuState, EventHeader, ExitKey, ExitedTask, FaultCounters,
+    FaultEvent, SwitchEvent, TaskCounters, WakingEvent, PREV_STATE_BLOCKED_MASK,
 };
 
 // ---- load-time settings (.rodata, set by the loader; the verifier treats
 // frozen .rodata as constants, so reading them costs nothing) ----
 
-/// 0: not set (bpfloader on Android cannot set .rodata): sched_process_free
-/// then walks CPUs until bpf_map_lookup_percpu_elem returns NULL, which it
-/// does for cpu >= nr_cpu_ids (and, at cpu 0, for a missing key).
-#[no_mangle]
-static NR_CPUS: u32 = 0;
 #[no_mangle]
 static SWITCH_PREV_PID_OFF: u32 = 24;
 #[no_mangle]
@@ -104,13 +103,41 @@ fn setting(v: &'static u32) -> u32 {
 
 // ---- maps; the max_entries here are placeholders the loader overrides ----
 
-/// tid -> counters, one slot per CPU.
+/// tid -> counters, a plain hash (not per-CPU): one task's value is only
+/// ever written from that task's own context, so its updates are
+/// serialized by construction and per-CPU slots would buy nothing.
+/// - sched_switch writes `prev`, which is `current` (the tracepoint fires
+///   in __schedule before context_switch), with the rq lock held and IRQs
+///   off; the fault programs write `current` too: the page_fault_user
+///   tracepoint and the perf software events fire in the faulting task's
+///   context. All of them run with preemption disabled (tracepoints call
+///   their programs under preempt_disable_notrace, perf_sw_event disables
+///   preemption), and a task runs on one CPU at a time: before it can run
+///   (or fault) on another CPU, its switch-out here has finished
+///   (finish_task's smp_store_release of on_cpu, paired with the
+///   smp_cond_load_acquire in try_to_wake_up / the migration checks).
+/// - Even if a fault program were preempted by its own task's switch, the
+///   two write different fields (faults vs. time and switches; both write
+///   the same tgid).
+/// - The idle tasks, one per CPU and all pid 0, would break this: their
+///   time goes to `CpuState::idle_ns` instead, never under key 0.
+/// - sched_process_free reads and deletes the value after the task can no
+///   longer run. (A tid is free for reuse once release_task has freed the
+///   pid, an RCU grace period *before* sched_process_free fires; a new task
+///   given that tid within the grace period would share the old one's value
+///   until the free deletes it. alloc_pid hands out pids cyclically, so that
+///   takes a pid_max wrap-around within a grace period.)
+/// With the value in one place, sched_process_free needs one lookup (no
+/// bpf_map_lookup_percpu_elem, Linux 5.19) and the map costs 1/ncpus of the
+/// memory of a per-CPU hash.
 #[map(name = "TASKS")]
-static TASKS: PerCpuHashMap<u32, TaskCounters> = PerCpuHashMap::with_max_entries(16384, 0);
+static TASKS: HashMap<u32, TaskCounters> = HashMap::with_max_entries(16384, 0);
 
 /// tgid -> fault counters of the whole process (survives thread exits).
+/// Threads of a process fault concurrently on several CPUs, so every
+/// update is an atomic add (`xadd`).
 #[map(name = "PROCESS_FAULTS")]
-static PROCESS_FAULTS: PerCpuHashMap<u32, FaultCounters> = PerCpuHashMap::with_max_entries(8192, 0);
+static PROCESS_FAULTS: HashMap<u32, FaultCounters> = HashMap::with_max_entries(8192, 0);
 
 /// tid -> CLOCK_MONOTONIC ns at which it became runnable (0 = not waiting).
 /// Shared across CPUs because the waker and the wakee's CPU differ. Keys are
@@ -118,8 +145,6 @@ static PROCESS_FAULTS: PerCpuHashMap<u32, FaultCounters> = PerCpuHashMap::with_m
 #[map(name = "WAKE_TS")]
 static WAKE_TS: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
 
-/// tid -> final counters of a freed task, drained (read then deleted) by
-/// user space each sample.
 /// Same as WAKE_TS, as an array indexed by tid, used when pid_max is small
 /// enough (the loader decides): array lookups are inlined by the verifier,
 /// hash lookups are helper calls with hashing, and this one runs on every
@@ -127,6 +152,8 @@ static WAKE_TS: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
 #[map(name = "WAKE_TS_ARRAY")]
 static WAKE_TS_ARRAY: Array<u64> = Array::with_max_entries(1, 0);
 
+/// (free time, tid) -> final counters and comm of a freed task, drained
+/// (read then deleted) by user space each sample.
 #[map(name = "EXITED")]
 static EXITED: HashMap<ExitKey, ExitedTask> = HashMap::with_max_entries(4096, 0);
 
@@ -258,39 +285,56 @@ fn count_drop(reason: u32) {
     }
 }
 
-/// This CPU's slot for `tid`, inserting a zeroed one on first sight.
+/// `tid`'s counters, inserting zeroed ones on first sight. Called from
+/// `tid`'s own context only (see TASKS), never for tid 0.
 #[inline(always)]
 fn task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
     if let Some(p) = TASKS.get_ptr_mut(tid) {
         return Some(unsafe { &mut *p });
     }
-    if TASKS
-        .insert(tid, TaskCounters::default(), BPF_NOEXIST as u64)
-        .is_err()
-    {
-        // -E2BIG when full; -EEXIST when another CPU raced us, which the
-        // lookup below resolves.
-        if TASKS.get_ptr_mut(tid).is_none() {
+    // Fails with -E2BIG when the map is full. BPF_NOEXIST: never zero a
+    // value that is there (only this task inserts its tid; see TASKS).
+    let _ = TASKS.insert(tid, TaskCounters::default(), BPF_NOEXIST as u64);
+    match TASKS.get_ptr_mut(tid) {
+        Some(p) => Some(unsafe { &mut *p }),
+        None => {
             count_drop(drop_reason::TASK_MAP_FULL);
-            return None;
+            None
         }
     }
-    TASKS.get_ptr_mut(tid).map(|p| unsafe { &mut *p })
 }
 
 #[inline(always)]
-fn process_slot(tgid: u32) -> Option<&'static mut FaultCounters> {
+fn process_slot(tgid: u32) -> Option<*mut FaultCounters> {
     if let Some(p) = PROCESS_FAULTS.get_ptr_mut(tgid) {
-        return Some(unsafe { &mut *p });
+        return Some(p);
     }
+    // BPF_NOEXIST: another thread of the process may insert on another CPU
+    // at the same time; the loser's insert fails (-EEXIST) instead of
+    // overwriting the winner's count, and both add to the one value.
     let _ = PROCESS_FAULTS.insert(tgid, FaultCounters::default(), BPF_NOEXIST as u64);
     match PROCESS_FAULTS.get_ptr_mut(tgid) {
-        Some(p) => Some(unsafe { &mut *p }),
+        Some(p) => Some(p),
         None => {
             count_drop(drop_reason::PROCESS_MAP_FULL);
             None
         }
     }
+}
+
+/// `*p += v` as one BPF_XADD (`BPF_STX | BPF_XADD | BPF_DW`, opcode 0xdb),
+/// which every kernel with eBPF verifies. Written out because an atomicrmw
+/// whose result were used would become BPF_ATOMIC_FETCH (Linux 5.12+).
+#[inline(always)]
+fn xadd(p: *mut u64, v: u64) {
+    #[cfg(target_arch = "bpf")]
+    unsafe {
+        core::arch::asm!("lock *(u64 *)({0} + 0) += {1}", in(reg) p, in(reg) v)
+    };
+    #[cfg(not(target_arch = "bpf"))]
+    unsafe {
+        *p += v
+    };
 }
 
 /// Where `tid`'s runnable-since time lives, if it has a slot yet.
@@ -470,41 +514,44 @@ fn on_switch(prev: u32, blocked: bool, next: u32, prev_tgid: impl FnOnce() -> u3
         None => return,
     };
 
-    // Switch-out of `prev`. The idle task (pid 0, one per CPU) keeps its
-    // on-CPU time under key 0 in this CPU's slot, i.e. per-CPU idle time;
-    // it has no switches or runqueue wait worth counting.
-    if let Some(t) = task_slot(prev) {
-        if cpu.valid != 0 && now > cpu.last_switch_ns {
-            t.oncpu_ns += now - cpu.last_switch_ns;
-            if cpu.running_tid == prev {
-                t.runq_wait_ns += cpu.pending_wait_ns;
-            } else {
-                // A switch on this CPU was not seen: trace_call_bpf skips
-                // programs while bpf_prog_active is raised, e.g. when a task
-                // is preempted inside a bpf() map syscall. `prev` has run
-                // since some time after last_switch_ns; giving it the whole
-                // interval conserves CPU time (only the split with the task
-                // before it is approximate) where dropping it could lose a
-                // spinner's entire run. Counted so it is never silent.
-                count_drop(drop_reason::SWITCH_MISSED);
-            }
+    // On-CPU time of `prev` since its switch-in.
+    let mut ran_ns = 0;
+    if cpu.valid != 0 && now > cpu.last_switch_ns {
+        ran_ns = now - cpu.last_switch_ns;
+        if cpu.running_tid != prev {
+            // A switch on this CPU was not seen: trace_call_bpf skips
+            // programs while bpf_prog_active is raised, e.g. when a task
+            // is preempted inside a bpf() map syscall. `prev` has run
+            // since some time after last_switch_ns; giving it the whole
+            // interval conserves CPU time (only the split with the task
+            // before it is approximate) where dropping it could lose a
+            // spinner's entire run. Counted so it is never silent.
+            count_drop(drop_reason::SWITCH_MISSED);
         }
-        if prev != 0 {
-            // A tid never changes
-            // thread group (exec by a non-leader takes over the leader's
-            // pid), so learn it once.
-            if t.tgid == 0 {
-                t.tgid = prev_tgid();
+    }
+    if prev == 0 {
+        // This CPU's idle task: per-CPU idle time, in this CPU's own
+        // CPU_STATE slot (see TASKS for why not under tid 0). It has no
+        // switches or runqueue wait worth counting.
+        cpu.idle_ns += ran_ns;
+    } else if let Some(t) = task_slot(prev) {
+        t.oncpu_ns += ran_ns;
+        if ran_ns != 0 && cpu.running_tid == prev {
+            t.runq_wait_ns += cpu.pending_wait_ns;
+        }
+        // A tid never changes thread group (exec by a non-leader takes
+        // over the leader's pid), so learn it once.
+        if t.tgid == 0 {
+            t.tgid = prev_tgid();
+        }
+        if !blocked {
+            t.involuntary_switches += 1;
+            // Still runnable: its runqueue wait starts now.
+            if setting(&TRACK_WAIT) != 0 {
+                mark_runnable(prev, now);
             }
-            if !blocked {
-                t.involuntary_switches += 1;
-                // Still runnable: its runqueue wait starts now.
-                if setting(&TRACK_WAIT) != 0 {
-                    mark_runnable(prev, now);
-                }
-            } else {
-                t.voluntary_switches += 1;
-            }
+        } else {
+            t.voluntary_switches += 1;
         }
     }
 
@@ -643,18 +690,22 @@ pub fn sched_waking_fixed(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// The task's last reference is gone: it will never run or fault again, so
-/// its counters are final. Sum its per-CPU slots here, in the kernel, and
-/// delete the key, so a reused tid starts from zero and nothing is lost.
-/// Needs bpf_map_lookup_percpu_elem (Linux 5.19).
+/// The task is gone for good (delayed_put_task_struct, an RCU grace period
+/// after release_task): it will never run or fault again, so its counters
+/// are final. Copy them, with its comm, into EXITED and delete its key, so
+/// a reused tid starts from zero and nothing is lost; for a thread-group
+/// leader, freed after all its other threads, also the process's fault
+/// counters. Helpers: map lookup/update/delete, bpf_probe_read (ctx reads)
+/// and bpf_ktime_get_ns, all long before 5.10.
 #[tracepoint(category = "sched", name = "sched_process_free")]
 pub fn sched_process_free(ctx: TracePointContext) -> u32 {
+    let comm_word = match unsafe { ctx.read_at::<u32>(fixed_layout::FREE_COMM as usize) } {
+        Ok(word) => word,
+        Err(_) => return 0,
+    };
     let mut pid_off = setting(&FREE_PID_OFF);
     if pid_off == 0 {
-        pid_off = match unsafe { ctx.read_at::<u32>(fixed_layout::FREE_COMM as usize) } {
-            Ok(word) => free_pid_offset(word),
-            Err(_) => return 0,
-        };
+        pid_off = free_pid_offset(comm_word);
     }
     let pid: i32 = match unsafe { ctx.read_at(pid_off as usize) } {
         Ok(p) => p,
@@ -664,62 +715,49 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let tid = pid as u32;
+    forget_wakeup(tid);
+    let task = TASKS.get_ptr(tid).map(|p| unsafe { *p });
+    // A process's fault counters are keyed by its tgid, the leader's tid,
+    // which stays allocated until the leader is released after its other
+    // threads: so an entry under this tid means this is that leader (also
+    // when the leader itself found TASKS full).
+    let process_faults = PROCESS_FAULTS.get_ptr(tid).map(|p| unsafe { *p });
+    if task.is_none() && process_faults.is_none() {
+        // Never switched out nor faulted while we were attached.
+        return 0;
+    }
+    let mut exited = ExitedTask {
+        counters: task.unwrap_or_default(),
+        comm: free_comm(&ctx, comm_word),
+        ..ExitedTask::default()
+    };
+    if let Some(f) = process_faults {
+        exited.process_faults = f;
+        exited.counters.tgid = tid;
+        let _ = PROCESS_FAULTS.remove(tid);
+    }
     let key = ExitKey {
         freed_ns: unsafe { bpf_ktime_get_ns() },
         tid,
         _pad: 0,
     };
-    let mut exited = ExitedTask::default();
-    let nr_cpus = setting(&NR_CPUS);
-    let mut seen = false;
-    // A per-CPU hash has a slot for every CPU below nr_cpu_ids, so the first
-    // NULL means "key gone" or "past the last CPU": stop there. That keeps
-    // this correct when NR_CPUS was never set (bpfloader).
-    for cpu in 0..MAX_CPUS {
-        if nr_cpus != 0 && cpu >= nr_cpus {
-            break;
-        }
-        let p = unsafe {
-            bpf_map_lookup_percpu_elem(
-                &TASKS as *const _ as *mut c_void,
-                &tid as *const u32 as *const c_void,
-                cpu,
-            )
-        } as *const TaskCounters;
-        if p.is_null() {
-            break;
-        }
-        seen = true;
-        exited.counters.add(unsafe { &*p });
-    }
-    forget_wakeup(tid);
-    if !seen {
-        return 0;
-    }
-    if exited.counters.tgid == tid {
-        for cpu in 0..MAX_CPUS {
-            if nr_cpus != 0 && cpu >= nr_cpus {
-                break;
-            }
-            let p = unsafe {
-                bpf_map_lookup_percpu_elem(
-                    &PROCESS_FAULTS as *const _ as *mut c_void,
-                    &tid as *const u32 as *const c_void,
-                    cpu,
-                )
-            } as *const FaultCounters;
-            if p.is_null() {
-                break;
-            }
-            exited.process_faults.add(unsafe { &*p });
-        }
-        let _ = PROCESS_FAULTS.remove(tid);
-    }
     if EXITED.insert(key, exited, BPF_NOEXIST as u64).is_err() {
         count_drop(drop_reason::EXITED_MAP_FULL);
     }
     let _ = TASKS.remove(tid);
     0
+}
+
+/// sched_process_free's comm, in either layout (`free_comm_field`): 16
+/// bytes read at the field (bpf_probe_read: the offset of a `__data_loc`
+/// string is only known at run time), what lies past the string zeroed.
+#[inline(always)]
+fn free_comm(ctx: &TracePointContext, comm_word: u32) -> [u8; 16] {
+    let field = free_comm_field(comm_word);
+    match unsafe { ctx.read_at::<[u8; 16]>(field.off as usize) } {
+        Ok(raw) => comm_prefix(raw, field.len),
+        Err(_) => [0; 16],
+    }
 }
 
 #[inline(always)]
@@ -744,21 +782,30 @@ enum FaultKind {
 fn count_fault(kind: FaultKind) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    // tid 0 (an idle task) takes no user faults; its key would be shared by
+    // every CPU's idle task (see TASKS).
+    if tid == 0 {
+        return;
+    }
     if let Some(t) = task_slot(tid) {
         t.tgid = tgid;
-        bump(&mut t.faults, kind);
+        // The task's own context: a plain add (see TASKS).
+        let f = &mut t.faults;
+        match kind {
+            FaultKind::Entry => f.entries += 1,
+            FaultKind::Minor => f.minflt += 1,
+            FaultKind::Major => f.majflt += 1,
+        }
     }
     if let Some(p) = process_slot(tgid) {
-        bump(p, kind);
-    }
-}
-
-#[inline(always)]
-fn bump(f: &mut FaultCounters, kind: FaultKind) {
-    match kind {
-        FaultKind::Entry => f.entries += 1,
-        FaultKind::Minor => f.minflt += 1,
-        FaultKind::Major => f.majflt += 1,
+        // Shared by the process's threads on every CPU: atomic adds.
+        let f = unsafe { &mut *p };
+        let counter = match kind {
+            FaultKind::Entry => &mut f.entries,
+            FaultKind::Minor => &mut f.minflt,
+            FaultKind::Major => &mut f.majflt,
+        };
+        xadd(counter, 1);
     }
 }
 

@@ -54,13 +54,14 @@
 //! Load-time settings: aya sets the `.rodata` globals at load; bpfloader
 //! cannot (it has no BPF_PSEUDO_MAP_VALUE), so every `.rodata` read in the
 //! kept programs is folded here to its compiled-in default. The kept
-//! programs are the `*_fixed` ones (no field offsets needed); NR_CPUS
-//! defaults to 0, which sched_process_free treats as "until the first NULL",
-//! and FREE_PID_OFF to 0, "tell `pid`'s offset from the record" (it moved
-//! from 24 to 12 when `comm` became `__data_loc`).
+//! programs are the `*_fixed` ones (no field offsets needed); FREE_PID_OFF
+//! defaults to 0, "tell `pid`'s offset from the record" (it moved from 24
+//! to 12 when `comm` became `__data_loc`).
 //!
-//! Map sizes: bpfloader cannot resize, so the object's compiled-in
-//! max_entries (= the daemon's MapLimits defaults) are what Android gets.
+//! Map types and sizes come from the aya object as they are (TASKS and
+//! PROCESS_FAULTS are plain BPF_MAP_TYPE_HASH since the 5.10 floor work):
+//! bpfloader cannot resize, so the object's compiled-in max_entries (= the
+//! daemon's MapLimits defaults) are what Android gets.
 
 use std::path::Path;
 
@@ -145,8 +146,8 @@ pub struct ProgSpec {
 /// attaches them with perf_event_open + PERF_EVENT_IOC_SET_BPF, exactly as
 /// for its own pins (needs perf_event permission in vitalsd's sepolicy).
 /// min_kver 5.8: the programs use the ring buffer map and
-/// bpf_ktime_get_boot_ns; sched_process_free needs
-/// bpf_map_lookup_percpu_elem (5.19).
+/// bpf_ktime_get_boot_ns; sched_process_free needs nothing newer (it used
+/// bpf_map_lookup_percpu_elem, 5.19, while TASKS was a per-CPU hash).
 pub const PROGRAMS: [ProgSpec; 7] = [
     ProgSpec {
         func: "sched_switch_fixed",
@@ -166,7 +167,7 @@ pub const PROGRAMS: [ProgSpec; 7] = [
     ProgSpec {
         func: "sched_process_free",
         section: "tracepoint/sched/sched_process_free",
-        min_kver: kver(5, 19, 0),
+        min_kver: kver(5, 8, 0),
     },
     ProgSpec {
         func: "page_fault_user",
@@ -863,10 +864,12 @@ mod tests {
         assert_eq!(MAP_DEF_SIZE, 120);
         assert_eq!(PROG_DEF_SIZE, 92);
         assert_eq!(kver(5, 19, 0), 0x0513_0000);
+        // sched_process_free: no helper past the 5.10 floor any more.
         let d = prog_def(&PROGRAMS[3]);
+        assert_eq!(PROGRAMS[3].func, "sched_process_free");
         assert_eq!(
             u32::from_le_bytes(d[8..12].try_into().unwrap()),
-            kver(5, 19, 0)
+            kver(5, 8, 0)
         );
         assert_eq!(u32::from_le_bytes(d[24..28].try_into().unwrap()), 0x10000);
         assert_eq!(
@@ -944,10 +947,13 @@ mod tests {
             assert_eq!(f(36), BPFLOADER_MAX_VER);
             assert_eq!(f(44), KVER_INF);
         }
-        // Spot-check against the source: TASKS is a per-CPU hash of u32 keys.
-        let tasks = aya_maps.iter().find(|(_, m)| m.name == "TASKS").unwrap();
-        assert_eq!(tasks.1.map_type, 5); // BPF_MAP_TYPE_PERCPU_HASH
-        assert_eq!(tasks.1.key_size, 4);
+        // Spot-check against the source: TASKS and PROCESS_FAULTS are plain
+        // hashes of u32 keys (no per-CPU map needs summing at free).
+        for name in ["TASKS", "PROCESS_FAULTS"] {
+            let m = aya_maps.iter().find(|(_, m)| m.name == name).unwrap();
+            assert_eq!(m.1.map_type, 1, "{name}"); // BPF_MAP_TYPE_HASH
+            assert_eq!(m.1.key_size, 4, "{name}");
+        }
 
         // progs: one def per program, named <func>_def.
         let progs = obj.section_by_name("progs").unwrap();

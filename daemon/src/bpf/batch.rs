@@ -1,5 +1,6 @@
-//! BPF_MAP_LOOKUP_BATCH (Linux 5.6) for the per-CPU hashes the reader sums
-//! every sample. aya 0.14 has no batch operations: its iterator makes two
+//! BPF_MAP_LOOKUP_BATCH (Linux 5.6) for the hashes the reader walks every
+//! sample (plain hashes; per-CPU ones too, their slots side by side). aya
+//! 0.14 has no batch operations: its iterator makes two
 //! bpf() calls per entry (get_next_key, then lookup), and get_next_key on a
 //! hash first finds the previous key again. One batch call returns whole
 //! buckets of entries instead.
@@ -36,21 +37,46 @@ struct BatchAttr {
     flags: u64,
 }
 
+/// Calls `visit(key, value)` for every entry of a BPF_MAP_TYPE_HASH with
+/// u32 keys and `V` values (TASKS, PROCESS_FAULTS). Returns false, having
+/// visited nothing, when the kernel has no batch lookup for the map (before
+/// 5.6): the caller then iterates.
+pub fn hash_u32<V: Copy + Default>(
+    fd: BorrowedFd<'_>,
+    mut visit: impl FnMut(u32, &V),
+) -> Result<bool, BatchError> {
+    // A plain hash's values come back packed at value_size
+    // (__htab_map_lookup_and_delete_batch in kernel/bpf/hashtab.c).
+    lookup_u32(fd, 1, std::mem::size_of::<V>(), |key, values: &[V]| {
+        visit(key, &values[0])
+    })
+}
+
 /// Calls `visit(key, per_cpu_values)` for every entry of a
 /// BPF_MAP_TYPE_PERCPU_HASH with u32 keys and `V` values, `ncpus` the
 /// possible CPUs (the kernel lays out one 8-byte-aligned slot per possible
-/// CPU). Returns false, having visited nothing, when the kernel has no
-/// batch lookup for the map (before 5.6): the caller then iterates.
+/// CPU). Returns false as `hash_u32` does.
 pub fn percpu_hash_u32<V: Copy + Default>(
     fd: BorrowedFd<'_>,
     ncpus: usize,
-    mut visit: impl FnMut(u32, &[V]),
+    visit: impl FnMut(u32, &[V]),
 ) -> Result<bool, BatchError> {
     let stride = std::mem::size_of::<V>().next_multiple_of(8);
+    lookup_u32(fd, ncpus, stride, visit)
+}
+
+/// BPF_MAP_LOOKUP_BATCH over a hash with u32 keys whose value is `slots`
+/// `V`s, `stride` bytes apart.
+fn lookup_u32<V: Copy + Default>(
+    fd: BorrowedFd<'_>,
+    slots: usize,
+    stride: usize,
+    mut visit: impl FnMut(u32, &[V]),
+) -> Result<bool, BatchError> {
     let mut cap = FIRST_BATCH;
     let mut keys = vec![0u32; cap];
-    let mut values = vec![0u8; cap * ncpus * stride];
-    let mut slots = vec![V::default(); ncpus];
+    let mut values = vec![0u8; cap * slots * stride];
+    let mut out = vec![V::default(); slots];
     // The batch token of a hash map is a bucket index (u32).
     let (mut in_batch, mut out_batch) = (0u32, 0u32);
     let mut first = true;
@@ -87,7 +113,7 @@ pub fn percpu_hash_u32<V: Copy + Default>(
             Some(libc::ENOSPC) if cap < 1 << 20 => {
                 cap *= 4;
                 keys.resize(cap, 0);
-                values.resize(cap * ncpus * stride, 0);
+                values.resize(cap * slots * stride, 0);
                 continue;
             }
             Some(libc::EINVAL | ENOTSUPP) if first => return Ok(false),
@@ -99,15 +125,15 @@ pub fn percpu_hash_u32<V: Copy + Default>(
             }
         }
         for (i, key) in keys.iter().enumerate().take(attr.count as usize) {
-            let entry = &values[i * ncpus * stride..(i + 1) * ncpus * stride];
-            for (cpu, slot) in slots.iter_mut().enumerate() {
+            let entry = &values[i * slots * stride..(i + 1) * slots * stride];
+            for (n, slot) in out.iter_mut().enumerate() {
                 // SAFETY: V is plain old data (the maps' repr(C) types) and
                 // the slot lies inside `entry`; the buffer is not aligned
                 // for V, hence read_unaligned.
                 *slot =
-                    unsafe { std::ptr::read_unaligned(entry[cpu * stride..].as_ptr() as *const V) };
+                    unsafe { std::ptr::read_unaligned(entry[n * stride..].as_ptr() as *const V) };
             }
-            visit(*key, &slots);
+            visit(*key, &out);
         }
         if errno.is_some() {
             return Ok(true);

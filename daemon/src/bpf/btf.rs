@@ -19,6 +19,10 @@ pub enum BtfError {
     Malformed { path: PathBuf, what: String },
     #[error("{path}: no {what}")]
     Missing { path: PathBuf, what: String },
+    /// A raw tracepoint's argument list is not what the programs read
+    /// (sched_switch's before 5.18), or its typedef is absent.
+    #[error("{path}: no {what}")]
+    Prototype { path: PathBuf, what: String },
 }
 
 /// Byte offsets in `struct task_struct`.
@@ -264,12 +268,17 @@ pub fn task_struct_offsets(path: &Path) -> Result<TaskStructOffsets, BtfError> {
             path: path.into(),
             what,
         },
+        Lookup::Prototype(what) => BtfError::Prototype {
+            path: path.into(),
+            what,
+        },
     })
 }
 
 enum Lookup {
     Malformed(String),
     Missing(String),
+    Prototype(String),
 }
 
 fn task_struct_offsets_in(data: &[u8]) -> Result<TaskStructOffsets, Lookup> {
@@ -278,11 +287,11 @@ fn task_struct_offsets_in(data: &[u8]) -> Result<TaskStructOffsets, Lookup> {
         match types.proto_params(typedef) {
             Some(params) if params == expected => {}
             Some(params) => {
-                return Err(Lookup::Missing(format!(
+                return Err(Lookup::Prototype(format!(
                     "{typedef} with parameters {expected:?} (it has {params:?})"
                 )))
             }
-            None => return Err(Lookup::Missing(format!("typedef {typedef}"))),
+            None => return Err(Lookup::Prototype(format!("typedef {typedef}"))),
         }
     }
     let task = types
@@ -451,7 +460,7 @@ mod tests {
     #[test]
     fn refuses_an_older_sched_switch_prototype() {
         match task_struct_offsets_in(&kernel_like(true)) {
-            Err(Lookup::Missing(what)) => {
+            Err(Lookup::Prototype(what)) => {
                 assert!(what.contains("btf_trace_sched_switch"), "{what}")
             }
             _ => panic!("the pre-5.18 argument order must not be accepted"),

@@ -18,7 +18,7 @@ use vitals_common::{fixed_layout, names};
 use super::{
     attach_err, btf,
     capture_maps::{capture_map_sizes, load_capture_tier, object_without_ringbuf, AlignedObject},
-    features::{self, possible_cpu_count, read_pid_max, VMLINUX_BTF},
+    features::{self, log_missing, possible_cpu_count, read_pid_max, Feature, VMLINUX_BTF},
     pinned_map_path, pinned_prog_path,
     pins::pin_maps,
     program, program_err,
@@ -50,6 +50,7 @@ impl Accounting {
         };
         let tracefs = Tracefs::find_or_mount()?;
         let features = Features::probe(&tracefs)?;
+        features::require_program_features()?;
         let fault_source = choose_fault_source(cfg.fault_source, &features)?;
         features::require_tracepoints(&tracefs)?;
         let offsets = FieldOffsets::read(&tracefs)?;
@@ -70,7 +71,7 @@ impl Accounting {
             "sched_process_free",
             pin_to,
         )?;
-        attach_fault_source(&mut ebpf, fault_source, pin_to)?;
+        let fault_source = attach_fault_source(&mut ebpf, fault_source, cfg.fault_source, pin_to)?;
         if let Some(dir) = pin_to {
             pin_maps(&ebpf, dir)?;
         }
@@ -123,7 +124,12 @@ fn choose_fault_source(
 ) -> Result<FaultSource, BpfError> {
     Ok(match (choice, features.page_fault_user_tracepoint) {
         (FaultSourceChoice::Off, _) => FaultSource::None,
-        (FaultSourceChoice::PerfEvent, _) | (FaultSourceChoice::Auto, false) => {
+        (FaultSourceChoice::PerfEvent, _) => FaultSource::PerfEvent,
+        (FaultSourceChoice::Auto, false) => {
+            log_missing(
+                Feature::PageFaultTracepoint,
+                "no exceptions/page_fault_user in tracefs",
+            );
             FaultSource::PerfEvent
         }
         (FaultSourceChoice::Tracepoint | FaultSourceChoice::Auto, true) => FaultSource::Tracepoint,
@@ -223,7 +229,7 @@ impl FieldOffsets {
 /// What the load sets in the object besides the field offsets, chosen
 /// from the config and the kernel before anything is loaded.
 struct LoadSettings {
-    /// Possible CPUs (the programs' NR_CPUS).
+    /// Possible CPUs (for the log line; per-CPU maps are sized by aya).
     nr_cpus: u32,
     /// Wakeup times in the array indexed by tid, not the bounded hash.
     wake_array: bool,
@@ -276,7 +282,7 @@ impl LoadSettings {
             // ARRAY in a copy of the object. The programs still reference
             // it, but only from the ringbuf branch of `emit`, which the
             // verifier never walks: CAPTURE_TRANSPORT is 1 in frozen .rodata.
-            log::info!("kernel has no BPF_MAP_TYPE_RINGBUF: capture uses the perf event array");
+            log_missing(Feature::RingBuf, "the kernel refused to create one");
             Some(object_without_ringbuf(EBPF_OBJECT)?)
         };
         Ok(Self {
@@ -306,7 +312,6 @@ impl LoadSettings {
         }
         globals.extend([
             (names::G_CAPTURE_TRANSPORT, self.transport.rodata()),
-            (names::G_NR_CPUS, self.nr_cpus),
             (names::G_WAKE_ARRAY, u32::from(self.wake_array)),
             (names::G_TRACK_WAIT, u32::from(cfg.runq_wait)),
         ]);
@@ -370,13 +375,21 @@ fn choose_btf_offsets(
     features: &Features,
     pinning: bool,
 ) -> Option<btf::TaskStructOffsets> {
-    if cfg.force_classic_tracepoints || pinning || !features.btf_vmlinux {
+    if cfg.force_classic_tracepoints || pinning {
+        return None;
+    }
+    if !features.btf_vmlinux {
+        log_missing(Feature::KernelBtf, format!("no {VMLINUX_BTF}"));
         return None;
     }
     match btf::task_struct_offsets(Path::new(VMLINUX_BTF)) {
         Ok(o) => Some(o),
+        Err(e @ btf::BtfError::Prototype { .. }) => {
+            log_missing(Feature::BtfSchedSwitch, e);
+            None
+        }
         Err(e) => {
-            log::info!("{e}; attaching the classic scheduler tracepoints");
+            log_missing(Feature::KernelBtf, e);
             None
         }
     }
@@ -422,12 +435,15 @@ fn attach_sched(
     Ok(sched_programs)
 }
 
-/// Attaches (or with `pin_to` pins) the programs of `fault_source`.
+/// Attaches (or with `pin_to` pins) the programs of `fault_source`, and
+/// returns the fault source now counting: none where the perf events
+/// cannot be opened and the source was `auto` (`Feature::PerfFaultEvents`).
 fn attach_fault_source(
     ebpf: &mut Ebpf,
     fault_source: FaultSource,
+    choice: FaultSourceChoice,
     pin_to: Option<&Path>,
-) -> Result<(), BpfError> {
+) -> Result<FaultSource, BpfError> {
     match fault_source {
         FaultSource::Tracepoint => attach_tracepoint(
             ebpf,
@@ -438,24 +454,34 @@ fn attach_fault_source(
         )?,
         FaultSource::PerfEvent => {
             let cpus = crate::system::online_cpus(Path::new("/sys"))?;
-            attach_perf_sw(
-                ebpf,
-                names::PROG_PERF_MINFLT,
-                SoftwareEvent::PageFaultsMin,
-                &cpus,
-                pin_to,
-            )?;
-            attach_perf_sw(
-                ebpf,
-                names::PROG_PERF_MAJFLT,
-                SoftwareEvent::PageFaultsMaj,
-                &cpus,
-                pin_to,
-            )?;
+            let perf_progs = [
+                (names::PROG_PERF_MINFLT, SoftwareEvent::PageFaultsMin),
+                (names::PROG_PERF_MAJFLT, SoftwareEvent::PageFaultsMaj),
+            ];
+            let attached = perf_progs
+                .iter()
+                .try_for_each(|&(name, event)| attach_perf_sw(ebpf, name, event, &cpus, pin_to));
+            match attached {
+                Ok(()) => {}
+                // perf_event_open or PERF_EVENT_IOC_SET_BPF refused (no
+                // software events, a perf_event_paranoid or LSM policy):
+                // no fault accounting rather than no accounting at all.
+                Err(e @ BpfError::Attach { .. }) if choice == FaultSourceChoice::Auto => {
+                    for (name, _) in perf_progs {
+                        if let Ok(p) = program::<PerfEvent>(ebpf, name) {
+                            // Unloading detaches the CPUs attached so far.
+                            let _ = p.unload();
+                        }
+                    }
+                    log_missing(Feature::PerfFaultEvents, e);
+                    return Ok(FaultSource::None);
+                }
+                Err(e) => return Err(e),
+            }
         }
         FaultSource::None => {}
     }
-    Ok(())
+    Ok(fault_source)
 }
 
 /// Names the missing capability up front instead of surfacing a bare EPERM

@@ -42,7 +42,9 @@ pub use self::capture_maps::{
 pub use self::config::{
     AccountingConfig, CaptureSizing, FaultSource, FaultSourceChoice, MapLimits, PinMode,
 };
-pub use self::features::{Features, SchedPrograms, TracepointLayout};
+pub use self::features::{
+    markdown_table, Feature, FeatureRow, Features, SchedPrograms, TracepointLayout,
+};
 pub use self::load::WAKE_ARRAY_MAX_PIDS;
 pub use self::pins::{bpfloader_prog_path, pinned_map_path, pinned_prog_path};
 pub use self::read::{BpfSnapshot, MapRead};
@@ -98,6 +100,9 @@ pub enum BpfError {
     CaptureNotConfigured,
     #[error("a capture is already running")]
     CaptureRunning,
+    /// A kernel feature every program needs is missing (`features::Feature`).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("capture transport `ringbuf` was requested but this kernel has no BPF_MAP_TYPE_RINGBUF (Linux 5.8+); use `perf` or `auto`")]
     NoRingBuf,
     #[error("opening the capture perf buffer of cpu {cpu}: {message}")]

@@ -19,9 +19,12 @@ use aya::{
 use vitals_common::names;
 
 use super::{
-    attach_err, map_err, tracefs::Tracefs, Accounting, AccountingConfig, BpfError,
-    CaptureTransport, FaultSource, FaultSourceChoice, Features, MapRead, SchedPrograms,
-    TracepointLayout,
+    attach_err,
+    features::{log_missing, Feature},
+    map_err,
+    tracefs::Tracefs,
+    Accounting, AccountingConfig, BpfError, CaptureTransport, FaultSource, FaultSourceChoice,
+    Features, MapRead, SchedPrograms, TracepointLayout,
 };
 
 /// Pin names follow bpfloader's scheme, `prog_<object>_<program>` and
@@ -246,7 +249,18 @@ impl PinnedAttach<'_> {
             )?;
             Ok(FaultSource::Tracepoint)
         } else {
-            self.attach_perf_faults()
+            let before = self.programs.len();
+            match self.attach_perf_faults() {
+                // As Accounting::load: perf events refused under `auto`
+                // cost the fault accounting, not the accounting.
+                Err(e @ BpfError::Attach { .. }) if choice == FaultSourceChoice::Auto => {
+                    // Dropping a program detaches what it attached.
+                    self.programs.truncate(before);
+                    log_missing(Feature::PerfFaultEvents, e);
+                    Ok(FaultSource::None)
+                }
+                r => r,
+            }
         }
     }
 

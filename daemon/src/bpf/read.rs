@@ -1,30 +1,36 @@
 //! Reading the accounting maps: `Accounting::read` takes a `BpfSnapshot`
-//! (drains EXITED, sums the per-CPU hashes TASKS and PROCESS_FAULTS over
-//! possible CPUs, reads CPU_STATE and DROPS), batched where the kernel has
-//! BPF_MAP_LOOKUP_BATCH and iterated otherwise (`MapRead`).
+//! (drains EXITED, walks the hashes TASKS and PROCESS_FAULTS, sums the
+//! per-CPU arrays CPU_STATE and DROPS over possible CPUs), the hashes
+//! batched where the kernel has BPF_MAP_LOOKUP_BATCH and iterated
+//! otherwise (`MapRead`).
 
 use std::{collections::HashMap, os::fd::AsFd};
 
-use aya::maps::{HashMap as AyaHashMap, MapData, MapError, PerCpuArray, PerCpuHashMap};
+use aya::maps::{HashMap as AyaHashMap, MapData, MapError, PerCpuArray};
 use vitals_common::{
     drop_reason, names, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters,
 };
 
-use super::{batch, features::possible_cpu_count, map_err, Accounting, BpfError};
+use super::{batch, features, map_err, Accounting, BpfError};
 
 /// Everything read from the maps at one instant.
 #[derive(Debug, Clone, Default)]
 pub struct BpfSnapshot {
     /// CLOCK_MONOTONIC (bpf_ktime_get_ns's clock) when CPU_STATE was read.
     pub monotonic_ns: u64,
-    /// Live tasks, per-CPU slots summed. `oncpu_ns` here is only what was
-    /// attributed at switch-outs; see `inflight_ns`.
+    /// Live tasks (never tid 0: see `idle_ns`). `oncpu_ns` here is only
+    /// what was attributed at switch-outs; see `inflight_ns`.
     pub tasks: HashMap<u32, TaskCounters>,
+    /// The idle tasks' attributed time, summed over CPUs; the in-flight
+    /// part is `inflight_ns[0]`.
+    pub idle_ns: u64,
     /// On-CPU time of tasks running right now since their last switch-in,
     /// not yet attributed by the kernel side. Read after `tasks`, so
     /// `tasks[t].oncpu_ns + inflight_ns[t]` never exceeds the truth.
     pub inflight_ns: HashMap<u32, u64>,
-    /// Freed tasks drained from EXITED by this read.
+    /// Freed tasks drained from EXITED by this read: final counters and
+    /// the comm the kernel last had for each (`ExitedTask::comm_bytes`),
+    /// which names tasks no procfs scan saw alive.
     pub exited: Vec<(ExitKey, ExitedTask)>,
     /// tgid -> fault counters of the whole process.
     pub process_faults: HashMap<u32, FaultCounters>,
@@ -32,7 +38,7 @@ pub struct BpfSnapshot {
     pub drops: [u64; drop_reason::COUNT as usize],
 }
 
-/// How `Accounting::read` walks the per-CPU hashes.
+/// How `Accounting::read` walks the hashes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MapRead {
     /// BPF_MAP_LOOKUP_BATCH (Linux 5.6+).
@@ -70,8 +76,8 @@ impl Accounting {
             }
         }
 
-        snap.tasks = self.sum_per_cpu_hash(names::TASKS, TaskCounters::add)?;
-        snap.process_faults = self.sum_per_cpu_hash(names::PROCESS_FAULTS, FaultCounters::add)?;
+        snap.tasks = self.read_hash(names::TASKS)?;
+        snap.process_faults = self.read_hash(names::PROCESS_FAULTS)?;
 
         {
             let cpu_state: PerCpuArray<&MapData, CpuState> =
@@ -80,6 +86,7 @@ impl Accounting {
             let per_cpu = cpu_state.get(&0, 0).map_err(map_err(names::CPU_STATE))?;
             snap.monotonic_ns = crate::clock::monotonic_ns();
             for s in per_cpu.iter() {
+                snap.idle_ns += s.idle_ns;
                 if s.valid != 0 && snap.monotonic_ns > s.last_switch_ns {
                     *snap.inflight_ns.entry(s.running_tid).or_default() +=
                         snap.monotonic_ns - s.last_switch_ns;
@@ -98,69 +105,60 @@ impl Accounting {
         Ok(snap)
     }
 
-    /// How per-CPU hashes are read now.
+    /// How the hashes are read now.
     pub fn map_read(&self) -> MapRead {
         self.map_read
     }
 
-    /// Forces a way of reading the per-CPU hashes; for tests comparing them.
+    /// Forces a way of reading the hashes; for tests comparing them.
     #[doc(hidden)]
     pub fn set_map_read(&mut self, how: MapRead) {
         self.map_read = how;
     }
 
-    /// One per-CPU hash with u32 keys, each key's slots summed with `add`.
-    fn sum_per_cpu_hash<V: aya::Pod + Default>(
+    /// One BPF_MAP_TYPE_HASH with u32 keys.
+    fn read_hash<V: aya::Pod + Default>(
         &mut self,
         name: &'static str,
-        add: fn(&mut V, &V),
     ) -> Result<HashMap<u32, V>, BpfError> {
         if self.map_read == MapRead::Batch {
-            if let aya::maps::Map::PerCpuHashMap(data) = self.map(name)? {
-                let ncpus = possible_cpu_count()?;
+            if let aya::maps::Map::HashMap(data) = self.map(name)? {
                 let mut out = HashMap::new();
-                let batched =
-                    batch::percpu_hash_u32::<V>(data.fd().as_fd(), ncpus, |key, slots| {
-                        let mut sum = V::default();
-                        for slot in slots {
-                            add(&mut sum, slot);
-                        }
-                        out.insert(key, sum);
-                    })
-                    .map_err(|source| BpfError::Batch { name, source })?;
+                let batched = batch::hash_u32::<V>(data.fd().as_fd(), |key, value| {
+                    out.insert(key, *value);
+                })
+                .map_err(|source| BpfError::Batch { name, source })?;
                 if batched {
                     return Ok(out);
                 }
-                log::info!("no BPF_MAP_LOOKUP_BATCH on this kernel; iterating the maps");
+                features::log_missing(
+                    features::Feature::BatchLookup,
+                    format!("BPF_MAP_LOOKUP_BATCH on {name} returned EINVAL"),
+                );
                 self.map_read = MapRead::Iterate;
             }
         }
-        sum_per_cpu_hash(self.map(name)?, name, add)
+        iterate_hash(self.map(name)?, name)
     }
 }
 
-/// Every entry of a per-CPU hash keyed by u32, its slots summed over
-/// possible CPUs with `add`. Keys freed between get_next_key and the lookup
-/// are skipped: that race is normal for tasks exiting during the walk.
-fn sum_per_cpu_hash<V: aya::Pod + Default>(
+/// Every entry of a hash keyed by u32, by aya's iterator. Keys freed
+/// between get_next_key and the lookup are skipped: that race is normal for
+/// tasks exiting during the walk.
+fn iterate_hash<V: aya::Pod>(
     map: &aya::maps::Map,
     name: &'static str,
-    add: fn(&mut V, &V),
 ) -> Result<HashMap<u32, V>, BpfError> {
-    let hash: PerCpuHashMap<&MapData, u32, V> =
-        PerCpuHashMap::try_from(map).map_err(map_err(name))?;
+    let hash: AyaHashMap<&MapData, u32, V> = AyaHashMap::try_from(map).map_err(map_err(name))?;
     let mut out = HashMap::new();
     for item in hash.iter() {
-        let (key, per_cpu) = match item {
-            Ok(kv) => kv,
+        match item {
+            Ok((key, value)) => {
+                out.insert(key, value);
+            }
             Err(MapError::KeyNotFound) => continue,
             Err(source) => return Err(BpfError::Map { name, source }),
-        };
-        let mut sum = V::default();
-        for slot in per_cpu.iter() {
-            add(&mut sum, slot);
         }
-        out.insert(key, sum);
     }
     Ok(out)
 }

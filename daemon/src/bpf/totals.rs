@@ -113,10 +113,8 @@ impl Totals {
                 }
             }
         }
-        if let Some(idle) = snap.tasks.get(&0) {
-            let inflight = snap.inflight_ns.get(&0).copied().unwrap_or(0);
-            self.idle_ns = self.idle_ns.max(idle.oncpu_ns + inflight);
-        }
+        let idle_inflight = snap.inflight_ns.get(&0).copied().unwrap_or(0);
+        self.idle_ns = self.idle_ns.max(snap.idle_ns + idle_inflight);
 
         let mut rows: HashMap<u32, ProcessCounters> = HashMap::new();
         for (&tid, t) in &self.threads {
@@ -270,8 +268,10 @@ mod tests {
     #[test]
     fn idle_is_not_a_process() {
         let mut t = Totals::new();
-        let mut s = BpfSnapshot::default();
-        s.tasks.insert(0, task(0, 9_000, 0));
+        let mut s = BpfSnapshot {
+            idle_ns: 9_000,
+            ..Default::default()
+        };
         s.inflight_ns.insert(0, 1_000);
         assert!(t.update(&s).is_empty());
         assert_eq!(t.idle_ns, 10_000);

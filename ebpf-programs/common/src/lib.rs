@@ -20,8 +20,9 @@ pub struct FaultCounters {
     pub majflt: u64,
 }
 
-/// Per-thread monotonic counters, one slot per CPU in a per-CPU hash keyed by
-/// tid. User space sums the slots over possible CPUs and takes deltas.
+/// Per-thread monotonic counters, the value of the `TASKS` hash keyed by tid.
+/// Only the task's own context writes them (see `TASKS` in the programs),
+/// so a plain hash value needs no per-CPU slots; user space takes deltas.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TaskCounters {
@@ -47,6 +48,10 @@ pub struct CpuState {
     pub last_switch_ns: u64,
     /// Runqueue wait of the task now running, added to it when it switches out.
     pub pending_wait_ns: u64,
+    /// Time this CPU's idle task (pid 0) ran, attributed at its switch-outs.
+    /// Kept here, not under tid 0 in `TASKS`: every CPU has an idle task
+    /// with pid 0, and a shared hash value would be written by all of them.
+    pub idle_ns: u64,
     /// tid now running on this CPU (0 = idle).
     pub running_tid: u32,
     /// 1 once `last_switch_ns`/`running_tid` describe a real switch.
@@ -64,7 +69,7 @@ pub struct ExitKey {
     pub _pad: u32,
 }
 
-/// Final counters of a task the kernel freed, summed over CPUs in the kernel.
+/// Final counters of a task the kernel freed, copied by sched_process_free.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExitedTask {
@@ -72,6 +77,17 @@ pub struct ExitedTask {
     /// Whole-process fault counters, filled when the freed task was the
     /// thread-group leader (the leader is freed after its other threads).
     pub process_faults: FaultCounters,
+    /// The freed task's comm as sched_process_free recorded it, NUL-padded
+    /// (a task no procfs scan saw alive is named by this alone).
+    pub comm: [u8; 16],
+}
+
+impl ExitedTask {
+    /// `comm` up to its first NUL.
+    pub fn comm_bytes(&self) -> &[u8] {
+        let end = self.comm.iter().position(|&b| b == 0).unwrap_or(16);
+        &self.comm[..end]
+    }
 }
 
 /// Indexes into the per-CPU `DROPS` array: why an event was not counted.
@@ -97,10 +113,6 @@ pub mod drop_reason {
         "switch_missed",
     ];
 }
-
-/// Upper bound of the in-kernel loop over CPUs when a task is freed. The real
-/// bound is the `NR_CPUS` global the daemon sets to the possible-CPU count.
-pub const MAX_CPUS: u32 = 1024;
 
 /// `prev_state` bits that mean "blocked". The kernel reports a preempted task
 /// as TASK_REPORT_MAX (0x100 since 4.14, "R+") and a task that called
@@ -188,6 +200,50 @@ pub fn free_pid_offset(comm_word: u32) -> u32 {
     } else {
         fixed_layout::FREE_PID_AFTER_CHAR_COMM
     }
+}
+
+/// Where sched_process_free's `comm` lies in its record: `len` bytes (at
+/// most 16, counting the NUL) at `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommField {
+    pub off: u32,
+    pub len: u32,
+}
+
+/// sched_process_free's `comm`, from the u32 at `fixed_layout::FREE_COMM`
+/// (told apart as `free_pid_offset` does): a `char comm[16]` is those 16
+/// bytes; a `__data_loc char[] comm` is `len << 16 | off`, the string (NUL
+/// included) at `off` from the record's start, at the end of the record.
+#[inline(always)]
+pub fn free_comm_field(comm_word: u32) -> CommField {
+    if free_pid_offset(comm_word) == fixed_layout::FREE_PID_AFTER_DATA_LOC_COMM {
+        let len = comm_word >> 16;
+        CommField {
+            off: comm_word & 0xffff,
+            len: if len < 16 { len } else { 16 },
+        }
+    } else {
+        CommField {
+            off: fixed_layout::FREE_COMM,
+            len: 16,
+        }
+    }
+}
+
+/// 16 bytes read at a `CommField`'s offset, with what lies past its length
+/// zeroed: a `__data_loc` string is shorter than 16 bytes and the read ran
+/// past the record into whatever follows it.
+#[inline(always)]
+pub fn comm_prefix(raw: [u8; 16], len: u32) -> [u8; 16] {
+    let mut out = raw;
+    let mut i = 0;
+    while i < 16 {
+        if i as u32 >= len {
+            out[i] = 0;
+        }
+        i += 1;
+    }
+    out
 }
 
 /// Capture mode: events written to the `CAPTURE_EVENTS` ring buffer while
@@ -322,7 +378,6 @@ pub mod names {
     /// Globals (`.rodata`) the loader sets: tracepoint field offsets read
     /// from tracefs `format` files, because they differ between kernels
     /// (sched_process_free has `__data_loc comm` since 6.x, moving `pid`).
-    pub const G_NR_CPUS: &str = "NR_CPUS";
     pub const G_SWITCH_PREV_PID: &str = "SWITCH_PREV_PID_OFF";
     pub const G_SWITCH_PREV_STATE: &str = "SWITCH_PREV_STATE_OFF";
     pub const G_SWITCH_NEXT_PID: &str = "SWITCH_NEXT_PID_OFF";
@@ -383,7 +438,9 @@ impl TaskCounters {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::vec;
 
     #[test]
     fn reported_prev_state_matches_the_kernels_encoding() {
@@ -407,6 +464,74 @@ mod tests {
         // A dying task (TASK_DEAD) reports its exit_state: Z or X.
         assert_eq!(reported_prev_state(false, 0x80, 0x20), 0x20);
         assert_eq!(reported_prev_state(false, 0x80, 0x10), 0x10);
+    }
+
+    /// A sched_process_free record as the kernel lays it out, followed by
+    /// bytes of whatever comes next in the buffer, and the comm decoded
+    /// from it the way the program does (16 bytes at the field, masked).
+    fn decode_comm(record: &[u8]) -> [u8; 16] {
+        let word = u32::from_le_bytes(record[8..12].try_into().unwrap());
+        let f = free_comm_field(word);
+        let mut raw = [0u8; 16];
+        raw.copy_from_slice(&record[f.off as usize..f.off as usize + 16]);
+        comm_prefix(raw, f.len)
+    }
+
+    fn comm16(s: &[u8]) -> [u8; 16] {
+        let mut c = [0u8; 16];
+        c[..s.len()].copy_from_slice(s);
+        c
+    }
+
+    #[test]
+    fn free_comm_decodes_a_char_array_record() {
+        // <= 6.x: common fields (8), char comm[16] @8, pid @24, prio @28.
+        for name in [&b"dd"[..], b"kworker/0:1H-kb", b"a"] {
+            let mut rec = vec![0xeeu8; 8];
+            rec.extend_from_slice(&comm16(name));
+            rec.extend_from_slice(&207i32.to_le_bytes());
+            rec.extend_from_slice(&120i32.to_le_bytes());
+            rec.extend_from_slice(&[0xab; 16]); // past the record
+            let f = free_comm_field(u32::from_le_bytes(rec[8..12].try_into().unwrap()));
+            assert_eq!(f, CommField { off: 8, len: 16 });
+            assert_eq!(decode_comm(&rec), comm16(name), "{name:?}");
+        }
+    }
+
+    #[test]
+    fn free_comm_decodes_a_data_loc_record() {
+        // 6.18: common fields (8), __data_loc comm @8, pid @12, prio @16,
+        // then the string "dd\0" at 20; the read runs past the record.
+        for name in [&b"dd"[..], b"kworker/0:1H-kb", b"a"] {
+            let len = name.len() as u32 + 1;
+            let mut rec = vec![0xeeu8; 8];
+            rec.extend_from_slice(&(len << 16 | 20).to_le_bytes());
+            rec.extend_from_slice(&207i32.to_le_bytes());
+            rec.extend_from_slice(&120i32.to_le_bytes());
+            rec.extend_from_slice(name);
+            rec.push(0);
+            rec.extend_from_slice(&[0xab; 32]);
+            let word = u32::from_le_bytes(rec[8..12].try_into().unwrap());
+            assert_eq!(free_pid_offset(word), 12);
+            assert_eq!(free_comm_field(word), CommField { off: 20, len });
+            assert_eq!(decode_comm(&rec), comm16(name), "{name:?}");
+        }
+        // A length past 16 (not a comm) is still cut at 16 bytes.
+        assert_eq!(free_comm_field(40 << 16 | 20).len, 16);
+    }
+
+    #[test]
+    fn exited_comm_bytes_stop_at_the_nul() {
+        let t = ExitedTask {
+            comm: comm16(b"dd"),
+            ..Default::default()
+        };
+        assert_eq!(t.comm_bytes(), b"dd");
+        let full = ExitedTask {
+            comm: *b"0123456789abcdef",
+            ..Default::default()
+        };
+        assert_eq!(full.comm_bytes(), b"0123456789abcdef");
     }
 
     #[test]
