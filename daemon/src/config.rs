@@ -51,7 +51,8 @@ pub const MAX_DURATION: Duration = Duration::from_secs(366 * 86400);
 pub const MAX_CAPTURE_DURATION: Duration = Duration::from_secs(3600);
 
 /// Bound of `sampling.max_tasks`: the per-task maps are preallocated, about
-/// 64 bytes a task per possible CPU.
+/// 64 bytes a task plus the hash element's own overhead (one value per
+/// task since TASKS stopped being per-CPU).
 pub const MAX_TASKS: u32 = 1 << 22;
 
 /// "10s", "500ms", "2m", "1h", "7d", or bare seconds; positive, at least

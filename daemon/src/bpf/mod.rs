@@ -1,8 +1,9 @@
 //! Loading, attaching and reading the eBPF accounting programs.
 //!
 //! The kernel side keeps monotonic counters; this module only reads them
-//! (summing per-CPU slots over *possible* CPUs) and drains the EXITED map of
-//! final counters of freed tasks. It never clears a live map.
+//! (plain hashes per task and per process; per-CPU arrays summed over
+//! *possible* CPUs) and drains the EXITED map of final counters of freed
+//! tasks. It never clears a live map.
 //!
 //! This file holds the error type, the embedded object and `Accounting`,
 //! the handle on the loaded programs and their maps, with its accessors.
@@ -137,7 +138,7 @@ pub struct Accounting {
     ring: Option<CaptureOutput>,
     /// sched_waking link while a capture with FLAG_SCHED runs.
     waking_link: Option<TracePointLinkId>,
-    /// How per-CPU hashes are read; `Batch` falls back to `Iterate` for
+    /// How the hashes are read; `Batch` falls back to `Iterate` for
     /// good on a kernel without batch lookups.
     map_read: MapRead,
 }
