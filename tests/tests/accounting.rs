@@ -277,10 +277,17 @@ fn exited_check(mut acc: Accounting) {
     let deadline = Instant::now() + Duration::from_secs(5);
     let row = loop {
         let snap = acc.read().unwrap();
-        let in_exited = snap.exited.iter().any(|(k, _)| k.tid == pid);
+        let exited = snap.exited.iter().find(|(k, _)| k.tid == pid);
         let rows = totals.update(&snap);
-        if in_exited {
+        if let Some((_, rec)) = exited {
             assert!(!snap.tasks.contains_key(&pid), "freed tid still in TASKS");
+            // The comm the kernel had for it, whichever layout
+            // sched_process_free's record has here.
+            assert_eq!(
+                String::from_utf8_lossy(rec.comm_bytes()),
+                "vitals-workload",
+                "comm of the freed task"
+            );
             break rows
                 .into_iter()
                 .find(|r| r.tgid == pid)
@@ -553,4 +560,131 @@ fn batched_map_reads_match_iteration() {
     );
     w.expect("done");
     w.finish();
+}
+
+/// Polls until sched_process_free's record for `tid` is drained.
+fn wait_for_exit_record(acc: &mut Accounting, tid: u32) -> vitals_common::ExitedTask {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let snap = acc.read().unwrap();
+        if let Some((_, rec)) = snap.exited.iter().find(|(k, _)| k.tid == tid) {
+            assert!(!snap.tasks.contains_key(&tid), "freed tid still in TASKS");
+            return *rec;
+        }
+        assert!(Instant::now() < deadline, "no exit record for {tid}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Starts `argv` as a new process whose pid is `pid`, with clone3's
+/// set_tid (Linux 5.5, CAP_SYS_ADMIN over the pid namespace; we are root
+/// in the initial one, whose pids the BPF programs see). Err(errno):
+/// EEXIST when something else took `pid` first.
+fn spawn_with_pid(pid: u32, argv: &[&str]) -> Result<u32, i32> {
+    use std::ffi::CString;
+    /// struct clone_args up to set_tid_size (CLONE_ARGS_SIZE_VER1).
+    #[repr(C)]
+    #[derive(Default)]
+    struct CloneArgs {
+        flags: u64,
+        pidfd: u64,
+        child_tid: u64,
+        parent_tid: u64,
+        exit_signal: u64,
+        stack: u64,
+        stack_size: u64,
+        tls: u64,
+        set_tid: u64,
+        set_tid_size: u64,
+    }
+    // Everything the child touches is built before the clone: after it,
+    // the child of a multithreaded process may only exec or exit.
+    let args: Vec<CString> = argv.iter().map(|a| CString::new(*a).unwrap()).collect();
+    let mut ptrs: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    let tid = pid as libc::pid_t;
+    let mut cl = CloneArgs {
+        exit_signal: libc::SIGCHLD as u64,
+        set_tid: &tid as *const libc::pid_t as u64,
+        set_tid_size: 1,
+        ..Default::default()
+    };
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut cl as *mut CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    match ret {
+        0 => unsafe {
+            libc::execv(ptrs[0], ptrs.as_ptr());
+            libc::_exit(127)
+        },
+        r if r < 0 => Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)),
+        r => Ok(r as u32),
+    }
+}
+
+/// A tid the kernel freed and hands out again starts from zero: the free
+/// program deleted its TASKS value, so the new task's counters are its own.
+/// The old task spins 300 ms; the new one (given the same pid with
+/// clone3's set_tid, retried if something else takes the pid first) sleeps,
+/// and its counters must stay under the kernel's own figure for it.
+/// (Checked to fail, at the on-CPU assertion, with the free program's
+/// TASKS delete and the TASKS check in wait_for_exit_record removed.)
+#[test]
+fn reused_tid_starts_from_zero() {
+    let mut acc = load(FaultSourceChoice::Auto);
+    for attempt in 0..5 {
+        let mut old = std::process::Command::new(workload_bin())
+            .args(["spin-exit", "300"])
+            .spawn()
+            .unwrap();
+        let pid = old.id();
+        assert!(old.wait().unwrap().success());
+        let old_rec = wait_for_exit_record(&mut acc, pid);
+        assert!(
+            old_rec.counters.oncpu_ns > 200_000_000,
+            "the first task's on-CPU time: {:?}",
+            old_rec.counters
+        );
+        let new_pid = match spawn_with_pid(pid, &["/bin/sleep", "0.5"]) {
+            Ok(p) => p,
+            Err(libc::EEXIST) => {
+                eprintln!("attempt {attempt}: pid {pid} was taken before the clone; again");
+                continue;
+            }
+            Err(e) => panic!("clone3 with set_tid {pid}: errno {e}"),
+        };
+        assert_eq!(new_pid, pid, "set_tid was not honoured");
+        // It has started and gone to sleep (a switch-out that writes its
+        // counters) well before this.
+        std::thread::sleep(Duration::from_millis(200));
+        let snap = acc.read().unwrap();
+        let kernel_ns = schedstat(pid).0;
+        let new = snap
+            .tasks
+            .get(&pid)
+            .copied()
+            .expect("the new task's counters");
+        assert!(
+            new.oncpu_ns <= kernel_ns + 1_000_000,
+            "the reused tid carries over the old task's time: {} ns, the kernel says {kernel_ns} ns (old task {} ns)",
+            new.oncpu_ns,
+            old_rec.counters.oncpu_ns
+        );
+        assert!(new.voluntary_switches >= 1, "{new:?}");
+        let mut status = 0;
+        assert_eq!(
+            unsafe { libc::waitpid(pid as i32, &mut status, 0) },
+            pid as i32
+        );
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        let new_rec = wait_for_exit_record(&mut acc, pid);
+        assert_eq!(String::from_utf8_lossy(new_rec.comm_bytes()), "sleep");
+        assert!(new_rec.counters.oncpu_ns < old_rec.counters.oncpu_ns / 2);
+        return;
+    }
+    panic!("no attempt got the freed pid back");
 }
