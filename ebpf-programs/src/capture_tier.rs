@@ -1,0 +1,260 @@
+//! The capture tier's side of the programs: the capture maps (sized by
+//! the loader: 1 page / 1 entry when no capture is configured), the
+//! capture flag read on the always-on path, writing records to the ring
+//! buffer or the perf event array, the sched_waking programs (attached only
+//! for a capture) and the sampled fault records with their user stacks.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::{BPF_F_CURRENT_CPU, BPF_F_USER_STACK, BPF_RB_NO_WAKEUP},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
+        generated::bpf_perf_event_output,
+    },
+    macros::{map, tracepoint},
+    maps::{Array, LruHashMap, PerCpuArray, PerfEventByteArray, RingBuf, StackTrace},
+    programs::{tracing::StackIdContext, TracePointContext},
+    EbpfContext,
+};
+use vitals_common::{
+    capture, fixed_layout, CaptureControl, EventHeader, FaultEvent, SwitchEvent, WakingEvent,
+};
+
+use crate::{
+    setting, CAPTURE_TRANSPORT, WAKING_COMM_OFF, WAKING_PID_OFF, WAKING_PRIO_OFF,
+    WAKING_TARGET_CPU_OFF,
+};
+
+// ---- maps, sized by the loader (1 page / 1 entry when no capture is
+// configured, so the always-on tier keeps its memory footprint) ----
+
+/// flags == 0: no capture. User space writes it; frozen .rodata could not.
+#[map(name = "CAPTURE")]
+static CAPTURE: Array<CaptureControl> = Array::with_max_entries(1, 0);
+
+/// Switch, waking and fault records (`vitals_common::*Event`).
+#[map(name = "CAPTURE_EVENTS")]
+static CAPTURE_EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
+
+/// The same records through bpf_perf_event_output, one perf buffer per CPU
+/// (max_entries 0: aya sizes it to the possible CPUs), for kernels without
+/// BPF_MAP_TYPE_RINGBUF (before 5.8) or when forced.
+#[map(name = "CAPTURE_PERF")]
+static CAPTURE_PERF: PerfEventByteArray = PerfEventByteArray::new(0);
+
+/// Per-CPU counts of records that could not be written, by `capture::lost`.
+#[map(name = "CAPTURE_LOST")]
+static CAPTURE_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(capture::lost::COUNT, 0);
+
+/// User stacks of sampled faults.
+#[map(name = "CAPTURE_STACKS")]
+static CAPTURE_STACKS: StackTrace = StackTrace::with_max_entries(1, 0);
+
+/// tgid -> faults since its last sample (one sample every `fault_period`).
+#[map(name = "CAPTURE_FAULT_CTR")]
+static CAPTURE_FAULT_CTR: LruHashMap<u32, u32> = LruHashMap::with_max_entries(1, 0);
+
+/// The capture flags: an array lookup the verifier inlines, one load, so
+/// the always-on path pays only this and a branch while no capture runs.
+#[inline(always)]
+pub(crate) fn capture_control() -> CaptureControl {
+    match CAPTURE.get(0) {
+        Some(c) => *c,
+        None => CaptureControl::default(),
+    }
+}
+
+#[inline(always)]
+fn capture_lost(reason: u32) {
+    if let Some(p) = CAPTURE_LOST.get_ptr_mut(reason) {
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+fn header(kind: u32) -> EventHeader {
+    EventHeader {
+        kind,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ts: unsafe { bpf_ktime_get_boot_ns() },
+    }
+}
+
+/// Writes one capture record to the transport chosen at load. `ctx` is the
+/// program's context (bpf_perf_event_output needs it). Either way a record
+/// that does not fit is counted in CAPTURE_LOST[lost] on this CPU.
+#[inline(always)]
+fn emit<T: 'static>(ctx: *mut c_void, ev: T, lost: u32) {
+    if setting(&CAPTURE_TRANSPORT) == capture::TRANSPORT_PERF_ARRAY {
+        // aya-ebpf's PerfEventByteArray::output drops the helper's return
+        // value; call it directly to see -ENOSPC (perf buffer full).
+        let ret = unsafe {
+            bpf_perf_event_output(
+                ctx,
+                &CAPTURE_PERF as *const _ as *mut c_void,
+                BPF_F_CURRENT_CPU,
+                &ev as *const T as *mut c_void,
+                core::mem::size_of::<T>() as u64,
+            )
+        };
+        if ret != 0 {
+            capture_lost(lost);
+        }
+        return;
+    }
+    match CAPTURE_EVENTS.reserve::<T>(0) {
+        Some(mut e) => {
+            e.write(ev);
+            // User space polls; a wakeup per record would cost an irq_work.
+            e.submit(BPF_RB_NO_WAKEUP as u64);
+        }
+        None => capture_lost(lost),
+    }
+}
+
+#[inline(always)]
+pub(crate) fn emit_switch(
+    ctx: *mut c_void,
+    prev: u32,
+    prev_state: i64,
+    next: u32,
+    prev_prio: i32,
+    next_prio: i32,
+    comm: [u8; 16],
+) {
+    emit(
+        ctx,
+        SwitchEvent {
+            hdr: header(capture::KIND_SWITCH),
+            prev_state,
+            prev_pid: prev as i32,
+            prev_prio,
+            next_pid: next as i32,
+            next_prio,
+            next_comm: comm,
+            prev_tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
+            _pad: 0,
+        },
+        capture::lost::SCHED,
+    );
+}
+
+/// A char[16] comm from the tracepoint context as two 8-byte loads at
+/// constant offsets (the verifier rejects loads through a ctx pointer that
+/// was moved first, which is what a 16-byte copy compiles to).
+#[inline(always)]
+pub(crate) unsafe fn ctx_comm(base: *const u8, off: usize) -> [u64; 2] {
+    unsafe {
+        [
+            core::ptr::read_volatile(base.add(off) as *const u64),
+            core::ptr::read_volatile(base.add(off + 8) as *const u64),
+        ]
+    }
+}
+
+#[inline(always)]
+fn emit_waking(ctx: *mut c_void, pid: i32, prio: i32, target_cpu: i32, comm: [u8; 16]) {
+    emit(
+        ctx,
+        WakingEvent {
+            hdr: header(capture::KIND_WAKING),
+            pid,
+            prio,
+            target_cpu,
+            _pad: 0,
+            comm,
+        },
+        capture::lost::SCHED,
+    );
+}
+
+/// Capture only: attached for the duration of a capture.
+#[tracepoint(category = "sched", name = "sched_waking")]
+pub fn sched_waking(ctx: TracePointContext) -> u32 {
+    if capture_control().flags & capture::FLAG_SCHED != 0 {
+        let f = unsafe {
+            (
+                ctx.read_at::<i32>(setting(&WAKING_PID_OFF) as usize),
+                ctx.read_at::<i32>(setting(&WAKING_PRIO_OFF) as usize),
+                ctx.read_at::<i32>(setting(&WAKING_TARGET_CPU_OFF) as usize),
+                ctx.read_at::<[u8; 16]>(setting(&WAKING_COMM_OFF) as usize),
+            )
+        };
+        if let (Ok(pid), Ok(prio), Ok(cpu), Ok(comm)) = f {
+            emit_waking(ctx.as_ptr(), pid, prio, cpu, comm);
+        }
+    }
+    0
+}
+
+#[tracepoint(category = "sched", name = "sched_waking")]
+pub fn sched_waking_fixed(ctx: TracePointContext) -> u32 {
+    if capture_control().flags & capture::FLAG_SCHED != 0 {
+        let base = ctx.as_ptr() as *const u8;
+        let (pid, prio, cpu, comm) = unsafe {
+            (
+                *(base.add(fixed_layout::WAKING_PID as usize) as *const i32),
+                *(base.add(fixed_layout::WAKING_PRIO as usize) as *const i32),
+                *(base.add(fixed_layout::WAKING_TARGET_CPU as usize) as *const i32),
+                ctx_comm(base, fixed_layout::WAKING_COMM as usize),
+            )
+        };
+        emit_waking(ctx.as_ptr(), pid, prio, cpu, unsafe {
+            core::mem::transmute::<[u64; 2], [u8; 16]>(comm)
+        });
+    }
+    0
+}
+
+/// Capture only: one fault in `fault_period` of each process goes to the
+/// ring buffer with its user stack.
+#[inline(always)]
+pub(crate) fn maybe_sample_fault<C: StackIdContext + EbpfContext>(ctx: &C) {
+    let c = capture_control();
+    if c.flags & capture::FLAG_FAULTS == 0 {
+        return;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    if tgid == 0 {
+        return;
+    }
+    match CAPTURE_FAULT_CTR.get_ptr_mut(&tgid) {
+        Some(n) => {
+            let seen = unsafe { *n } + 1;
+            if seen < c.fault_period {
+                unsafe { *n = seen };
+                return;
+            }
+            unsafe { *n = 0 };
+        }
+        None => {
+            // First fault of this process in the capture: sample it.
+            // The 0 lives on the stack: a `&0` becomes a pointer into
+            // .rodata, which the linker may share with a load-time setting
+            // of value 0 (it did: NR_CPUS, WAKE_ARRAY), so the loader's
+            // override changed it; and bpfloader has no .rodata at all.
+            let mut zero = 0u32;
+            unsafe { core::ptr::write_volatile(&mut zero, 0) };
+            let _ = CAPTURE_FAULT_CTR.insert(&tgid, &zero, 0);
+        }
+    }
+    let stack_id = match ctx.get_stackid(&CAPTURE_STACKS, BPF_F_USER_STACK as u64) {
+        Ok(id) => id,
+        Err(e) => {
+            capture_lost(capture::lost::STACK);
+            e as i64
+        }
+    };
+    emit(
+        ctx.as_ptr(),
+        FaultEvent {
+            hdr: header(capture::KIND_FAULT),
+            tgid,
+            tid,
+            stack_id,
+        },
+        capture::lost::FAULT,
+    );
+}
