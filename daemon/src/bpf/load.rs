@@ -411,7 +411,13 @@ fn attach_sched(
         events.extend(["sched_wakeup", "sched_wakeup_new"]);
     }
     let vmlinux_btf = if try_btf {
-        Btf::from_sys_fs().ok()
+        match Btf::from_sys_fs() {
+            Ok(btf) => Some(btf),
+            Err(e) => {
+                log_missing(Feature::KernelBtf, format!("parsing {VMLINUX_BTF}: {e}"));
+                None
+            }
+        }
     } else {
         None
     };
@@ -421,7 +427,11 @@ fn attach_sched(
         // the cheaper attach, not the accounting.
         match attach_btf_sched(ebpf, &events, btf) {
             Ok(()) => sched_programs = SchedPrograms::Btf,
-            Err(e) => log::warn!("{e}; attaching the classic scheduler tracepoints"),
+            // Surprising where the probes said yes, hence a warning.
+            Err(e) => log::warn!(
+                "{}",
+                Feature::KernelBtf.missing_message(format!("loading the tp_btf programs: {e}"))
+            ),
         }
     }
     drop(vmlinux_btf);
