@@ -112,23 +112,11 @@ pub const RINGBUF_MIN_BYTES: u32 = 16384;
 pub const OBJ_NAME: &str = "vitals";
 
 /// `.rodata` settings whose compiled-in default does not suit bpfloader,
-/// by symbol name, with the value folded in instead.
-///
-/// NR_CPUS: its default 0 makes sched_process_free walk up to MAX_CPUS
-/// (1024) CPUs until the first NULL. The verifier then walks every
-/// iteration: about 190,000 processed instructions. AOSP's loader always
-/// loads with `log_level = 1` and a 1 MiB log (Loader.cpp
-/// BPF_LOAD_LOG_SZ), and at level 1 the verifier logs every processed
-/// instruction, so the log overflows and BPF_PROG_LOAD fails with ENOSPC
-/// although the program is valid (found by the real loader, 1a of
-/// `cargo xtask android-check`). A bound of 64 keeps it at about 12,000
-/// instructions; the loop still stops at the first NULL, i.e. at
-/// nr_cpu_ids. GKI kernels are built with CONFIG_NR_CPUS=32; a device
-/// with more possible CPUs than this bound would lose the exit counts of
-/// the CPUs above it, so check `/sys/devices/system/cpu/possible`.
-pub const BPFLOADER_SETTINGS: [(&str, u64); 1] = [("NR_CPUS", ANDROID_MAX_CPUS as u64)];
-/// The CPU bound folded into NR_CPUS for bpfloader (see BPFLOADER_SETTINGS).
-pub const ANDROID_MAX_CPUS: u32 = 64;
+/// by symbol name, with the value folded in instead. None today: the one
+/// there was (NR_CPUS, bounding sched_process_free's walk over per-CPU
+/// slots, which overflowed bpfloader's 1 MiB verifier log at its default)
+/// went with that walk when the exit path stopped needing per-CPU maps.
+pub const BPFLOADER_SETTINGS: [(&str, u64); 0] = [];
 
 pub struct ProgSpec {
     /// Function symbol in the aya object.
@@ -879,24 +867,18 @@ mod tests {
     }
 
     #[test]
-    fn nr_cpus_is_folded_to_the_android_bound_and_other_settings_keep_their_default() {
+    fn every_setting_keeps_its_compiled_in_default_for_bpfloader() {
         let Some(input) = aya_obj() else { return };
         let aya = ElfFile64::<LE>::parse(&*input).unwrap();
         let rodata = aya.section_by_name(".rodata").unwrap().index();
-        let at = |name: &str| {
+        for name in ["FREE_PID_OFF", "TRACK_WAIT", "WAKE_ARRAY"] {
             let s = aya
                 .symbols()
                 .find(|s| s.name() == Ok(name))
                 .unwrap_or_else(|| panic!("{name} not in the aya object"));
-            (s.address() as usize, s.size() as usize)
-        };
-        let (a, n) = at("NR_CPUS");
-        assert_eq!(
-            rodata_setting(&aya, rodata, a, n),
-            Some(u64::from(ANDROID_MAX_CPUS))
-        );
-        let (a, n) = at("FREE_PID_OFF");
-        assert_eq!(rodata_setting(&aya, rodata, a, n), None);
+            let (a, n) = (s.address() as usize, s.size() as usize);
+            assert_eq!(rodata_setting(&aya, rodata, a, n), None, "{name}");
+        }
     }
 
     #[test]
