@@ -39,7 +39,15 @@ fn main() {
              or set VITALS_EBPF_OBJ to a prebuilt object"
         );
     }
-    let target_dir = root.join("target/bpf");
+    // One eBPF target dir per architecture, since the object is built with
+    // that architecture's `bpf_target_arch`: a cross build (aarch64, for
+    // `cargo xtask vm-test`) must neither reuse nor overwrite the host's.
+    // x86_64 keeps target/bpf, where VITALS_EBPF_OBJ users look for it.
+    let target_dir = if arch == "x86_64" {
+        root.join("target/bpf")
+    } else {
+        root.join(format!("target/bpf-{arch}"))
+    };
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&root)
