@@ -65,11 +65,14 @@ fn ping_pong_switches((transport, reported): (&str, &str)) {
     const N: u64 = 3000;
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.pftrace");
+    // Stopped with SIGINT once the ping-pong is done, not after a fixed
+    // wall time the ping-pong might overrun on a slow machine (a QEMU TCG
+    // guest of `cargo xtask vm-test`).
     let rec = start(
         &trace,
         &[
             "--duration",
-            "4s",
+            "600s",
             "--sched",
             "--capture-transport",
             transport,
@@ -87,6 +90,7 @@ fn ping_pong_switches((transport, reported): (&str, &str)) {
     w.go();
     w.expect("done");
     let pid = w.pid() as i64;
+    unsafe { libc::kill(rec.child.id() as i32, libc::SIGINT) };
     let table = rec.wait();
     w.finish();
     assert!(table.contains("capture: "), "{table}");

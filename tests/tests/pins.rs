@@ -28,14 +28,17 @@ impl Drop for Bpffs {
     }
 }
 
-/// Records while the workload runs its whole job: the recorder is stopped
-/// with SIGINT (a clean stop that writes the final sample) only after the
-/// workload said "done", so a loaded machine stretching the spin in wall
-/// time cannot end the window early.
-fn record(pins: &std::path::Path, w: &mut Workload) -> (String, String) {
+/// `vitalsd record --pins PINS` around the workload's spin: the spin
+/// starts once vitalsd logs `marker` (its programs are attached) and
+/// vitalsd is stopped with SIGINT once the spin is done, so neither how
+/// long the attach takes nor how long the spin takes in wall time (a QEMU
+/// TCG guest of `cargo xtask vm-test` is slow) can cut the spin short.
+/// Returns vitalsd's (stdout, stderr).
+fn record(pins: &std::path::Path, w: &mut Workload, marker: &str) -> (String, String) {
+    use std::io::{BufRead, BufReader, Read};
     let dir = tempfile::tempdir().unwrap();
-    let child = Command::new(vitalsd_bin())
-        .args(["record", "--duration", "300s", "--top", "0", "--pins"])
+    let mut child = Command::new(vitalsd_bin())
+        .args(["record", "--duration", "600s", "--top", "0", "--pins"])
         .arg(pins)
         .arg("--out")
         .arg(dir.path().join("t.pftrace"))
@@ -45,26 +48,30 @@ fn record(pins: &std::path::Path, w: &mut Workload) -> (String, String) {
         .spawn()
         .unwrap();
     let guard = KillOnDrop(child.id());
-    std::thread::sleep(std::time::Duration::from_millis(700));
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    while !log.contains(marker) {
+        let mut line = String::new();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "vitalsd exited before logging {marker:?}:\n{log}"
+        );
+        log.push_str(&line);
+    }
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
     w.go();
     w.expect("done");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();
     std::mem::forget(guard);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    log.push_str(&rest.join().unwrap());
+    assert!(out.status.success(), "{log}");
     decode_trace(&dir.path().join("t.pftrace"));
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (String::from_utf8_lossy(&out.stdout).into_owned(), log)
 }
 
 /// Kills the recorder if the test panics before stopping it.
@@ -112,7 +119,7 @@ fn daemon_attaches_pinned_programs_and_reads_pinned_maps() {
     // `pin` exits without attaching: nothing counts until a reader attaches.
     let mut w = Workload::spawn(&["pinned-spin", "1", "500"]);
     w.expect("ready");
-    let (table, log) = record(fs.0.path(), &mut w);
+    let (table, log) = record(fs.0.path(), &mut w, "attached from pins");
     assert!(log.contains("attached from pins"), "{log}");
     let ms = oncpu_ms(&table, w.pid());
     assert!(
@@ -127,7 +134,7 @@ fn without_pins_the_daemon_loads_its_own_object() {
     let empty = tempfile::tempdir().unwrap();
     let mut w = Workload::spawn(&["pinned-spin", "1", "300"]);
     w.expect("ready");
-    let (table, log) = record(empty.path(), &mut w);
+    let (table, log) = record(empty.path(), &mut w, "eBPF accounting attached");
     assert!(log.contains("loading with aya"), "{log}");
     assert!(!log.contains("attached from pins"));
     assert!(oncpu_ms(&table, w.pid()) >= 250.0);
