@@ -12,7 +12,8 @@ use crate::util::{output, run, workspace_root};
 /// strace), then what `android-check` builds AOSP's tools with: clang for
 /// the host bpfloader and time_in_state.c, Android's libbase/liblog/
 /// libcutils/libselinux as Debian packages them, m4 + checkpolicy for the
-/// platform policy, libsepol's static library for checkfc.
+/// platform policy, libsepol's static library for checkfc; then the kernel
+/// matrix's (vm/): QEMU, the arm64 cross toolchain, busybox.
 const APT_PACKAGES: &[&str] = &[
     "rustc-web",
     "libstd-rust-web-dev-bpf",
@@ -32,6 +33,17 @@ const APT_PACKAGES: &[&str] = &[
     "libsepol-dev",
     "checkpolicy",
     "m4",
+    // cargo xtask vm-test: QEMU for both guest arches (TCG), the arm64
+    // cross linker with its C library, the guests' busybox, and the
+    // decompressors of Debian's kernel modules.
+    "qemu-system-x86",
+    "qemu-system-arm",
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "binutils-aarch64-linux-gnu",
+    "busybox-static",
+    "xz-utils",
+    "zstd",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const PERFETTO_PY_VERSION: &str = "0.59.1";
