@@ -15,6 +15,7 @@ mod leftovers;
 mod setup;
 mod suites;
 mod util;
+mod vm;
 
 use std::path::PathBuf;
 
@@ -51,6 +52,10 @@ enum Cmd {
         #[arg(long)]
         require_all: bool,
     },
+    /// Setup, then the kernel integration tests in QEMU guests on Debian's
+    /// kernels (x86_64 5.10/6.1/6.12, arm64 5.10/6.1) and on this host:
+    /// prints a kernel × arch × check table, fails if any cell failed.
+    VmTest(vm::Opts),
     /// Package for an OEM device tree: binaries, vitalsd.rc, sepolicy/, an
     /// example config and an Android.bp of prebuilts, in target/dist/vitalsd/.
     Dist {
@@ -130,6 +135,10 @@ fn main() -> Result<()> {
             )
         }
         Cmd::Test { require_all } => test(require_all),
+        Cmd::VmTest(opts) => {
+            setup::all()?;
+            vm::run(opts)
+        }
         Cmd::Dist { target } => dist::run_dist(target),
         Cmd::AndroidBpf => android_bpf::run(&workspace_root()).map(|_| ()),
         Cmd::AndroidCheck { aosp, require_all } => {

@@ -1,0 +1,541 @@
+//! The checks of the kernel matrix: which tests run (the CI subset, or every
+//! kernel test with `--full`), the POSIX shell script that runs them in a
+//! guest or on the host, and the parser of what it prints.
+//!
+//! Every check but two is a test of tests/tests/*.rs, run by the binary
+//! cargo built for it, filtered by its exact name: the guest runs the same
+//! assertions as the host, not a second copy. The two others ask the daemon
+//! itself: `daemon::load` (`vitalsd record` loads, attaches and writes a
+//! trace the official decoder accepts) and `daemon::fault-source` (the
+//! source it reports for `auto` is the one this arch must use).
+
+use std::{collections::HashMap, fmt, process::Command};
+
+use anyhow::{bail, Context, Result};
+
+use super::{binaries::Binaries, Arch};
+use crate::util::workspace_root;
+
+/// The test files of the matrix (tests/tests/<file>.rs).
+pub const TEST_FILES: &[&str] = &["accounting", "capture", "pins", "record"];
+
+/// The CI subset, per the issue: load and attach, on-CPU time, faults,
+/// voluntary switches, an exited child, the sched capture, pins.
+/// (file, test, arches it applies to; empty = all)
+const CI_SUBSET: &[(&str, &str, &[Arch])] = &[
+    // On-CPU time against utime+stime, with the default (tp_btf) programs.
+    ("accounting", "oncpu_time_matches_utime_plus_stime", &[]),
+    // A running spinner against /proc/<pid>/schedstat: within 5 %, and never
+    // above the kernel's figure read after it.
+    (
+        "accounting",
+        "running_task_inflight_time_matches_schedstat",
+        &[],
+    ),
+    // Faults against minflt from the source `auto` picks: the tracepoint on
+    // x86, perf software events on arm64.
+    ("accounting", "faults_match_minflt_default_source", &[]),
+    // The perf source on x86 too (on arm64 it is the default above).
+    (
+        "accounting",
+        "faults_match_minflt_perf_source_forced",
+        &[Arch::X86_64],
+    ),
+    ("accounting", "sleeping_child_switches_voluntarily", &[]),
+    ("accounting", "exited_child_keeps_its_final_counters", &[]),
+    // record --sched, decoded with the official schema: >= 2N switches for
+    // a ping-pong of N.
+    (
+        "capture",
+        "pipe_ping_pong_gives_every_switch_sleeping_prev_state_and_monotonic_cpus",
+        &[],
+    ),
+    (
+        "pins",
+        "daemon_attaches_pinned_programs_and_reads_pinned_maps",
+        &[],
+    ),
+];
+
+/// Tests `--full` leaves out, and why.
+const NOT_IN_GUESTS: &[(&str, &str)] = &[
+    // bpftrace is the reference there; a guest has no bpftrace.
+    ("wakeup_wait_matches_bpftrace", "needs bpftrace"),
+    ("classic_wakeup_wait_matches_bpftrace", "needs bpftrace"),
+];
+
+/// Tests that only apply to one arch.
+const ARCH_ONLY: &[(&str, Arch)] = &[
+    // Asserts the x86 exceptions/page_fault_user tracepoint exists.
+    ("faults_match_minflt_tracepoint_source", Arch::X86_64),
+];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckId {
+    /// A check of the daemon binary itself, made by the script.
+    Daemon(&'static str),
+    /// A test of tests/tests/<file>.rs.
+    Test { file: String, name: String },
+}
+
+impl fmt::Display for CheckId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckId::Daemon(n) => write!(f, "daemon::{n}"),
+            CheckId::Test { file, name } => write!(f, "{file}::{name}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Pass,
+    /// Ran and failed: the assertion's message.
+    Fail(String),
+    /// Never reported a result: why.
+    Missing(String),
+}
+
+const DAEMON_CHECKS: [&str; 2] = ["load", "fault-source"];
+
+/// Where the script finds its binaries.
+pub struct Paths {
+    tests: HashMap<String, String>,
+    vitalsd: String,
+    workload: String,
+    fake_perfetto: String,
+    trace_summary: String,
+}
+
+impl Paths {
+    /// Inside a guest: what initramfs.rs packs under /vm.
+    pub fn guest() -> Self {
+        Self {
+            tests: TEST_FILES
+                .iter()
+                .map(|f| (f.to_string(), format!("/vm/bin/{f}")))
+                .collect(),
+            vitalsd: "/vm/bin/vitalsd".into(),
+            workload: "/vm/bin/vitals-workload".into(),
+            fake_perfetto: "/vm/bin/fake-perfetto".into(),
+            // Only its name travels: the relay runs the host's copy.
+            trace_summary: "/vm/trace_summary.py".into(),
+        }
+    }
+
+    /// On the host: the binaries where cargo built them.
+    pub fn host(b: &Binaries) -> Result<Self> {
+        let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        Ok(Self {
+            tests: b.tests.iter().map(|(f, p)| (f.clone(), s(p))).collect(),
+            vitalsd: s(&b.vitalsd),
+            workload: s(&b.workload),
+            fake_perfetto: s(&b.fake_perfetto),
+            trace_summary: s(&workspace_root().join("tests/python/trace_summary.py")),
+        })
+    }
+}
+
+struct TestCheck {
+    file: String,
+    name: String,
+    arches: Vec<Arch>,
+}
+
+pub struct Plan {
+    tests: Vec<TestCheck>,
+    /// Seconds one test binary may run in the script before `timeout` kills it.
+    binary_timeout_s: u64,
+}
+
+impl Plan {
+    /// The CI subset, or with `full` every test the x86_64 binaries list.
+    pub fn new(full: bool, x86: &Binaries) -> Result<Self> {
+        let mut tests = Vec::new();
+        if !full {
+            for (file, name, arches) in CI_SUBSET {
+                tests.push(TestCheck {
+                    file: file.to_string(),
+                    name: name.to_string(),
+                    arches: arches.to_vec(),
+                });
+            }
+        } else {
+            for file in TEST_FILES {
+                let bin = x86
+                    .tests
+                    .get(*file)
+                    .with_context(|| format!("no test binary for {file}"))?;
+                let out = Command::new(bin)
+                    .args(["--list", "--format", "terse"])
+                    .output()
+                    .with_context(|| format!("listing the tests of {}", bin.display()))?;
+                if !out.status.success() {
+                    bail!("{} --list failed: {}", bin.display(), out.status);
+                }
+                for line in String::from_utf8_lossy(&out.stdout).lines() {
+                    let Some(name) = line.strip_suffix(": test") else {
+                        continue;
+                    };
+                    if NOT_IN_GUESTS.iter().any(|(n, _)| *n == name) {
+                        continue;
+                    }
+                    let arches = ARCH_ONLY
+                        .iter()
+                        .filter(|(n, _)| *n == name)
+                        .map(|(_, a)| *a)
+                        .collect();
+                    tests.push(TestCheck {
+                        file: file.to_string(),
+                        name: name.to_owned(),
+                        arches,
+                    });
+                }
+            }
+            for (name, why) in NOT_IN_GUESTS {
+                eprintln!("vm-test --full: leaving out {name} ({why})");
+            }
+        }
+        Ok(Self {
+            tests,
+            binary_timeout_s: if full { 2400 } else { 600 },
+        })
+    }
+
+    fn tests_for(&self, arch: Arch) -> impl Iterator<Item = &TestCheck> {
+        self.tests
+            .iter()
+            .filter(move |t| t.arches.is_empty() || t.arches.contains(&arch))
+    }
+
+    /// Every check of a cell, in the order the script runs them.
+    pub fn for_arch(&self, arch: Arch) -> Vec<CheckId> {
+        DAEMON_CHECKS
+            .iter()
+            .map(|n| CheckId::Daemon(n))
+            .chain(self.tests_for(arch).map(|t| CheckId::Test {
+                file: t.file.clone(),
+                name: t.name.clone(),
+            }))
+            .collect()
+    }
+
+    /// The script that runs the checks. The environment must hold
+    /// VITALS_PYTHON: the venv's Python on the host, the relay in guests.
+    pub fn script(&self, arch: Arch, p: &Paths) -> String {
+        let mut s = String::new();
+        s.push_str(&format!(
+            r#"#!/bin/sh
+# Generated by `cargo xtask vm-test` (xtask/src/vm/checks.rs): runs the
+# kernel matrix's checks and prints @@vm markers for the host to parse.
+export VITALSD_BIN='{vitalsd}' VITALS_WORKLOAD_BIN='{workload}' VITALS_FAKE_PERFETTO_BIN='{fake}'
+T=$(mktemp -d)
+echo "@@vm kernel $(uname -r) $(uname -m) cpus $(nproc)"
+echo "@@vm begin daemon"
+RUST_LOG=info "$VITALSD_BIN" record --duration 2s --top 0 --out "$T/load.pftrace" >"$T/load.out" 2>&1
+rc=$?
+cat "$T/load.out"
+if [ $rc -ne 0 ]; then
+    cause=$(grep -m1 -E '^ +0: ' "$T/load.out" | sed -e 's/^ *0: //' -e 's/ Verifier output:.*//')
+    echo "@@vm result load FAIL vitalsd record exited $rc: ${{cause:-$(tail -n 1 "$T/load.out")}}"
+elif "$VITALS_PYTHON" '{summary}' "$T/load.pftrace" >"$T/load.json" 2>"$T/load.err"; then
+    echo "@@vm result load pass"
+else
+    echo "@@vm result load FAIL the official decoder rejected the trace: $(tail -n 1 "$T/load.err")"
+fi
+if grep -q 'faults from {faults}' "$T/load.out"; then
+    echo "@@vm result fault-source pass"
+elif [ $rc -ne 0 ]; then
+    echo "@@vm result fault-source FAIL vitalsd record failed (see daemon::load)"
+else
+    echo "@@vm result fault-source FAIL want 'faults from {faults}', vitalsd said: '$(grep -m1 'faults from' "$T/load.out")'"
+fi
+echo "@@vm end daemon 0"
+"#,
+            vitalsd = p.vitalsd,
+            workload = p.workload,
+            fake = p.fake_perfetto,
+            summary = p.trace_summary,
+            faults = arch.expected_fault_source(),
+        ));
+        for file in TEST_FILES {
+            let names: Vec<&str> = self
+                .tests_for(arch)
+                .filter(|t| t.file == *file)
+                .map(|t| t.name.as_str())
+                .collect();
+            if names.is_empty() {
+                continue;
+            }
+            s.push_str(&format!(
+                "echo \"@@vm begin {file}\"\n\
+                 timeout -s KILL {timeout} '{bin}' --test-threads=1 --exact {names} 2>&1\n\
+                 echo \"@@vm end {file} $?\"\n",
+                timeout = self.binary_timeout_s,
+                bin = p.tests[*file],
+                names = names.join(" "),
+            ));
+        }
+        s.push_str("rm -rf \"$T\"\necho \"@@vm done\"\n");
+        s
+    }
+
+    /// Reads the script's output. `finished`: the script got to its end.
+    pub fn parse(&self, arch: Arch, text: &str, finished: bool) -> Vec<(CheckId, Outcome)> {
+        let text = text.replace('\r', "");
+        let blocks = blocks(&text);
+        self.for_arch(arch)
+            .into_iter()
+            .map(|id| {
+                let outcome = match &id {
+                    CheckId::Daemon(name) => daemon_outcome(blocks.get("daemon"), name),
+                    CheckId::Test { file, name } => test_outcome(blocks.get(file.as_str()), name),
+                };
+                let outcome = match outcome {
+                    Outcome::Missing(m) if !finished => {
+                        Outcome::Missing(format!("{m} (the run did not finish)"))
+                    }
+                    o => o,
+                };
+                (id, outcome)
+            })
+            .collect()
+    }
+}
+
+/// One `@@vm begin <file>` … `@@vm end <file> <rc>` section.
+struct Block<'a> {
+    body: &'a str,
+    /// The exit status of the test binary; None when the block never ended.
+    rc: Option<i32>,
+}
+
+fn blocks(text: &str) -> HashMap<&str, Block<'_>> {
+    let mut out = HashMap::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("@@vm begin ") {
+        let after = &rest[i + "@@vm begin ".len()..];
+        let name_end = after.find('\n').unwrap_or(after.len());
+        let name = after[..name_end].trim();
+        let body_start = (name_end + 1).min(after.len());
+        let body_all = &after[body_start..];
+        let end_marker = format!("@@vm end {name} ");
+        let (body, rc, next) = match body_all.find(&end_marker) {
+            Some(j) => {
+                let tail = &body_all[j + end_marker.len()..];
+                let rc = tail.lines().next().and_then(|l| l.trim().parse().ok());
+                (&body_all[..j], rc, &body_all[j..])
+            }
+            None => {
+                // Unfinished: up to the next block, or the end.
+                let j = body_all.find("@@vm begin ").unwrap_or(body_all.len());
+                (&body_all[..j], None, &body_all[j..])
+            }
+        };
+        out.insert(name, Block { body, rc });
+        rest = next;
+    }
+    out
+}
+
+fn daemon_outcome(block: Option<&Block>, name: &str) -> Outcome {
+    let Some(b) = block else {
+        return Outcome::Missing("the daemon checks never started".into());
+    };
+    let marker = format!("@@vm result {name} ");
+    match b.body.lines().find_map(|l| {
+        l.find(&marker)
+            .map(|i| l[i + marker.len()..].trim().to_owned())
+    }) {
+        Some(r) if r == "pass" => Outcome::Pass,
+        Some(r) => {
+            let msg = r.strip_prefix("FAIL ").unwrap_or(&r);
+            Outcome::Fail(match verifier_rejection(b.body) {
+                Some(v) if name == "load" => format!("[{v}] {msg}"),
+                _ => msg.to_owned(),
+            })
+        }
+        None => Outcome::Missing("no result printed".into()),
+    }
+}
+
+fn test_outcome(block: Option<&Block>, name: &str) -> Outcome {
+    let Some(b) = block else {
+        return Outcome::Missing("its test binary never started".into());
+    };
+    let marker = format!("test {name} ... ");
+    let Some(i) = b.body.find(&marker) else {
+        return Outcome::Missing(match b.rc {
+            Some(137) => "not reached before the binary's timeout".into(),
+            Some(rc) => format!("no result (test binary exited {rc})"),
+            None => "no result (test binary did not finish)".into(),
+        });
+    };
+    // The verdict follows on the same line, or (when a child process wrote
+    // to the console meanwhile) on a later line of its own.
+    let after = &b.body[i + marker.len()..];
+    let mut lines = after.lines();
+    let first = lines.next().unwrap_or("").trim();
+    let verdict = if !first.is_empty() {
+        Some(first.split_whitespace().next().unwrap_or(""))
+    } else {
+        lines
+            .map(str::trim)
+            .find(|l| ["ok", "FAILED", "ignored"].contains(l))
+    };
+    match verdict {
+        Some("ok") => Outcome::Pass,
+        Some("FAILED") => Outcome::Fail(failure_reason(b.body, name)),
+        Some("ignored") => Outcome::Fail("ignored".into()),
+        _ => Outcome::Missing(match b.rc {
+            Some(137) => "killed by the binary's timeout while running".into(),
+            _ => "started but printed no verdict (crashed?)".into(),
+        }),
+    }
+}
+
+/// The panic message of a failed test, from libtest's failures section.
+fn failure_reason(body: &str, name: &str) -> String {
+    let header = format!("---- {name} stdout ----");
+    let Some(i) = body.find(&header) else {
+        return "failed (see the log)".into();
+    };
+    let section = &body[i + header.len()..];
+    let section = &section[..section
+        .find("\n---- ")
+        .or_else(|| section.find("\nfailures:"))
+        .unwrap_or(section.len())];
+    let hint = verifier_rejection(section);
+    let mut lines = section.lines();
+    while let Some(l) = lines.next() {
+        if l.contains("panicked at") {
+            // Rust 1.73+: the message is on the lines after the location.
+            let msg: Vec<&str> = lines
+                .by_ref()
+                .take_while(|m| {
+                    !m.starts_with("note:") && !m.starts_with("stack backtrace:") && !m.is_empty()
+                })
+                .collect();
+            let msg = if msg.is_empty() {
+                l.to_owned()
+            } else {
+                msg.join(" ")
+            };
+            return match hint {
+                Some(v) => format!("[{v}] {msg}"),
+                None => msg,
+            };
+        }
+    }
+    "failed (see the log)".into()
+}
+
+/// The verifier's "invalid func <helper>" in an error (the program calls
+/// a BPF helper this kernel does not have): the reason, put up front
+/// because the rest of a load error is long.
+fn verifier_rejection(msg: &str) -> Option<String> {
+    let i = msg.find("invalid func ")?;
+    let rest = &msg[i..];
+    let end = rest["invalid func ".len()..]
+        .find(|c: char| c.is_whitespace() || c == '\\' || c == '"')
+        .map_or(rest.len(), |e| e + "invalid func ".len());
+    Some(format!("verifier: {}", &rest[..end]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> Plan {
+        Plan {
+            tests: vec![
+                TestCheck {
+                    file: "accounting".into(),
+                    name: "a".into(),
+                    arches: vec![],
+                },
+                TestCheck {
+                    file: "accounting".into(),
+                    name: "b".into(),
+                    arches: vec![],
+                },
+                TestCheck {
+                    file: "pins".into(),
+                    name: "c".into(),
+                    arches: vec![Arch::X86_64],
+                },
+            ],
+            binary_timeout_s: 10,
+        }
+    }
+
+    #[test]
+    fn parses_verdicts_reasons_and_missing_results() {
+        let out = "@@vm kernel 5.10\n\
+            @@vm begin daemon\n\
+            @@vm result load FAIL vitalsd record exited 1: Error: loading\n\
+            @@vm result fault-source pass\n\
+            @@vm end daemon 0\n\
+            @@vm begin accounting\r\n\
+            running 2 tests\n\
+            test a ... ok\n\
+            test b ... \nchild noise\nFAILED\n\n\
+            failures:\n\n---- b stdout ----\n\n\
+            thread 'b' panicked at tests/tests/accounting.rs:1:2:\n\
+            on-CPU: 5 is not within 10%\n\
+            note: run with `RUST_BACKTRACE=1`\n\n\
+            failures:\n    b\n\n\
+            @@vm end accounting 101\n";
+        let r = plan().parse(Arch::X86_64, out, false);
+        let get = |s: &str| {
+            r.iter()
+                .find(|(id, _)| id.to_string() == s)
+                .map(|(_, o)| o.clone())
+                .unwrap()
+        };
+        assert!(
+            matches!(get("daemon::load"), Outcome::Fail(m) if m == "vitalsd record exited 1: Error: loading")
+        );
+        assert!(matches!(get("daemon::fault-source"), Outcome::Pass));
+        assert!(matches!(get("accounting::a"), Outcome::Pass));
+        assert!(
+            matches!(get("accounting::b"), Outcome::Fail(m) if m == "on-CPU: 5 is not within 10%")
+        );
+        assert!(
+            matches!(get("pins::c"), Outcome::Missing(m) if m.contains("never started") && m.contains("did not finish"))
+        );
+        // arm64 does not run pins::c.
+        assert_eq!(plan().parse(Arch::Arm64, out, true).len(), 4);
+    }
+
+    #[test]
+    fn a_missing_helper_leads_the_reason() {
+        let out = "@@vm begin accounting\ntest a ... FAILED\n\nfailures:\n\n---- a stdout ----\n\
+            thread 'a' panicked at x.rs:1:1:\n\
+            loading: Program { verifier_log: \"0: (85) call\\ninvalid func unknown#195\\nprocessed\" }\n\n\
+            @@vm end accounting 101\n@@vm done\n";
+        let r = plan().parse(Arch::X86_64, out, true);
+        assert!(
+            matches!(&r[2].1, Outcome::Fail(m) if m.starts_with("[verifier: invalid func unknown#195] loading:")),
+            "{:?}",
+            r[2]
+        );
+    }
+
+    #[test]
+    fn a_binary_killed_mid_test_reports_its_timeout() {
+        let out = "@@vm begin accounting\ntest a ... ok\ntest b ... \n@@vm end accounting 137\n@@vm done\n";
+        let r = plan().parse(Arch::X86_64, out, true);
+        assert!(matches!(&r[3].1, Outcome::Missing(m) if m.contains("timeout")));
+    }
+
+    #[test]
+    fn the_script_runs_each_file_once_with_exact_names() {
+        let p = plan();
+        let paths = Paths::guest();
+        let s = p.script(Arch::Arm64, &paths);
+        assert!(s.contains("'/vm/bin/accounting' --test-threads=1 --exact a b 2>&1"));
+        assert!(!s.contains("/vm/bin/pins"));
+        assert!(s.contains("faults from perf software events"));
+    }
+}

@@ -1,0 +1,218 @@
+//! One guest: QEMU in TCG (this machine's KVM hangs guests) with 2 vCPUs,
+//! the kernel image and its initramfs, the serial console on a pipe and
+//! the decoder relay's virtio-serial port on a unix socket.
+//!
+//! QEMU runs in its own process group, owned by a guard whose Drop kills
+//! the whole group, so no guest outlives the run: not on success, not on a
+//! timeout (the guest's unfinished checks then fail), not on an error or a
+//! panic in xtask.
+
+use std::{
+    io::{Read, Write},
+    os::unix::{net::UnixStream, process::CommandExt},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+
+use super::{kernel::Kernel, relay, Arch};
+
+/// What a guest printed, and how it ended.
+pub struct GuestRun {
+    pub console: String,
+    /// The checks script ran to its end.
+    pub finished: bool,
+    pub timed_out: bool,
+}
+
+/// Kills QEMU's process group when dropped.
+struct Qemu {
+    child: Child,
+}
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        // The group id is QEMU's pid (process_group(0) at spawn).
+        let pgid = self.child.id() as i32;
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+fn qemu_command(arch: Arch, kernel: &Kernel, initrd: &Path, sock: &Path) -> Command {
+    let (bin, machine, cmdline) = match arch {
+        Arch::X86_64 => (
+            "qemu-system-x86_64",
+            vec!["-M", "pc", "-cpu", "max"],
+            "console=ttyS0",
+        ),
+        // pauth-impdef: QEMU's cheap pointer-authentication hash instead of
+        // the architected QARMA, which costs TCG much time on every call.
+        Arch::Arm64 => (
+            "qemu-system-aarch64",
+            vec!["-M", "virt", "-cpu", "max,pauth-impdef=on"],
+            "console=ttyAMA0",
+        ),
+    };
+    let mut c = Command::new(bin);
+    c.args(["-accel", "tcg"])
+        .args(machine)
+        .args(["-smp", "2", "-m", "2048"])
+        .args(["-nodefaults", "-display", "none", "-no-reboot"])
+        .args(["-serial", "stdio", "-monitor", "none"])
+        .arg("-kernel")
+        .arg(&kernel.image)
+        .arg("-initrd")
+        .arg(initrd)
+        // panic=-1: a kernel panic reboots, which -no-reboot turns into
+        // QEMU exiting. loglevel=1 keeps printk off the console the
+        // checks' results are parsed from (the init script prints the
+        // kernel's warnings at the end).
+        .args(["-append", &format!("{cmdline} panic=-1 loglevel=1")])
+        .args(["-device", "virtio-rng-pci"])
+        .args(["-device", "virtio-serial-pci,id=vser"])
+        .arg("-chardev")
+        .arg(format!(
+            "socket,id=relay,path={},server=on,wait=off",
+            sock.display()
+        ))
+        .args([
+            "-device",
+            "virtserialport,bus=vser.0,chardev=relay,name=vitals.relay",
+        ]);
+    c
+}
+
+/// Boots the guest and waits for it to power off (or for `timeout`).
+pub fn boot(
+    arch: Arch,
+    kernel: &Kernel,
+    initrd: &Path,
+    work: &Path,
+    log: &Path,
+    timeout: Duration,
+) -> Result<GuestRun> {
+    let sock = work.join("relay.sock");
+    let _ = std::fs::remove_file(&sock);
+    let mut cmd = qemu_command(arch, kernel, initrd, &sock);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    eprintln!("vm-test: {cmd:?}");
+    let mut qemu = Qemu {
+        child: cmd
+            .spawn()
+            .context("spawning QEMU (cargo xtask setup installs it)")?,
+    };
+    let tag = format!("[{} {}]", arch.name(), kernel.release);
+    let console = Arc::new(Mutex::new(String::new()));
+    let mut log_file =
+        std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let _ = writeln!(log_file, "{cmd:?}");
+    let log_file = Arc::new(Mutex::new(log_file));
+
+    let readers: Vec<_> = [
+        Box::new(qemu.child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+        Box::new(qemu.child.stderr.take().unwrap()),
+    ]
+    .into_iter()
+    .map(|src| {
+        let (console, log_file, tag) = (console.clone(), log_file.clone(), tag.clone());
+        std::thread::spawn(move || echo(src, &console, &log_file, &tag))
+    })
+    .collect();
+
+    // The relay's socket appears once QEMU has set up its chardevs.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stream = loop {
+        match UnixStream::connect(&sock) {
+            Ok(s) => break Some(s),
+            Err(_) if Instant::now() < deadline && qemu.child.try_wait()?.is_none() => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => {
+                eprintln!("vm-test: {tag} relay socket: {e}");
+                break None;
+            }
+        }
+    };
+    let relay_thread = stream.map(|s| {
+        let work = work.to_owned();
+        std::thread::spawn(move || relay::serve(s, &work))
+    });
+
+    let started = Instant::now();
+    let mut timed_out = false;
+    loop {
+        if let Some(status) = qemu.child.try_wait()? {
+            eprintln!(
+                "vm-test: {tag} QEMU exited ({status}) after {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        if started.elapsed() > timeout {
+            eprintln!(
+                "vm-test: {tag} timed out after {} s; killing it",
+                timeout.as_secs()
+            );
+            timed_out = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // Kills the group (a no-op if QEMU already exited) and reaps QEMU, so
+    // the pipes and the relay socket close and the threads end.
+    drop(qemu);
+    for r in readers {
+        let _ = r.join();
+    }
+    if let Some(t) = relay_thread {
+        let _ = t.join();
+    }
+    let console = console.lock().unwrap().clone();
+    Ok(GuestRun {
+        finished: console.contains("@@vm done"),
+        console,
+        timed_out,
+    })
+}
+
+/// Copies QEMU's output to the log, to our stderr (prefixed, line by line)
+/// and to the text the checks are parsed from.
+pub fn echo(
+    mut src: Box<dyn Read + Send>,
+    console: &Mutex<String>,
+    log: &Mutex<std::fs::File>,
+    tag: &str,
+) {
+    let mut buf = [0u8; 8192];
+    let mut line = Vec::new();
+    while let Ok(n) = src.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        let chunk = &buf[..n];
+        let _ = log.lock().unwrap().write_all(chunk);
+        console
+            .lock()
+            .unwrap()
+            .push_str(&String::from_utf8_lossy(chunk));
+        for &b in chunk {
+            if b == b'\n' {
+                let text = String::from_utf8_lossy(&line);
+                eprintln!("{tag} {}", text.trim_end_matches('\r'));
+                line.clear();
+            } else {
+                line.push(b);
+            }
+        }
+    }
+    if !line.is_empty() {
+        eprintln!("{tag} {}", String::from_utf8_lossy(&line));
+    }
+}

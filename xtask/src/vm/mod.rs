@@ -1,0 +1,419 @@
+//! `cargo xtask vm-test`: the kernel matrix. The kernel integration tests
+//! (tests/tests/*.rs, the very binaries cargo builds) run inside QEMU guests
+//! booted on Debian's own kernels, for x86_64 and arm64, and on this host;
+//! the result is a table of kernel × arch × check.
+//!
+//! How a guest is put together (one module each):
+//! - `apt`: Debian's kernel packages (and arm64's Rust std and busybox),
+//!   fetched with `apt-get download` through a private apt configuration and
+//!   cached under target/vm/, so a second run downloads nothing;
+//! - `kernel`: a kernel package unpacked: its image and the few virtio
+//!   modules the guest needs, in load order;
+//! - `binaries`: the test binaries for each arch (the host build for x86_64,
+//!   a cross build with Debian's rustc and arm64 std for arm64), stripped of
+//!   debug info, with the shared libraries they load;
+//! - `initramfs`: busybox, the binaries, the modules and an /init that runs
+//!   the checks, as a newc cpio the kernel unpacks into RAM;
+//! - `checks`: which tests run (a CI subset, or all with `--full`), the
+//!   shell script that runs them, and the parser of their output;
+//! - `guest`: QEMU (TCG: guests hang under this machine's KVM) with a
+//!   per-guest timeout, killed by process group from a Drop guard;
+//! - `relay`: the host end of the decoder relay. Guests have no Python, so
+//!   the tests' calls to the official Perfetto decoder are forwarded over a
+//!   virtio-serial port and run on the host with the same script and venv.
+
+mod apt;
+mod binaries;
+mod checks;
+mod guest;
+mod initramfs;
+mod kernel;
+mod relay;
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::util::workspace_root;
+use checks::{CheckId, Outcome, Plan};
+
+/// Guest and host architectures of the matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Arch {
+    #[value(name = "x86_64", alias = "amd64")]
+    X86_64,
+    #[value(name = "arm64", alias = "aarch64")]
+    Arm64,
+}
+
+impl Arch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    /// Debian's architecture name.
+    pub fn debian(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "amd64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    pub fn rust_target(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64-unknown-linux-gnu",
+            Arch::Arm64 => "aarch64-unknown-linux-gnu",
+        }
+    }
+
+    /// What `vitalsd record` must name as its fault source when left on
+    /// `auto`: x86 has the exceptions/page_fault_user tracepoint; arm64 has
+    /// none, so the perf software events are its default (FaultSource::describe).
+    pub fn expected_fault_source(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "tracepoint exceptions/page_fault_user",
+            Arch::Arm64 => "perf software events minor-faults + major-faults",
+        }
+    }
+}
+
+/// The Debian kernels of the matrix: (series, suite that ships it, arches).
+/// This host's own kernel is the matrix's newest x86_64 cell.
+const KERNELS: &[(&str, &str, &[Arch])] = &[
+    ("6.12", "trixie", &[Arch::X86_64]),
+    ("6.1", "bookworm", &[Arch::X86_64, Arch::Arm64]),
+    ("5.10", "bullseye", &[Arch::X86_64, Arch::Arm64]),
+];
+
+/// One column of the matrix: a kernel on an arch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cell {
+    /// This machine, natively.
+    Host,
+    Guest {
+        arch: Arch,
+        series: &'static str,
+        suite: &'static str,
+    },
+}
+
+impl Cell {
+    pub fn arch(&self) -> Arch {
+        match self {
+            Cell::Host => Arch::X86_64,
+            Cell::Guest { arch, .. } => *arch,
+        }
+    }
+
+    fn series(&self) -> String {
+        match self {
+            Cell::Host => {
+                let rel = nix_release();
+                let mut it = rel.split('.');
+                format!(
+                    "{}.{} (host)",
+                    it.next().unwrap_or("?"),
+                    it.next().unwrap_or("?")
+                )
+            }
+            Cell::Guest { series, .. } => (*series).to_owned(),
+        }
+    }
+
+    /// A file-name-safe tag: `x86_64-5.10`, `x86_64-host`.
+    pub fn tag(&self) -> String {
+        match self {
+            Cell::Host => "x86_64-host".into(),
+            Cell::Guest { arch, series, .. } => format!("{}-{series}", arch.name()),
+        }
+    }
+}
+
+fn nix_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "?".into())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Opts {
+    /// Only these architectures (x86_64, arm64); default: both.
+    #[arg(long = "arch")]
+    arches: Vec<Arch>,
+    /// Only these kernels: 5.10, 6.1, 6.12, or `host`; default: all.
+    #[arg(long = "kernel")]
+    kernels: Vec<String>,
+    /// Every kernel test of accounting, capture, pins and record (minus the
+    /// ones that need bpftrace), instead of the CI subset.
+    #[arg(long)]
+    full: bool,
+    /// Seconds a guest may run before it is killed and its unfinished
+    /// checks fail (default: 900, or 3600 with --full).
+    #[arg(long)]
+    timeout: Option<u64>,
+}
+
+/// What one cell produced.
+struct CellRun {
+    cell: Cell,
+    /// The exact kernel: the package and release for guests.
+    kernel: String,
+    wall: Duration,
+    results: Vec<(CheckId, Outcome)>,
+    log: PathBuf,
+}
+
+pub fn run(opts: Opts) -> Result<()> {
+    let started = Instant::now();
+    let cells = select_cells(&opts)?;
+    let timeout = Duration::from_secs(opts.timeout.unwrap_or(if opts.full { 3600 } else { 900 }));
+    let root = workspace_root();
+    let vm_dir = root.join("target/vm");
+    let logs = vm_dir.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+
+    // The x86_64 binaries serve the host cell and the x86_64 guests, and
+    // list the tests for --full.
+    let x86 = binaries::build(Arch::X86_64)?;
+    let plan = Plan::new(opts.full, &x86)?;
+    let arm64 = if cells.iter().any(|c| c.arch() == Arch::Arm64) {
+        Some(binaries::build(Arch::Arm64)?)
+    } else {
+        None
+    };
+
+    let mut runs = Vec::new();
+    for cell in &cells {
+        let log = logs.join(format!("{}.log", cell.tag()));
+        eprintln!("== vm-test: {} {} ==", cell.arch().name(), cell.series());
+        let t0 = Instant::now();
+        let outcome = match cell {
+            Cell::Host => run_host(&plan, &x86, &log).map(|r| (nix_release(), r)),
+            Cell::Guest {
+                arch,
+                series,
+                suite,
+            } => {
+                let bins = match arch {
+                    Arch::X86_64 => &x86,
+                    Arch::Arm64 => arm64.as_ref().unwrap(),
+                };
+                run_guest(&plan, *arch, series, suite, bins, &vm_dir, &log, timeout)
+            }
+        };
+        let (kernel, results) = match outcome {
+            Ok(r) => r,
+            // A cell that could not even start fails every check, with the
+            // reason in each, and the matrix goes on.
+            Err(e) => {
+                let why = format!("{e:#}");
+                eprintln!("vm-test: {}: {why}", cell.tag());
+                (
+                    "?".into(),
+                    plan.for_arch(cell.arch())
+                        .into_iter()
+                        .map(|c| (c, Outcome::Missing(why.clone())))
+                        .collect(),
+                )
+            }
+        };
+        runs.push(CellRun {
+            cell: cell.clone(),
+            kernel,
+            wall: t0.elapsed(),
+            results,
+            log,
+        });
+    }
+    let failed = print_table(&runs, opts.full);
+    eprintln!(
+        "vm-test: total {:.0} s ({} mode)",
+        started.elapsed().as_secs_f64(),
+        if opts.full { "full" } else { "CI subset" }
+    );
+    if failed > 0 {
+        bail!("{failed} cell(s) of the kernel matrix failed");
+    }
+    Ok(())
+}
+
+fn select_cells(opts: &Opts) -> Result<Vec<Cell>> {
+    for k in &opts.kernels {
+        if k != "host" && !KERNELS.iter().any(|(s, _, _)| s == k) {
+            bail!("unknown kernel {k:?}: 5.10, 6.1, 6.12 or host");
+        }
+    }
+    let arch_ok = |a: Arch| opts.arches.is_empty() || opts.arches.contains(&a);
+    let kernel_ok = |k: &str| opts.kernels.is_empty() || opts.kernels.iter().any(|x| x == k);
+    let mut cells = Vec::new();
+    if arch_ok(Arch::X86_64) && kernel_ok("host") {
+        cells.push(Cell::Host);
+    }
+    for arch in [Arch::X86_64, Arch::Arm64] {
+        for (series, suite, arches) in KERNELS {
+            if arches.contains(&arch) && arch_ok(arch) && kernel_ok(series) {
+                cells.push(Cell::Guest {
+                    arch,
+                    series,
+                    suite,
+                });
+            }
+        }
+    }
+    if cells.is_empty() {
+        bail!("no cell of the matrix matches --arch/--kernel");
+    }
+    Ok(cells)
+}
+
+/// The host cell: the same script and checks, natively, with the real
+/// Python decoder.
+fn run_host(
+    plan: &Plan,
+    bins: &binaries::Binaries,
+    log: &std::path::Path,
+) -> Result<Vec<(CheckId, Outcome)>> {
+    let dir = workspace_root().join("target/vm/host");
+    std::fs::create_dir_all(&dir)?;
+    let paths = checks::Paths::host(bins)?;
+    let script = dir.join("run-checks.sh");
+    std::fs::write(&script, plan.script(Arch::X86_64, &paths))?;
+    let mut child = std::process::Command::new("sh")
+        .arg(&script)
+        .env("VITALS_PYTHON", relay::host_python())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running the checks on the host")?;
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let log_file = std::sync::Arc::new(std::sync::Mutex::new(
+        std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?,
+    ));
+    let readers: Vec<_> = [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ]
+    .into_iter()
+    .map(|src| {
+        let (text, log_file) = (text.clone(), log_file.clone());
+        std::thread::spawn(move || guest::echo(src, &text, &log_file, "[x86_64 host]"))
+    })
+    .collect();
+    child.wait()?;
+    for r in readers {
+        let _ = r.join();
+    }
+    let text = text.lock().unwrap().clone();
+    let finished = text.contains("@@vm done");
+    Ok(plan.parse(Arch::X86_64, &text, finished))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_guest(
+    plan: &Plan,
+    arch: Arch,
+    series: &str,
+    suite: &str,
+    bins: &binaries::Binaries,
+    vm_dir: &std::path::Path,
+    log: &std::path::Path,
+    timeout: Duration,
+) -> Result<(String, Vec<(CheckId, Outcome)>)> {
+    let deb = apt::kernel_deb(arch, series, suite)?;
+    let work = vm_dir
+        .join("work")
+        .join(format!("{}-{series}", arch.name()));
+    let kernel = kernel::Kernel::unpack(&deb, &work)?;
+    let initrd = work.join("initramfs.cpio");
+    initramfs::write(
+        &initrd,
+        arch,
+        bins,
+        &kernel,
+        &plan.script(arch, &checks::Paths::guest()),
+    )?;
+    let run = guest::boot(arch, &kernel, &initrd, &work, log, timeout)?;
+    let label = format!("{} ({})", kernel.release, kernel.package);
+    let mut results = plan.parse(arch, &run.console, run.finished);
+    if !run.finished {
+        let why = if run.timed_out {
+            format!("guest killed after {} s timeout", timeout.as_secs())
+        } else {
+            "guest stopped before the checks finished".to_owned()
+        };
+        for (_, o) in results.iter_mut() {
+            if let Outcome::Missing(m) = o {
+                *m = format!("{m}; {why}");
+            }
+        }
+    }
+    Ok((label, results))
+}
+
+/// Prints the table; returns the number of failed cells (kernel × arch × check).
+fn print_table(runs: &[CellRun], full: bool) -> usize {
+    let mut failed = 0;
+    println!();
+    println!(
+        "kernel matrix ({}):",
+        if full {
+            "full: every kernel test that runs without bpftrace"
+        } else {
+            "CI subset; --full runs every kernel test"
+        }
+    );
+    println!(
+        "{:<12} {:<7} {:<78} {:<6} note",
+        "KERNEL", "ARCH", "CHECK", "RESULT"
+    );
+    for r in runs {
+        for (id, outcome) in &r.results {
+            let (res, note) = match outcome {
+                Outcome::Pass => ("pass", String::new()),
+                Outcome::Fail(n) => ("FAIL", n.clone()),
+                Outcome::Missing(n) => ("FAIL", n.clone()),
+            };
+            if res == "FAIL" {
+                failed += 1;
+            }
+            let note: String = note.chars().take(200).collect();
+            println!(
+                "{:<12} {:<7} {:<78} {:<6} {note}",
+                r.cell.series(),
+                r.cell.arch().name(),
+                id.to_string(),
+                res
+            );
+        }
+    }
+    println!();
+    println!(
+        "{:<12} {:<7} {:>8} {:>6} {:>6}  kernel / log",
+        "KERNEL", "ARCH", "WALL_S", "PASS", "FAIL"
+    );
+    for r in runs {
+        let pass = r
+            .results
+            .iter()
+            .filter(|(_, o)| matches!(o, Outcome::Pass))
+            .count();
+        println!(
+            "{:<12} {:<7} {:>8.0} {:>6} {:>6}  {} / {}",
+            r.cell.series(),
+            r.cell.arch().name(),
+            r.wall.as_secs_f64(),
+            pass,
+            r.results.len() - pass,
+            r.kernel,
+            r.log.display()
+        );
+    }
+    failed
+}
