@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    os::unix::fs::PermissionsExt,
+    os::unix::fs::{FileTypeExt, PermissionsExt},
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -224,10 +224,22 @@ pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ServerError
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(err("create directory"))?;
     }
-    match std::fs::remove_file(path) {
-        Ok(()) => log::info!("removed stale control socket {}", path.display()),
+    // Only a stale socket is ours to remove: a misconfigured
+    // `control.socket` must not delete a file or directory (lstat, so a
+    // symlink is not followed either).
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => match std::fs::remove_file(path) {
+            Ok(()) => log::info!("removed stale control socket {}", path.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(err("remove stale")(e)),
+        },
+        Ok(_) => {
+            return Err(err("refusing to replace what is not a socket")(
+                std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            ))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(err("remove stale")(e)),
+        Err(e) => return Err(err("lstat")(e)),
     }
     let l = std::os::unix::net::UnixListener::bind(path).map_err(err("bind"))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err("chmod"))?;
@@ -590,4 +602,30 @@ pub fn dump_text(shared: &Shared) -> String {
         let _ = writeln!(s, "last config reload failed: {e}");
     }
     s
+}
+
+#[cfg(test)]
+mod bind_tests {
+    use super::*;
+
+    #[test]
+    fn bind_replaces_a_stale_socket_but_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("s.sock");
+        drop(bind(&sock).unwrap());
+        // A stale socket from an earlier run is replaced.
+        assert!(bind(&sock).is_ok());
+
+        let file = dir.path().join("precious");
+        std::fs::write(&file, b"keep").unwrap();
+        let e = bind(&file).unwrap_err().to_string();
+        assert!(e.contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+
+        // A symlink to a socket is not followed into removing it.
+        let link = dir.path().join("link.sock");
+        std::os::unix::fs::symlink(&sock, &link).unwrap();
+        assert!(bind(&link).is_err());
+        assert!(sock.exists());
+    }
 }
