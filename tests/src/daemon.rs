@@ -1,0 +1,160 @@
+//! `vitalsd run` as a test daemon: a config of its own in a temporary
+//! directory (store, control socket, log), started and stopped by the
+//! tests, with helpers to call its control socket and `vitalsctl`.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use vitalsd::control::{Client, Request};
+
+use crate::{require_root, vitalsd_bin};
+
+/// A `vitalsd run` with its own config, store and control socket in a
+/// temporary directory; killed on drop.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub dir: tempfile::TempDir,
+}
+
+/// The test config: 250 ms sampling, store and socket under `dir`, then `extra`.
+pub fn config(dir: &Path, extra: &str) -> String {
+    format!(
+        r#"
+[sampling]
+interval = "250ms"
+history = "1m"
+[store]
+dir = "{store}"
+[control]
+socket = "{sock}"
+{extra}
+"#,
+        store = dir.join("store").display(),
+        sock = dir.join("vitalsd.sock").display(),
+    )
+}
+
+impl Daemon {
+    pub fn start(extra_config: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("vitalsd.toml"),
+            config(dir.path(), extra_config),
+        )
+        .unwrap();
+        let mut d = Self { child: None, dir };
+        d.spawn();
+        d
+    }
+
+    pub fn spawn(&mut self) {
+        require_root();
+        let _ = std::fs::remove_file(self.socket());
+        let child = Command::new(vitalsd_bin())
+            .env("FAKE_PERFETTO_MODE", "success")
+            .args(["run", "--config"])
+            .arg(self.config_path())
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(self.dir.path().join("log")).unwrap())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Client::connect(&self.socket()).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not start: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("vitalsd.toml")
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("vitalsd.sock")
+    }
+
+    pub fn store(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    pub fn call(&self, req: &Request) -> Value {
+        Client::connect(&self.socket())
+            .unwrap()
+            .call(req)
+            .unwrap_or_else(|e| panic!("{req:?}: {e}\n{}", self.log()))
+    }
+
+    /// Runs `vitalsctl --socket <ours> ARGS` as root.
+    pub fn vitalsctl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(vitalsd_bin().with_file_name("vitalsctl"))
+            .arg("--socket")
+            .arg(self.socket())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    pub fn list(&self) -> Vec<Value> {
+        self.call(&Request::List {}).as_array().unwrap().clone()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    pub fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// Waits for `cond` on the daemon's status, polling.
+    pub fn wait_status(
+        &self,
+        what: &str,
+        timeout: Duration,
+        cond: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let st = self.call(&Request::Status {});
+            if cond(&st) {
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {st}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let st = c.wait().unwrap();
+            assert!(st.success(), "daemon exited with {st}: {}", self.log());
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
