@@ -6,6 +6,7 @@
 
 use std::{
     io::{BufRead, Write},
+    os::unix::process::CommandExt,
     time::Duration,
 };
 
@@ -80,6 +81,75 @@ fn vitals_touch_pages(pages: usize) {
         }
         // Left mapped: the test reads counters while we are still alive.
     }
+}
+
+/// This thread's (voluntary, involuntary) context switches so far.
+fn thread_switches() -> (i64, i64) {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) }, 0);
+    (ru.ru_nvcsw, ru.ru_nivcsw)
+}
+
+/// `struct clone_args` of clone3(2) up to `set_tid_size` (CLONE_ARGS_SIZE_VER1).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+}
+
+/// Starts `exe` with `argv` as a child whose pid is `pid`: clone3 with
+/// set_tid (Linux 5.5, CAP_SYS_ADMIN), retried while the old holder of the
+/// pid is still being released (EEXIST). Returns the child's pid.
+fn spawn_with_pid(pid: u32, exe: &std::path::Path, argv: &[&str]) -> i32 {
+    use std::{ffi::CString, os::unix::ffi::OsStrExt};
+    // Everything the child needs is allocated before the clone: between
+    // clone and execv it only calls async-signal-safe functions.
+    let path = CString::new(exe.as_os_str().as_bytes()).unwrap();
+    let argv: Vec<CString> = argv.iter().map(|a| CString::new(*a).unwrap()).collect();
+    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    let want = pid as libc::pid_t;
+    for _ in 0..1000 {
+        let args = CloneArgs {
+            exit_signal: libc::SIGCHLD as u64,
+            set_tid: &want as *const libc::pid_t as u64,
+            set_tid_size: 1,
+            ..Default::default()
+        };
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &args as *const CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        if r == 0 {
+            unsafe {
+                libc::execv(path.as_ptr(), ptrs.as_ptr());
+                libc::_exit(127);
+            }
+        }
+        if r > 0 {
+            return r as i32;
+        }
+        let e = std::io::Error::last_os_error();
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::EEXIST),
+            "clone3 with pid {pid}: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("pid {pid} stayed taken");
 }
 
 fn pin_to(cpu: usize) {
@@ -174,7 +244,10 @@ fn main() {
             }
         }
         // pingpong <n>: two threads bounce a byte over two pipes n times,
-        // each blocking in read() in between. Prints "tids <a> <b>".
+        // each blocking in read() in between. Prints "tids <a> <b>"; after
+        // "done", "csw <tid> <voluntary> <involuntary>" per thread: its
+        // context switches as the kernel counted them (getrusage
+        // RUSAGE_THREAD) when its last round ended.
         Some("pingpong") => {
             let n = arg(&args, 2);
             let (mut p1, mut p2) = ([0i32; 2], [0i32; 2]);
@@ -192,7 +265,8 @@ fn main() {
                     // (each thread blocks in read() or is preempted by the
                     // wakeup), whatever the tracing costs the waker.
                     pin_to(0);
-                    tx.send(unsafe { libc::gettid() } as i64).unwrap();
+                    let tid = unsafe { libc::gettid() } as i64;
+                    tx.send(tid).unwrap();
                     go.wait();
                     let mut b = [0u8; 1];
                     for _ in 0..n {
@@ -206,6 +280,8 @@ fn main() {
                             }
                         }
                     }
+                    let (vol, invol) = thread_switches();
+                    format!("csw {tid} {vol} {invol}")
                 })
             };
             let ping = spawn(p2[0], p1[1], true);
@@ -214,13 +290,64 @@ fn main() {
             say(&format!("tids {a} {b}"));
             wait_line();
             go.wait();
-            ping.join().unwrap();
-            pong.join().unwrap();
+            let ping = ping.join().unwrap();
+            let pong = pong.join().unwrap();
+            say("done");
+            say(&ping);
+            say(&pong);
+            wait_eof();
+        }
+        // children <n> <ms>: after a line on stdin, runs n short-lived
+        // children one after the other (this binary, `spin-exit <ms>`),
+        // printing "child <pid>" as each is reaped, then "done".
+        Some("children") => {
+            let n = arg(&args, 2);
+            let ms = arg(&args, 3).to_string();
+            let me = std::env::current_exe().unwrap();
+            say("ready");
+            wait_line();
+            for _ in 0..n {
+                let mut c = std::process::Command::new(&me)
+                    .args(["spin-exit", &ms])
+                    .spawn()
+                    .unwrap();
+                let pid = c.id();
+                assert!(c.wait().unwrap().success());
+                say(&format!("child {pid}"));
+            }
+            say("done");
+            wait_eof();
+        }
+        // reuse-pid <ms_a> <ms_b>: after a line on stdin, runs child A
+        // (argv[0] "vitals-reuse-a", `spin-exit <ms_a>`) and reaps it:
+        // prints "a <pid>". After another line, runs child B
+        // ("vitals-reuse-b", `spin-exit <ms_b>`) with A's pid, asked for
+        // with clone3's set_tid (root), and reaps it: prints "b <pid>",
+        // then "done".
+        Some("reuse-pid") => {
+            let (ms_a, ms_b) = (arg(&args, 2).to_string(), arg(&args, 3).to_string());
+            let me = std::env::current_exe().unwrap();
+            say("ready");
+            wait_line();
+            let mut a = std::process::Command::new(&me)
+                .arg0("vitals-reuse-a")
+                .args(["spin-exit", &ms_a])
+                .spawn()
+                .unwrap();
+            let pid = a.id();
+            assert!(a.wait().unwrap().success());
+            say(&format!("a {pid}"));
+            wait_line();
+            let b = spawn_with_pid(pid, &me, &["vitals-reuse-b", "spin-exit", &ms_b]);
+            let mut status = 0;
+            assert_eq!(unsafe { libc::waitpid(b, &mut status, 0) }, b);
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+            say(&format!("b {b}"));
             say("done");
             wait_eof();
         }
         _ => {
-            eprintln!("usage: vitals-workload spin|pinned-spin|spin-exit|touch|sleep|threads|pingpong ...");
+            eprintln!("usage: vitals-workload spin|pinned-spin|spin-exit|touch|sleep|threads|pingpong|children|reuse-pid ...");
             std::process::exit(2);
         }
     }
