@@ -1,6 +1,9 @@
 //! Shared harness of the kernel integration tests: controlled workloads,
-//! the reference values the kernel itself reports, and the official
-//! Perfetto decoder.
+//! the reference values the kernel itself reports, the official Perfetto
+//! decoder, and trace_processor (see [`trace_processor`]).
+
+pub mod daemon;
+pub mod trace_processor;
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -367,5 +370,105 @@ impl Drop for SwitchStorm {
         let pgid = nix::unistd::Pid::from_raw(-(self.0.id() as i32));
         let _ = nix::sys::signal::kill(pgid, nix::sys::signal::Signal::SIGKILL);
         let _ = self.0.wait();
+    }
+}
+
+/// One row of the top table `vitalsd record` prints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableRow {
+    pub pid: u32,
+    /// As printed: at most 20 characters, without the `*` of an ended process.
+    pub name: String,
+    /// The process exited during the recording (`*` after its name).
+    pub ended: bool,
+    /// ONCPU_MS exactly as printed (three decimals).
+    pub oncpu_ms: String,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    /// RUNQ_MS as printed (`-` when not measured).
+    pub runq_ms: String,
+    pub faults: u64,
+}
+
+/// Every process row of a printed top table, in printed order.
+///
+/// `PID PROCESS ONCPU_MS CORE_EQ% VOL_SW INVOL_SW RUNQ_MS FAULTS`: the name
+/// may hold spaces, so it is what lies between the pid and the six numeric
+/// columns at the end.
+pub fn table_rows(table: &str) -> Vec<TableRow> {
+    let mut in_table = false;
+    let mut rows = Vec::new();
+    for line in table.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.first() == Some(&"PID") && fields.get(1) == Some(&"PROCESS") {
+            in_table = true;
+            continue;
+        }
+        if !in_table {
+            continue;
+        }
+        let Some(pid) = fields.first().and_then(|p| p.parse::<u32>().ok()) else {
+            // The legend after the rows ends the table.
+            break;
+        };
+        assert!(fields.len() >= 8, "short table row: {line:?}");
+        let n = fields.len();
+        // The name: the text between the pid and the numeric columns, as
+        // printed (padding trimmed).
+        let after_pid = line.trim_start()[fields[0].len()..].trim_start();
+        let mut name_end = after_pid.len();
+        for f in fields[n - 6..].iter().rev() {
+            name_end = after_pid[..name_end].trim_end().len() - f.len();
+        }
+        let printed = after_pid[..name_end].trim_end();
+        let (name, ended) = match printed.strip_suffix('*') {
+            Some(n) => (n.to_owned(), true),
+            None => (printed.to_owned(), false),
+        };
+        let num = |i: usize| -> u64 {
+            fields[i]
+                .parse()
+                .unwrap_or_else(|_| panic!("column {i} of {line:?} is not a count"))
+        };
+        rows.push(TableRow {
+            pid,
+            name,
+            ended,
+            oncpu_ms: fields[n - 6].to_owned(),
+            voluntary_switches: num(n - 4),
+            involuntary_switches: num(n - 3),
+            runq_ms: fields[n - 2].to_owned(),
+            faults: num(n - 1),
+        });
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_rows_keep_names_with_spaces_and_the_ended_mark() {
+        let table = "vitalsd record: 3.26 s, 6 samples, faults from x\n\
+            \x20   PID PROCESS                  ONCPU_MS  CORE_EQ%    VOL_SW  INVOL_SW     RUNQ_MS    FAULTS\n\
+            \x20 27750 vitals-workload           934.177      28.7         0       370    2210.994         0\n\
+            \x20 27914 rust-lld*                 824.328      25.3        68       277    4174.047     35744\n\
+            \x20    12 Web Content*                1.000       0.1         1         2           -         3\n\
+            (* = exited during the recording; CORE_EQ% = on-CPU time / wall time, may exceed 100%)\n\
+            map drops: task_map_full=0\n";
+        let rows = table_rows(table);
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0].name, "vitals-workload");
+        assert!(!rows[0].ended);
+        assert_eq!(rows[0].oncpu_ms, "934.177");
+        assert_eq!(rows[0].involuntary_switches, 370);
+        assert_eq!((rows[1].name.as_str(), rows[1].ended), ("rust-lld", true));
+        assert_eq!(rows[1].faults, 35744);
+        assert_eq!(
+            (rows[2].name.as_str(), rows[2].ended),
+            ("Web Content", true)
+        );
+        assert_eq!(rows[2].runq_ms, "-");
     }
 }
