@@ -1098,7 +1098,9 @@ fn a_pid_reused_within_one_recording_is_two_processes_each_with_its_own_tracks_a
 /// Known defect (issue #13): a process that exits before any procfs scan
 /// sees it is named `<pid>`: in the table and in ProcessTree. The kernel
 /// still knows its comm when it frees the task (sched_process_free carries
-/// it).
+/// it). Recorded with --sched, whose switch records carry every child's
+/// comm: the `<pid>` entry (written as the comm, cmdline_is_comm) also
+/// overrides that name on the child's main thread.
 #[test]
 fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
     let tp = trace_processor();
@@ -1106,8 +1108,8 @@ fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("children.pftrace");
     let rec = Recording::start(
-        &record_args(&trace, &["--duration", "60s"]),
-        "eBPF accounting attached",
+        &record_args(&trace, &["--duration", "60s", "--sched"]),
+        "capture started",
     );
     let mut w = Workload::spawn(&["children", &CHILDREN.to_string(), "5"]);
     w.expect("ready");
@@ -1138,7 +1140,9 @@ fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
     assert_import_errors(&t, "record (short-lived children)", &[]);
     let list: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
     let procs = t.q(&format!(
-        "select pid, name, cmdline from process where pid in ({})",
+        "select p.pid as pid, p.name as name, p.cmdline as cmdline, t.name as thread \
+         from process p left join thread t on t.upid = p.upid and t.tid = p.pid \
+         where p.pid in ({})",
         list.join(", ")
     ));
     let basename = |n: &str| n.rsplit('/').next().unwrap_or(n).to_owned();
@@ -1155,14 +1159,15 @@ fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
             .filter(|p| int(p, "pid") == pid as i64)
             .collect();
         match p.as_slice() {
-            [p] if text(p, "name").map(basename).as_deref() == Some("vitals-workload") => {}
+            [p] if text(p, "name").map(basename).as_deref() == Some("vitals-workload")
+                && text(p, "thread") == Some("vitals-workload") => {}
             other => unnamed_in_trace.push(format!("{pid}: {other:?}")),
         }
     }
     assert!(
         unnamed_in_table.is_empty() && unnamed_in_trace.is_empty(),
         "of {CHILDREN} short-lived children, {} not named in the table: {:?}; \
-         {} not named in trace_processor's process table: {:?}",
+         {} not named in trace_processor's process table (process, main thread): {:?}",
         unnamed_in_table.len(),
         &unnamed_in_table[..unnamed_in_table.len().min(5)],
         unnamed_in_trace.len(),
