@@ -122,6 +122,7 @@ pub(crate) fn emit_switch(
     prev_prio: i32,
     next_prio: i32,
     comm: [u8; 16],
+    next_tgid: u32,
 ) {
     emit(
         ctx,
@@ -134,7 +135,7 @@ pub(crate) fn emit_switch(
             next_prio,
             next_comm: comm,
             prev_tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
-            _pad: 0,
+            next_tgid,
         },
         capture::lost::SCHED,
     );

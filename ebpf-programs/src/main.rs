@@ -276,6 +276,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
                 extra.0.unwrap_or(0),
                 extra.1.unwrap_or(0),
                 extra.2.unwrap_or([0; 16]),
+                learnt_tgid(next as u32),
             );
         }
     }
@@ -311,9 +312,21 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
             prev_prio,
             next_prio,
             unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(comm) },
+            learnt_tgid(next),
         );
     }
     0
+}
+
+/// The thread group of `tid` as TASKS learnt it (its earlier switch-outs
+/// or faults), 0 if it has none yet: the classic sched_switch record has
+/// no tgid of `next`.
+#[inline(always)]
+fn learnt_tgid(tid: u32) -> u32 {
+    if tid == 0 {
+        return 0;
+    }
+    unsafe { TASKS.get(&tid) }.map_or(0, |t| t.tgid)
 }
 
 /// The classic tracepoint's `prev_state` is the reported state
@@ -366,11 +379,12 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> u32 {
         task_field::<i32>(prev_task, &TASK_TGID_OFF) as u32
     });
     if capture_control().flags & capture::FLAG_SCHED != 0 {
-        let (prev_prio, next_prio, exit_state, comm) = unsafe {
+        let (prev_prio, next_prio, exit_state, next_tgid, comm) = unsafe {
             (
                 task_field::<i32>(prev_task, &TASK_PRIO_OFF),
                 task_field::<i32>(next_task, &TASK_PRIO_OFF),
                 task_field::<u32>(prev_task, &TASK_EXIT_STATE_OFF),
+                task_field::<i32>(next_task, &TASK_TGID_OFF) as u32,
                 [
                     task_field::<u64>(next_task, &TASK_COMM_OFF),
                     *(next_task.add(setting(&TASK_COMM_OFF) as usize + 8) as *const u64),
@@ -387,6 +401,9 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> u32 {
             prev_prio,
             next_prio,
             unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(comm) },
+            // The idle task's tgid is 0 as well: "unknown" and "swapper"
+            // agree.
+            next_tgid,
         );
     }
     0

@@ -14,6 +14,8 @@ pub enum Record {
     Switch {
         cpu: u32,
         prev_tgid: u32,
+        /// 0: the program could not tell (see `SwitchEvent::next_tgid`).
+        next_tgid: u32,
         rec: SwitchRec,
     },
     Waking {
@@ -55,6 +57,7 @@ pub fn decode(b: &[u8]) -> Option<Record> {
             Some(Record::Switch {
                 cpu: e.hdr.cpu,
                 prev_tgid: e.prev_tgid,
+                next_tgid: e.next_tgid,
                 rec: SwitchRec {
                     ts: e.hdr.ts,
                     prev_pid: e.prev_pid,
@@ -118,10 +121,15 @@ mod tests {
             next_prio: 100,
             next_comm: *b"abc\0\0\0\0\0\0\0\0\0\0\0\0\0",
             prev_tgid: 10,
-            _pad: 0,
+            next_tgid: 7,
         };
         match decode(&bytes(&s)) {
-            Some(Record::Switch { cpu: 1, rec, .. }) => {
+            Some(Record::Switch {
+                cpu: 1,
+                prev_tgid: 10,
+                next_tgid: 7,
+                rec,
+            }) => {
                 assert_eq!((rec.ts, rec.prev_pid, rec.next_pid), (99, 10, 11))
             }
             other => panic!("{other:?}"),

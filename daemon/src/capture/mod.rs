@@ -106,12 +106,15 @@ pub struct CaptureStats {
     pub perf_reported_lost: u64,
     pub transport: Option<CaptureTransport>,
     pub fault: fault_stacks::FaultStats,
+    /// Threads seen in sched records whose thread group never became
+    /// known, left out of ProcessTree (see `write_thread_names`).
+    pub threads_without_process: u64,
 }
 
 impl CaptureStats {
     pub fn render(&self) -> String {
         format!(
-            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not); ring buffer lost: {} sched, {} fault records; {} stacks not taken; transport {} ({} reported lost by perf buffers)",
+            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not); ring buffer lost: {} sched, {} fault records; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
             self.switch_events,
             self.waking_events,
             self.bundles,
@@ -126,6 +129,7 @@ impl CaptureStats {
             self.lost_stacks,
             self.transport.map_or("none", CaptureTransport::name),
             self.perf_reported_lost,
+            self.threads_without_process,
         )
     }
 }
@@ -147,7 +151,8 @@ pub struct Capture {
     seen_tids: HashSet<i32>,
     /// Seen tids not yet named in a ProcessTree packet.
     new_tids: HashMap<i32, Comm>,
-    /// tid -> tgid, from the switch records (prev is `current` there).
+    /// tid -> tgid, from the switch records (prev is `current` there;
+    /// next's when the program could tell).
     tgids: HashMap<i32, i32>,
     faults: FaultStacks,
     stats: CaptureStats,
@@ -222,10 +227,14 @@ impl Capture {
                 Record::Switch {
                     cpu,
                     prev_tgid,
+                    next_tgid,
                     rec,
                 } => {
                     if rec.prev_pid > 0 && prev_tgid > 0 {
                         self.tgids.insert(rec.prev_pid, prev_tgid as i32);
+                    }
+                    if rec.next_pid > 0 && next_tgid > 0 {
+                        self.tgids.insert(rec.next_pid, next_tgid as i32);
                     }
                     self.note_tid(rec.next_pid, rec.next_comm);
                     self.cpu(cpu).switches.push(rec);
@@ -315,23 +324,41 @@ impl Capture {
     }
 
     /// Thread names with their process. A tid whose tgid is not known yet
-    /// (it has not switched out, and /proc does not say) waits for a later
-    /// flush; the last one names it without a process.
+    /// (no switch record said, and /proc does not) waits for a later
+    /// flush. The last one leaves out the tids still without one, counted
+    /// in `CaptureStats::threads_without_process`: trace_processor reads a
+    /// ProcessTree thread without `tgid` as one of pid 0 (swapper). Their
+    /// names still reach it through the sched records' comms.
     fn write_thread_names<W: Write>(
         &mut self,
         writer: &mut TraceWriter<W>,
         ts_boot_ns: u64,
         last: bool,
     ) -> Result<(), CaptureError> {
-        let mut tids: Vec<(i32, Comm, Option<i32>)> = Vec::new();
+        let mut tids: Vec<(i32, Comm, i32)> = Vec::new();
+        let mut unknown = Vec::new();
         for (&tid, &comm) in &self.new_tids {
-            let tgid = self
+            match self
                 .tgids
                 .get(&tid)
                 .copied()
-                .or_else(|| read_tgid(&self.proc_root, tid));
-            if tgid.is_some() || last {
-                tids.push((tid, comm, tgid));
+                .or_else(|| read_tgid(&self.proc_root, tid))
+            {
+                Some(tgid) => tids.push((tid, comm, tgid)),
+                None if last => unknown.push(tid),
+                None => {}
+            }
+        }
+        if !unknown.is_empty() {
+            unknown.sort_unstable();
+            log::info!(
+                "capture: {} threads left out of ProcessTree, their process unknown: {:?}",
+                unknown.len(),
+                &unknown[..unknown.len().min(20)]
+            );
+            self.stats.threads_without_process += unknown.len() as u64;
+            for tid in unknown {
+                self.new_tids.remove(&tid);
             }
         }
         if tids.is_empty() {
@@ -343,7 +370,7 @@ impl Capture {
             self.new_tids.remove(&tid);
             tree.threads.push(process_tree::Thread {
                 tid: Some(tid),
-                tgid,
+                tgid: Some(tgid),
                 name: Some(comm_str(&comm)),
                 ..Default::default()
             });

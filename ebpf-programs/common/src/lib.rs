@@ -317,7 +317,12 @@ pub struct SwitchEvent {
     /// Thread group of the task switching out (it is `current`), so user
     /// space can name threads under their process even after they exit.
     pub prev_tgid: u32,
-    pub _pad: u32,
+    /// Thread group of the task switching in, 0 when the program cannot
+    /// tell (tp_btf reads it from `next`; the classic tracepoints only
+    /// know it once `next` has switched out or faulted before, from
+    /// TASKS). Without it a thread whose switch-outs are lost, or that
+    /// exits before user space reads /proc/<tid>/status, has no process.
+    pub next_tgid: u32,
 }
 
 /// sched_waking: emitted on the waker's CPU.
