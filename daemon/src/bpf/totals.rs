@@ -27,6 +27,10 @@ pub struct ProcessCounters {
     pub exited_threads: u32,
     /// The thread-group leader was freed: this is the process's final row.
     pub ended: bool,
+    /// Ended rows: the leader's comm as sched_process_free recorded it
+    /// (None when the record had none), which names a process no procfs
+    /// scan saw alive.
+    pub exit_comm: Option<[u8; 16]>,
 }
 
 #[derive(Debug, Default)]
@@ -36,6 +40,8 @@ struct ProcessAccum {
     exited_threads: u32,
     /// Final whole-process fault counters from the leader's free record.
     final_faults: Option<FaultCounters>,
+    /// The leader's comm from its free record.
+    comm: Option<[u8; 16]>,
 }
 
 /// Folds snapshots into per-thread and per-process totals.
@@ -89,6 +95,7 @@ impl Totals {
             acc.exited_threads += 1;
             if key.tid == tgid {
                 acc.final_faults = Some(rec.process_faults);
+                acc.comm = (!rec.comm_bytes().is_empty()).then_some(rec.comm);
                 ended_now.push(tgid);
             }
         }
@@ -151,6 +158,7 @@ impl Totals {
         for tgid in ended_now {
             if let Some(row) = rows.get_mut(&tgid) {
                 row.ended = true;
+                row.exit_comm = self.processes.get(&tgid).and_then(|a| a.comm);
             }
             self.processes.remove(&tgid);
             self.threads.retain(|_, t| t.tgid != tgid);
@@ -177,6 +185,13 @@ fn add_task(row: &mut ProcessCounters, t: &TaskCounters) {
 impl ProcessCounters {
     pub fn faults(&self, source: FaultSource) -> u64 {
         source.faults(&self.faults)
+    }
+
+    /// `exit_comm` as text, up to its first NUL.
+    pub fn exit_comm_str(&self) -> Option<String> {
+        let c = self.exit_comm.as_ref()?;
+        let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
+        Some(String::from_utf8_lossy(&c[..end]).into_owned())
     }
 }
 
@@ -235,12 +250,14 @@ mod tests {
             },
             ExitedTask {
                 counters: task(100, 1_600, 1),
+                comm: *b"dd\0\0\0\0\0\0\0\0\0\0\0\0\0\0",
                 ..Default::default()
             },
         ));
         let rows = t.update(&s);
         assert_eq!(rows.len(), 1);
         assert!(rows[0].ended);
+        assert_eq!(rows[0].exit_comm_str().as_deref(), Some("dd"));
         assert_eq!(rows[0].oncpu_ns, 4_100);
         assert!(
             t.update(&BpfSnapshot::default()).is_empty(),
