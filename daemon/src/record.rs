@@ -2,7 +2,7 @@
 //! into a Perfetto trace, with a top table at the end.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs::File,
     io::BufWriter,
     path::{Path, PathBuf},
@@ -261,12 +261,25 @@ fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
 /// buffered) before the capture and the capture before the BPF objects,
 /// as when they were locals of one function.
 struct Recording {
-    /// The last counters of every process seen, for the summary.
+    /// The last counters of every live process instance seen, by pid, for
+    /// the summary. With `ended`, the summary has one row per instance
+    /// (pid, starttime): a reused pid is a new row.
     final_rows: HashMap<u32, ProcessCounters>,
+    /// Instances whose row ended (their leader was freed): who they were
+    /// (None: never named) and their last counters.
+    ended: Vec<(Option<ProcessIdentity>, ProcessCounters)>,
+    /// Ended instances per pid: tells apart the track keys of instances
+    /// of one pid that have no starttime.
+    ended_per_pid: HashMap<u32, u64>,
     tracks: HashMap<u32, ProcessTracks>,
     totals: Totals,
-    /// Every process named in the trace so far.
-    known: HashMap<u32, ProcessIdentity>,
+    /// The live process instance of each pid with counters in the trace
+    /// (None: counted but never named); an instance whose row ends moves
+    /// to `ended`, so a reused pid is a new process.
+    known: HashMap<u32, Option<ProcessIdentity>>,
+    /// Pids whose naming waited one tick: gone from /proc before the scan
+    /// and not yet freed, so their exit record (and comm) is due.
+    waiting: HashSet<u32>,
     sample: Sample,
     tracker: Tracker,
     sampler: Sampler,
@@ -331,12 +344,12 @@ impl Recording {
         tracker.update(&sample);
 
         // Every process alive now, with its real argv.
-        let known: HashMap<u32, ProcessIdentity> = sample
+        let known: HashMap<u32, Option<ProcessIdentity>> = sample
             .processes
             .iter()
-            .map(|p| (p.stat.pid as u32, ProcessIdentity::of(p)))
+            .map(|p| (p.stat.pid as u32, Some(ProcessIdentity::of(p))))
             .collect();
-        let mut initial: Vec<&ProcessIdentity> = known.values().collect();
+        let mut initial: Vec<&ProcessIdentity> = known.values().flatten().collect();
         initial.sort_by_key(|p| p.pid);
         writer.write_process_tree(start.boottime_ns, &tree_entries(initial))?;
         prelude(&mut writer)?;
@@ -356,9 +369,12 @@ impl Recording {
             tracker,
             sample,
             known,
+            waiting: HashSet::new(),
             totals: Totals::new(),
             tracks: HashMap::new(),
             final_rows: HashMap::new(),
+            ended: Vec::new(),
+            ended_per_pid: HashMap::new(),
             samples: 0,
             cut_at_max_bytes: false,
         })
@@ -412,26 +428,41 @@ impl Recording {
         if let Some(c) = self.capture.as_mut() {
             c.flush(&self.accounting, &mut self.writer, clocks.boottime_ns)?;
         }
-        self.name_new_processes(&rows, clocks.boottime_ns)?;
-        self.write_counters(&rows, clocks.boottime_ns)?;
+        // Known instances first: one that ends moves out of `known`, so
+        // a new instance of its pid in this tick is a new process.
+        let (old, new): (Vec<ProcessCounters>, Vec<ProcessCounters>) = rows
+            .into_iter()
+            .partition(|r| self.known.contains_key(&r.tgid));
+        self.write_counters(&old, clocks.boottime_ns)?;
+        let (new, entries) = self.name_new_processes(new);
+        self.write_counters(&new, clocks.boottime_ns)?;
+        // The ProcessTree entries after the new instances' counters:
+        // trace_processor starts a new process for a pid when a process
+        // track descriptor with a new uuid resolves (its first counter);
+        // an entry before that would rename the old instance of the pid
+        // (same parent: UpdateProcessWithParent keeps the upid).
+        if !entries.is_empty() {
+            self.writer
+                .write_process_tree(clocks.boottime_ns, &tree_entries(&entries))?;
+        }
         self.writer.flush()?;
         Ok(())
     }
 
-    /// Names processes we have not seen yet before their first counter,
-    /// from this tick's scan (gone before it: unknown, named by pid).
+    /// Identifies the processes in `rows` (none known yet): from this
+    /// tick's scan, else from the comm their leader's free record carries.
+    /// One gone before the scan and not freed yet waits a tick for that
+    /// record (its row is cumulative: nothing is lost); after that, or
+    /// ended without a comm, it is counted unnamed and left out of
+    /// ProcessTree (a `<pid>` name there would also rename its main
+    /// thread). Returns the rows to write and the identities for
+    /// ProcessTree.
     fn name_new_processes(
         &mut self,
-        rows: &[ProcessCounters],
-        ts_boot_ns: u64,
-    ) -> Result<(), RecordError> {
-        let unseen: Vec<u32> = rows
-            .iter()
-            .map(|r| r.tgid)
-            .filter(|t| !self.known.contains_key(t))
-            .collect();
-        if unseen.is_empty() {
-            return Ok(());
+        rows: Vec<ProcessCounters>,
+    ) -> (Vec<ProcessCounters>, Vec<ProcessIdentity>) {
+        if rows.is_empty() {
+            return (rows, Vec::new());
         }
         let scanned: HashMap<u32, &ProcessSample> = self
             .sample
@@ -439,18 +470,24 @@ impl Recording {
             .iter()
             .map(|p| (p.stat.pid as u32, p))
             .collect();
-        for &tgid in &unseen {
-            let id = scanned
-                .get(&tgid)
-                .map(|p| ProcessIdentity::of(p))
-                .unwrap_or_else(|| ProcessIdentity::unknown(tgid));
-            self.known.insert(tgid, id);
+        let mut write = Vec::with_capacity(rows.len());
+        let mut entries = Vec::new();
+        for r in rows {
+            let pid = r.tgid;
+            let id = match (scanned.get(&pid), r.exit_comm_str()) {
+                (Some(p), _) => Some(ProcessIdentity::of(p)),
+                (None, Some(comm)) if !comm.is_empty() => {
+                    Some(ProcessIdentity::from_comm(pid, comm))
+                }
+                _ if !r.ended && self.waiting.insert(pid) => continue,
+                _ => None,
+            };
+            self.waiting.remove(&pid);
+            entries.extend(id.clone());
+            self.known.insert(pid, id);
+            write.push(r);
         }
-        self.writer.write_process_tree(
-            ts_boot_ns,
-            &tree_entries(unseen.iter().map(|t| &self.known[t])),
-        )?;
-        Ok(())
+        (write, entries)
     }
 
     /// Each process's counter tracks (created on its first row, anew when
@@ -464,14 +501,20 @@ impl Recording {
             let id = &self.known[&r.tgid];
             let key = ProcessKey {
                 pid: r.tgid as i32,
-                starttime_ticks: id.starttime_ticks,
+                // No starttime: the instance number within this recording
+                // keeps a reused pid's tracks apart all the same.
+                starttime_ticks: match id {
+                    Some(id) if id.starttime_ticks != 0 => id.starttime_ticks,
+                    _ => self.ended_per_pid.get(&r.tgid).copied().unwrap_or(0),
+                },
             };
+            let name = id.as_ref().map_or("", |i| i.name());
             let t = match self.tracks.get_mut(&r.tgid) {
                 Some(t) if t.key.starttime_ticks == key.starttime_ticks => t,
                 _ => {
                     let mut uuids = Vec::with_capacity(self.counters.len());
                     for c in &self.counters {
-                        uuids.push(self.writer.process_counter_track(key, id.name(), &c.spec)?);
+                        uuids.push(self.writer.process_counter_track(key, name, &c.spec)?);
                     }
                     let last = vec![-1; uuids.len()];
                     self.tracks
@@ -488,9 +531,16 @@ impl Recording {
                     t.last[i] = v;
                 }
             }
-            self.final_rows.insert(r.tgid, *r);
             if r.ended {
+                // Its last counters are written: the instance is over, and
+                // the pid's next user is a new process.
                 self.tracks.remove(&r.tgid);
+                self.final_rows.remove(&r.tgid);
+                let id = self.known.remove(&r.tgid).flatten();
+                *self.ended_per_pid.entry(r.tgid).or_default() += 1;
+                self.ended.push((id, *r));
+            } else {
+                self.final_rows.insert(r.tgid, *r);
             }
         }
         Ok(())
@@ -539,14 +589,16 @@ impl Recording {
     /// The summary's rows, most on-CPU time first; `wall_ns` is the
     /// recording's CLOCK_MONOTONIC duration.
     fn summary_rows(&self, wall_ns: u64) -> Vec<SummaryRow> {
-        let mut rows: Vec<SummaryRow> = self
+        let live = self
             .final_rows
             .values()
-            .map(|r| SummaryRow {
+            .map(|r| (self.known.get(&r.tgid).and_then(Option::as_ref), r));
+        let ended = self.ended.iter().map(|(id, r)| (id.as_ref(), r));
+        let mut rows: Vec<SummaryRow> = live
+            .chain(ended)
+            .map(|(id, r)| SummaryRow {
                 pid: r.tgid,
-                name: self
-                    .known
-                    .get(&r.tgid)
+                name: id
                     .map(|i| i.name().to_owned())
                     .unwrap_or_else(|| format!("<{}>", r.tgid)),
                 oncpu_ns: r.oncpu_ns,
@@ -586,12 +638,13 @@ impl ProcessIdentity {
         }
     }
 
-    /// A process that was gone before it could be read.
-    fn unknown(pid: u32) -> Self {
+    /// A process that was gone before it could be read, named by the comm
+    /// its leader's free record carries.
+    fn from_comm(pid: u32, comm: String) -> Self {
         Self {
             pid,
             ppid: 0,
-            comm: format!("<{pid}>"),
+            comm,
             starttime_ticks: 0,
             cmdline: Arc::from(""),
         }
