@@ -11,7 +11,8 @@
 //! one every test here fails, naming the three. Each test asks for it first,
 //! so that failure comes before any recording.
 //!
-//! Three tests hold defects known from review and fail until they are fixed:
+//! Three tests hold defects known from review (fixed on branch tpfix; each
+//! failed before its fix):
 //! - `threads_whose_tgid_was_never_seen_are_not_attached_to_pid_0`
 //! - `a_pid_reused_within_one_recording_is_two_processes_each_with_its_own_tracks_and_row`
 //! - `short_lived_processes_are_named_in_the_table_and_in_the_process_table`
@@ -944,7 +945,7 @@ fn service_capture_and_its_export_import_like_a_recording() {
 /// declares it: trace_processor counts `ftrace_cpu_has_data_loss` for the
 /// CPUs whose bundles carry `lost_events`, and nothing else.
 ///
-/// Known defect (issue #13): a thread seen in a switch or waking record
+/// Defect (issue #13, fixed): a thread seen in a switch or waking record
 /// whose tgid never showed up (its switch-outs lost, or it exited before
 /// the capture's last flush could read /proc/<tid>/status) is written in
 /// ProcessTree without a tgid, and trace_processor reads the absent tgid as
@@ -1005,10 +1006,10 @@ fn threads_whose_tgid_was_never_seen_are_not_attached_to_pid_0() {
     check_threads(&t, Threads::Sched);
 }
 
-/// Known defect (issue #13): a pid reused within one `record` keeps the
-/// dead process's identity: the new process gets no ProcessTree entry of
-/// its own and its counters go on the old process's tracks, and the ended
-/// process's row is replaced by the new one's in the table.
+/// Defect (issue #13, fixed): a pid reused within one `record` kept the
+/// dead process's identity: the new process got no ProcessTree entry of
+/// its own and its counters went on the old process's tracks, and the
+/// ended process's row was replaced by the new one's in the table.
 #[test]
 fn a_pid_reused_within_one_recording_is_two_processes_each_with_its_own_tracks_and_row() {
     let tp = trace_processor();
@@ -1095,8 +1096,8 @@ fn a_pid_reused_within_one_recording_is_two_processes_each_with_its_own_tracks_a
     }
 }
 
-/// Known defect (issue #13): a process that exits before any procfs scan
-/// sees it is named `<pid>`: in the table and in ProcessTree. The kernel
+/// Defect (issue #13, fixed): a process that exits before any procfs scan
+/// sees it was named `<pid>`: in the table and in ProcessTree. The kernel
 /// still knows its comm when it frees the task (sched_process_free carries
 /// it). Recorded with --sched, whose switch records carry every child's
 /// comm: the `<pid>` entry (written as the comm, cmdline_is_comm) also
