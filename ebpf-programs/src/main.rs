@@ -276,7 +276,9 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
                 extra.0.unwrap_or(0),
                 extra.1.unwrap_or(0),
                 extra.2.unwrap_or([0; 16]),
-                learnt_tgid(next as u32),
+                // The classic record has no tgid of `next`: user space
+                // learns it from the thread's switch-outs or /proc.
+                0,
             );
         }
     }
@@ -312,21 +314,11 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
             prev_prio,
             next_prio,
             unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(comm) },
-            learnt_tgid(next),
+            // See sched_switch: unknown here.
+            0,
         );
     }
     0
-}
-
-/// The thread group of `tid` as TASKS learnt it (its earlier switch-outs
-/// or faults), 0 if it has none yet: the classic sched_switch record has
-/// no tgid of `next`.
-#[inline(always)]
-fn learnt_tgid(tid: u32) -> u32 {
-    if tid == 0 {
-        return 0;
-    }
-    unsafe { TASKS.get(&tid) }.map_or(0, |t| t.tgid)
 }
 
 /// The classic tracepoint's `prev_state` is the reported state
