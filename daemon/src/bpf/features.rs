@@ -188,7 +188,7 @@ impl Feature {
                 "perf software page-fault events with BPF programs",
                 "4.9",
                 "perf_event_open of the minor/major fault events and attaching",
-                "refused: no fault accounting (logged; faults show as not measured)",
+                "refused: no fault accounting (logged; fault counters are left out, not zero)",
             ),
         };
         FeatureRow {
