@@ -5,7 +5,8 @@
 //! QEMU runs in its own process group, owned by a guard whose Drop kills
 //! the whole group, so no guest outlives the run: not on success, not on a
 //! timeout (the guest's unfinished checks then fail), not on an error or a
-//! panic in xtask.
+//! panic in xtask; and if xtask itself is killed, PR_SET_PDEATHSIG takes
+//! QEMU with it.
 
 use std::{
     io::{Read, Write},
@@ -102,6 +103,17 @@ pub fn boot(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    // Its own process group keeps a terminal's Ctrl-C from reaching QEMU,
+    // and a signal that kills xtask skips the Drop guard: the kernel then
+    // kills QEMU with its parent instead.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     eprintln!("vm-test: {cmd:?}");
     let mut qemu = Qemu {
         child: cmd
