@@ -523,6 +523,7 @@ fn running_task_check(mut acc: Accounting) {
     cpu0.set(0).unwrap();
     nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu0)
         .expect("pinning the reader to CPU 0");
+    let steal_at_start = cpu_steal_ticks(1);
     let mut w = Workload::spawn(&["pinned-spin", "1", "1500"]);
     w.expect("ready");
     w.go();
@@ -557,9 +558,23 @@ fn running_task_check(mut acc: Accounting) {
             bpf_ns + 1e6 >= before_ns,
             "eBPF {bpf_ns} ns is below the kernel's {before_ns} ns read before it"
         );
+        // Above it by at most the time the hypervisor stole from CPU 1
+        // meanwhile: vitalsd's slices are bpf_ktime_get_ns deltas, wall
+        // time that includes steal, which the kernel's runtime leaves out
+        // (a known gap, see README "Kernel matrix"). On bare metal the
+        // steal is 0 and the bound is the kernel's figure. /proc/stat
+        // counts steal in ticks, so one tick of rounding once any is seen.
+        let tick_ns = 1e9 / clk_tck() as f64;
+        let stolen = cpu_steal_ticks(1).saturating_sub(steal_at_start);
+        let steal_ns = if stolen > 0 {
+            (stolen + 1) as f64 * tick_ns
+        } else {
+            0.0
+        };
         assert!(
-            bpf_ns <= after_ns + 1e6,
-            "eBPF {bpf_ns} ns exceeds the kernel's {after_ns} ns updated after it"
+            bpf_ns <= after_ns + 1e6 + steal_ns,
+            "eBPF {bpf_ns} ns exceeds the kernel's {after_ns} ns updated after it \
+             (+ {steal_ns} ns stolen from CPU 1)"
         );
         caught_running += usize::from(inflight_ns > 0);
         std::thread::sleep(Duration::from_millis(100));
@@ -749,4 +764,18 @@ fn reused_tid_starts_from_zero() {
         return;
     }
     panic!("no attempt got the freed pid back");
+}
+
+/// Ticks the hypervisor stole from `cpu` since boot (/proc/stat `cpuN`,
+/// the eighth value).
+fn cpu_steal_ticks(cpu: usize) -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let line = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&format!("cpu{cpu}")))
+        .unwrap_or_else(|| panic!("no cpu{cpu} line in /proc/stat"));
+    line.split_whitespace()
+        .nth(8)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }

@@ -76,21 +76,36 @@ impl Accounting {
             }
         }
 
-        snap.tasks = self.read_hash(names::TASKS)?;
-        snap.process_faults = self.read_hash(names::PROCESS_FAULTS)?;
-
-        {
-            let cpu_state: PerCpuArray<&MapData, CpuState> =
-                PerCpuArray::try_from(self.map(names::CPU_STATE)?)
-                    .map_err(map_err(names::CPU_STATE))?;
-            let per_cpu = cpu_state.get(&0, 0).map_err(map_err(names::CPU_STATE))?;
-            snap.monotonic_ns = crate::clock::monotonic_ns();
-            for s in per_cpu.iter() {
-                snap.idle_ns += s.idle_ns;
-                if s.valid != 0 && snap.monotonic_ns > s.last_switch_ns {
-                    *snap.inflight_ns.entry(s.running_tid).or_default() +=
-                        snap.monotonic_ns - s.last_switch_ns;
-                }
+        // A task that switches out while TASKS is read can have its ended
+        // slice land in TASKS after its entry was read, and CPU_STATE no
+        // longer shows it in flight: the slice would be in neither. So the
+        // per-CPU switch stamps are read before and after, and the read is
+        // taken again (a few times at most) when a switch came in between.
+        let mut per_cpu = self.cpu_states()?;
+        for attempt in 0..4 {
+            snap.tasks = self.read_hash(names::TASKS)?;
+            snap.process_faults = self.read_hash(names::PROCESS_FAULTS)?;
+            let after = self.cpu_states()?;
+            let settled = per_cpu
+                .iter()
+                .zip(&after)
+                .all(|(b, a)| b.last_switch_ns == a.last_switch_ns);
+            per_cpu = after;
+            if settled {
+                break;
+            }
+            if attempt == 3 {
+                log::debug!(
+                    "switches kept landing while reading TASKS; this read may miss a slice"
+                );
+            }
+        }
+        snap.monotonic_ns = crate::clock::monotonic_ns();
+        for s in per_cpu.iter() {
+            snap.idle_ns += s.idle_ns;
+            if s.valid != 0 && snap.monotonic_ns > s.last_switch_ns {
+                *snap.inflight_ns.entry(s.running_tid).or_default() +=
+                    snap.monotonic_ns - s.last_switch_ns;
             }
         }
 
@@ -103,6 +118,15 @@ impl Accounting {
             }
         }
         Ok(snap)
+    }
+
+    /// Every CPU's scheduler state (CPU_STATE's one per-CPU slot).
+    fn cpu_states(&self) -> Result<Vec<CpuState>, BpfError> {
+        let cpu_state: PerCpuArray<&MapData, CpuState> =
+            PerCpuArray::try_from(self.map(names::CPU_STATE)?)
+                .map_err(map_err(names::CPU_STATE))?;
+        let per_cpu = cpu_state.get(&0, 0).map_err(map_err(names::CPU_STATE))?;
+        Ok(per_cpu.iter().copied().collect())
     }
 
     /// How the hashes are read now.
