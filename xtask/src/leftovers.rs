@@ -39,14 +39,12 @@ fn children_of(proc_root: &Path, parent: i32) -> Vec<(i32, String)> {
             let open = stat.find('(')?;
             let close = stat.rfind(')')?;
             let comm = stat.get(open + 1..close)?.to_owned();
-            // Field 4 (ppid) is the second after the comm's ')'.
-            let ppid: i32 = stat
-                .get(close + 2..)?
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            (ppid == parent).then_some((pid, comm))
+            // Fields 3 (state) and 4 (ppid) follow the comm's ')'; a
+            // zombie is already dead.
+            let mut rest = stat.get(close + 2..)?.split_whitespace();
+            let state = rest.next()?;
+            let ppid: i32 = rest.next()?.parse().ok()?;
+            (ppid == parent && state != "Z").then_some((pid, comm))
         })
         .collect()
 }
@@ -55,6 +53,19 @@ fn children_of(proc_root: &Path, parent: i32) -> Vec<(i32, String)> {
 /// left: with no test command running, each is something a test leaked.
 pub fn check() -> Result<()> {
     let me = std::process::id() as i32;
+    // Children a test killed properly still need their parent to reap
+    // them, and orphans have us as parent now: reap every exited child
+    // (give ones still exiting a moment) before looking for live ones.
+    let reap = || loop {
+        // SAFETY: waitpid(2) with a null status pointer; no memory.
+        let pid = unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) };
+        if pid <= 0 {
+            break;
+        }
+    };
+    reap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    reap();
     let left = children_of(Path::new("/proc"), me);
     if left.is_empty() {
         return Ok(());
