@@ -628,10 +628,12 @@ fn check_ping_pong(t: &Imported, pp: &PingPong, n: u64, missed: i64) {
             "select count(*) as n from thread_state ts join thread t using(utid) \
              where t.tid = {tid} and ts.state = 'S'"
         ));
-        assert_eq!(
+        // A declared missed switch also splits or merges one S period.
+        assert!(
+            (int(&sleeping, "n") - count(&|s| s == "S")).abs() <= missed,
+            "thread {tid}: {} S periods on its track vs {} slices ending in S ({missed} switches missed)",
             int(&sleeping, "n"),
             count(&|s| s == "S"),
-            "thread {tid}: S periods on its track vs slices ending in S"
         );
     }
     assert!(
