@@ -414,6 +414,15 @@ impl Default for Config {
     }
 }
 
+/// The error for a value out of range at `key` of the file at `path`.
+fn invalid(path: &Path, key: &str, message: String) -> Result<(), ConfigError> {
+    Err(ConfigError::Invalid {
+        path: path.to_owned(),
+        key: key.into(),
+        message,
+    })
+}
+
 impl Config {
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
         let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
@@ -436,13 +445,7 @@ impl Config {
     /// Checks what serde cannot: ranges and relations between keys. Every
     /// numeric key has a range, and an error names the key.
     pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
-        let bad = |key: &str, message: String| {
-            Err(ConfigError::Invalid {
-                path: path.to_owned(),
-                key: key.into(),
-                message,
-            })
-        };
+        let bad = |key: &str, message: String| invalid(path, key, message);
         let s = &self.sampling;
         if s.interval.0 < Duration::from_millis(100) {
             return bad("sampling.interval", "must be at least 100ms".into());
@@ -518,13 +521,7 @@ impl Config {
 
     /// The `[[rule]]` tables: names, thresholds, windows, capture specs.
     fn validate_rules(&self, path: &Path) -> Result<(), ConfigError> {
-        let bad = |key: &str, message: String| {
-            Err(ConfigError::Invalid {
-                path: path.to_owned(),
-                key: key.into(),
-                message,
-            })
-        };
+        let bad = |key: &str, message: String| invalid(path, key, message);
         let s = &self.sampling;
         let mut names = std::collections::HashSet::new();
         for (i, r) in self.rules.iter().enumerate() {

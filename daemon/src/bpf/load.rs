@@ -613,6 +613,20 @@ fn attach_perf_sw(
             message: e.to_string(),
         });
     }
+    attach_perf_on_cpus(prog, name, event, cpus, "")
+}
+
+/// Attaches a perf-event program to software `event` on every CPU of
+/// `cpus`, counting every event (period 1); `whence` ends error messages
+/// (" (pinned)" for bpfloader's programs). The one attach loop for the
+/// loaded and the pinned fault programs.
+pub(super) fn attach_perf_on_cpus(
+    prog: &mut PerfEvent,
+    name: &'static str,
+    event: SoftwareEvent,
+    cpus: &[u32],
+    whence: &str,
+) -> Result<(), BpfError> {
     for &cpu in cpus {
         prog.attach(
             PerfEventConfig::Software(event),
@@ -622,7 +636,7 @@ fn attach_perf_sw(
         )
         .map_err(attach_err(
             name,
-            format!("perf software event {event:?} on cpu {cpu}"),
+            format!("perf software event {event:?} on cpu {cpu}{whence}"),
         ))?;
     }
     Ok(())

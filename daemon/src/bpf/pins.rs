@@ -10,10 +10,7 @@ use std::{
 
 use aya::{
     maps::MapData,
-    programs::{
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        PerfEvent, TracePoint,
-    },
+    programs::{perf_event::SoftwareEvent, PerfEvent, TracePoint},
     Ebpf,
 };
 use vitals_common::names;
@@ -279,18 +276,7 @@ impl PinnedAttach<'_> {
             else {
                 continue;
             };
-            for &cpu in &cpus {
-                prog.attach(
-                    PerfEventConfig::Software(event),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Period(1),
-                    false,
-                )
-                .map_err(attach_err(
-                    name,
-                    format!("perf software event {event:?} on cpu {cpu} (pinned)"),
-                ))?;
-            }
+            super::load::attach_perf_on_cpus(&mut prog, name, event, &cpus, " (pinned)")?;
             self.programs.push(PinnedProgram::Perf(prog));
             found = true;
         }
