@@ -210,9 +210,15 @@ fn main() {
             say("done");
             wait_eof();
         }
-        // pinned-sleep <cpu> <times> <ms>
+        // pinned-sleep <cpu> <times> <ms> [nice]
         Some("pinned-sleep") => {
             pin_to(arg(&args, 2) as usize);
+            if let Some(nice) = args.get(5) {
+                let nice: i32 = nice.parse().expect("nice value");
+                // Safety: plain syscall on this process.
+                let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+                assert_eq!(rc, 0, "setpriority({nice})");
+            }
             say("ready");
             wait_line();
             for _ in 0..arg(&args, 3) {
