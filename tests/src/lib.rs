@@ -180,6 +180,16 @@ impl Drop for DelayAcct {
     }
 }
 
+/// The running kernel's (major, minor), from uname(2): the tests' own
+/// reading of which program kind a kernel must get.
+pub fn kernel_version() -> (u32, u32) {
+    let uts = nix::sys::utsname::uname().expect("uname");
+    let release = uts.release().to_string_lossy().into_owned();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let mut next = || parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (next(), next())
+}
+
 pub fn clk_tck() -> u64 {
     let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     assert!(v > 0);

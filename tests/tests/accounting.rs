@@ -18,9 +18,22 @@ fn load(source: FaultSourceChoice) -> Accounting {
         ..Default::default()
     })
     .expect("loading the accounting programs");
-    // This kernel has BTF with the 5.18+ sched_switch arguments, and the
-    // mainline tracepoint layout: the fast programs must be chosen.
-    assert_eq!(acc.sched_programs(), SchedPrograms::Btf);
+    // With BTF, 5.18+ kernels (sched_switch's prev_state moved to the end of
+    // its arguments) must get tp_btf; older ones the classic programs. Every
+    // mainline kernel from 5.10 on has the standard sched_switch and
+    // sched_wakeup layout, so the fast fixed-layout programs must be chosen.
+    let btf = std::path::Path::new("/sys/kernel/btf/vmlinux").exists();
+    let expected = if btf && kernel_version() >= (5, 18) {
+        SchedPrograms::Btf
+    } else {
+        SchedPrograms::Classic
+    };
+    assert_eq!(
+        acc.sched_programs(),
+        expected,
+        "kernel {:?}",
+        kernel_version()
+    );
     assert_eq!(acc.layout(), TracepointLayout::Fixed);
     acc
 }

@@ -129,6 +129,8 @@ pub struct Accounting {
     features: Features,
     limits: MapLimits,
     layout: TracepointLayout,
+    /// The capture-only sched_waking program's layout, judged apart.
+    waking_layout: TracepointLayout,
     sched_programs: SchedPrograms,
     runq_wait: bool,
     capture_sizing: Option<CaptureSizing>,
@@ -154,10 +156,15 @@ impl Accounting {
         self.runq_wait
     }
 
-    /// The classic programs' layout (sched_waking during captures, and the
-    /// scheduler programs when `sched_programs` is `Classic`).
+    /// The classic always-on programs' layout (the scheduler programs
+    /// when `sched_programs` is `Classic`).
     pub fn layout(&self) -> TracepointLayout {
         self.layout
+    }
+
+    /// The layout of sched_waking, attached during captures.
+    pub fn waking_layout(&self) -> TracepointLayout {
+        self.waking_layout
     }
 
     pub fn sched_programs(&self) -> SchedPrograms {
