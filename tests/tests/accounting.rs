@@ -19,18 +19,22 @@ fn load(source: FaultSourceChoice) -> Accounting {
     })
     .expect("loading the accounting programs");
     // With BTF, 5.18+ kernels (sched_switch's prev_state moved to the end of
-    // its arguments) must get tp_btf. Older ones get it only where a stable
-    // backport brought the new prototype (Debian's 5.10.262 has it, seen in
-    // the kernel matrix), else the classic programs: either is right there,
-    // and the counters below judge the choice. Every mainline kernel from
-    // 5.10 on has the standard sched_switch and sched_wakeup layout, so the
-    // fast fixed-layout programs must be chosen.
+    // its arguments) must get tp_btf; older ones the classic programs (the
+    // 5.10 guests of the kernel matrix have BTF with the old prototype).
+    // Every mainline kernel from 5.10 on has the standard sched_switch and
+    // sched_wakeup layout, so the fast fixed-layout programs must be chosen.
     let btf = std::path::Path::new("/sys/kernel/btf/vmlinux").exists();
-    if btf && kernel_version() >= (5, 18) {
-        assert_eq!(acc.sched_programs(), SchedPrograms::Btf);
-    } else if !btf {
-        assert_eq!(acc.sched_programs(), SchedPrograms::Classic);
-    }
+    let expected = if btf && kernel_version() >= (5, 18) {
+        SchedPrograms::Btf
+    } else {
+        SchedPrograms::Classic
+    };
+    assert_eq!(
+        acc.sched_programs(),
+        expected,
+        "kernel {:?}",
+        kernel_version()
+    );
     assert_eq!(acc.layout(), TracepointLayout::Fixed);
     acc
 }
