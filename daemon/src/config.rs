@@ -157,6 +157,9 @@ pub struct Sampling {
     )]
     pub fault_source: FaultSourceChoice,
     pub max_tasks: u32,
+    /// Thread exits a second the exited-task map absorbs between two
+    /// reads; sizes it with `interval` (`bpf::exited_entries`).
+    pub exits_per_second: u32,
     pub runq_wait: bool,
     /// Attach the classic sched tracepoints even where the kernel's BTF
     /// allows tp_btf (which costs less per switch; see `bpf::SchedPrograms`).
@@ -322,6 +325,7 @@ impl Default for Sampling {
             history: Dur(Duration::from_secs(600)),
             fault_source: FaultSourceChoice::Auto,
             max_tasks: crate::bpf::MapLimits::default().max_tasks,
+            exits_per_second: crate::bpf::DEFAULT_EXITS_PER_SECOND,
             runq_wait: true,
             classic_tracepoints: false,
             history_processes: 16,
@@ -463,6 +467,12 @@ impl Config {
             return bad(
                 "sampling.max_tasks",
                 format!("must be between 16 and {MAX_TASKS}"),
+            );
+        }
+        if !(1..=1_000_000).contains(&s.exits_per_second) {
+            return bad(
+                "sampling.exits_per_second",
+                "must be between 1 and 1000000".into(),
             );
         }
         if !(1..=10_000).contains(&s.history_processes) {

@@ -10,8 +10,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use vitalsd::{
     bpf::{
-        AccountingConfig, CaptureSizing, CaptureTransportChoice, FaultSourceChoice, MapLimits,
-        PinMode,
+        exited_entries, AccountingConfig, CaptureSizing, CaptureTransportChoice, FaultSourceChoice,
+        MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
     },
     capture::CaptureOptions,
     config::{parse_duration, Config},
@@ -116,6 +116,10 @@ struct RecordArgs {
     /// Bound of the per-process fault map (entries).
     #[arg(long, default_value_t = MapLimits::default().max_processes)]
     max_processes: u32,
+    /// Thread exits a second the exited-task map absorbs between two
+    /// samples; with --interval it sizes that map.
+    #[arg(long, default_value_t = DEFAULT_EXITS_PER_SECOND)]
+    exits_per_second: u32,
     /// Do not account runqueue wait (saves the sched_wakeup programs).
     #[arg(long)]
     no_runq_wait: bool,
@@ -346,6 +350,7 @@ fn record_options(args: RecordArgs) -> RecordOptions {
         fault_source,
         max_tasks,
         max_processes,
+        exits_per_second,
         no_runq_wait,
         classic_tracepoints,
         top: _,
@@ -373,7 +378,7 @@ fn record_options(args: RecordArgs) -> RecordOptions {
             limits: MapLimits {
                 max_tasks,
                 max_processes,
-                ..MapLimits::default()
+                max_exited: exited_entries(exits_per_second, interval),
             },
             runq_wait: !no_runq_wait,
             force_classic_tracepoints: classic_tracepoints,

@@ -244,6 +244,10 @@ fn accounting_config(cfg: &Config) -> AccountingConfig {
         fault_source: cfg.sampling.fault_source,
         limits: MapLimits {
             max_tasks: cfg.sampling.max_tasks,
+            max_exited: crate::bpf::exited_entries(
+                cfg.sampling.exits_per_second,
+                cfg.sampling.interval.0,
+            ),
             ..MapLimits::default()
         },
         runq_wait: cfg.sampling.runq_wait,
