@@ -425,14 +425,22 @@ impl Recording {
         if let Some(window) = self.tracker.update(&self.sample) {
             export::write_window(&mut self.writer, clocks.boottime_ns, &window)?;
         }
+        export::write_bpf_drops(&mut self.writer, clocks.boottime_ns, &snap.drops)?;
         if let Some(c) = self.capture.as_mut() {
             c.flush(&self.accounting, &mut self.writer, clocks.boottime_ns)?;
         }
         // Known instances first: one that ends moves out of `known`, so
-        // a new instance of its pid in this tick is a new process.
-        let (old, new): (Vec<ProcessCounters>, Vec<ProcessCounters>) = rows
-            .into_iter()
-            .partition(|r| self.known.contains_key(&r.tgid));
+        // a new instance of its pid in this tick (a live row after the
+        // ended one) is a new process.
+        let mut ending = HashSet::new();
+        let (old, new): (Vec<ProcessCounters>, Vec<ProcessCounters>) =
+            rows.into_iter().partition(|r| {
+                let known = self.known.contains_key(&r.tgid) && !ending.contains(&r.tgid);
+                if known && r.ended {
+                    ending.insert(r.tgid);
+                }
+                known
+            });
         self.write_counters(&old, clocks.boottime_ns)?;
         let (new, entries) = self.name_new_processes(new);
         self.write_counters(&new, clocks.boottime_ns)?;

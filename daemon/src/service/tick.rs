@@ -160,6 +160,10 @@ impl Service {
             "negative_deltas".into(),
             self.bpf_delta_drops.negative_deltas,
         );
+        // Threads seen alive whose exit record never came (EXITED full):
+        // folded into their process from their last counters.
+        st.bpf_drops
+            .insert("lost_exits".into(), self.totals.lost_exits);
         st.triggers_fired = self.engine.fired_total;
         st.triggers_skipped = self
             .engine
