@@ -6,32 +6,32 @@ use std::{
     fs::File,
     io::BufWriter,
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use thiserror::Error;
+
+mod identity;
+mod summary;
+
+use self::identity::{tree_entries, ProcessIdentity};
+pub use self::summary::{RecordSummary, SummaryRow};
 
 use crate::{
     bpf::{
         totals::{ProcessCounters, Totals},
         Accounting, AccountingConfig, BpfError, FaultSource,
     },
-    capture::{Capture, CaptureError, CaptureOptions, CaptureStats},
+    capture::{Capture, CaptureError, CaptureOptions},
     clock::ClockPair,
     export,
     perfetto::{
-        CounterSpec, CounterUnit, CounterValue, PerfettoError, ProcessKey, ProcessTreeEntry,
-        SystemFacts, TraceWriter, TrackUuid,
+        CounterSpec, CounterUnit, CounterValue, PerfettoError, ProcessKey, SystemFacts,
+        TraceWriter, TrackUuid,
     },
     privileges::{self, PrivilegeError},
-    procfs::{
-        cmdline::{argv, name_from_cmdline},
-        sampler::{ProcessSample, Sample, SampleOptions, Sampler, SamplerError},
-    },
+    procfs::sampler::{ProcessSample, Sample, SampleOptions, Sampler, SamplerError},
     system::{self, SystemError},
     tracker::Tracker,
 };
@@ -74,38 +74,6 @@ pub struct RecordOptions {
     /// sample, so it may pass the cap by one interval's packets; the store
     /// cuts a committed capture at its own limit). None: no cap.
     pub max_bytes: Option<u64>,
-}
-
-/// One process's figures over the recording.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SummaryRow {
-    pub pid: u32,
-    pub name: String,
-    pub oncpu_ns: u64,
-    /// oncpu_ns / wall time of the recording (CLOCK_MONOTONIC); may exceed 100%.
-    pub core_equivalent_pct: f64,
-    pub voluntary_switches: u64,
-    pub involuntary_switches: u64,
-    /// None when runqueue wait was not accounted (--no-runq-wait).
-    pub runq_wait_ns: Option<u64>,
-    pub faults: u64,
-    pub ended: bool,
-}
-
-#[derive(Debug, Clone)]
-pub struct RecordSummary {
-    pub trace_path: PathBuf,
-    pub fault_source: FaultSource,
-    pub wall_monotonic_ns: u64,
-    pub rows: Vec<SummaryRow>,
-    pub drops: Vec<(&'static str, u64)>,
-    pub capabilities_after_attach: Option<String>,
-    pub packets_written: u64,
-    pub bytes_written: u64,
-    pub samples: u64,
-    pub capture: Option<CaptureStats>,
-    /// The recording stopped early because the trace reached `max_bytes`.
-    pub cut_at_max_bytes: bool,
 }
 
 /// One per-process counter track: its descriptor and where its value comes from.
@@ -620,133 +588,5 @@ impl Recording {
             .collect();
         rows.sort_by(|a, b| b.oncpu_ns.cmp(&a.oncpu_ns).then(a.pid.cmp(&b.pid)));
         rows
-    }
-}
-
-/// Who a process is, for naming its tracks and its ProcessTree entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ProcessIdentity {
-    pid: u32,
-    ppid: u32,
-    comm: String,
-    /// /proc/<pid>/stat field 22; with pid it identifies the instance.
-    starttime_ticks: u64,
-    /// NUL-separated argv (procfs::cmdline); empty for kernel threads.
-    cmdline: Arc<str>,
-}
-
-impl ProcessIdentity {
-    fn of(p: &ProcessSample) -> Self {
-        Self {
-            pid: p.stat.pid as u32,
-            ppid: p.stat.ppid.max(0) as u32,
-            comm: p.stat.comm.to_string_lossy(),
-            starttime_ticks: p.stat.starttime_ticks,
-            cmdline: p.cmdline.clone().unwrap_or_else(|| Arc::from("")),
-        }
-    }
-
-    /// A process that was gone before it could be read, named by the comm
-    /// its leader's free record carries.
-    fn from_comm(pid: u32, comm: String) -> Self {
-        Self {
-            pid,
-            ppid: 0,
-            comm,
-            starttime_ticks: 0,
-            cmdline: Arc::from(""),
-        }
-    }
-
-    /// argv[0]'s basename (Android app processes set argv[0] to the
-    /// package name), else comm.
-    fn name(&self) -> &str {
-        match name_from_cmdline(&self.cmdline) {
-            "" => &self.comm,
-            n => n,
-        }
-    }
-}
-
-fn tree_entries<'a>(ids: impl IntoIterator<Item = &'a ProcessIdentity>) -> Vec<ProcessTreeEntry> {
-    ids.into_iter()
-        .map(|p| {
-            let argv: Vec<String> = argv(&p.cmdline).map(str::to_owned).collect();
-            ProcessTreeEntry {
-                pid: p.pid as i32,
-                ppid: p.ppid as i32,
-                cmdline_is_comm: argv.is_empty(),
-                cmdline: if argv.is_empty() {
-                    vec![p.comm.clone()]
-                } else {
-                    argv
-                },
-                uid: None,
-                threads: Vec::new(),
-            }
-        })
-        .collect()
-}
-
-impl RecordSummary {
-    /// The top table: `limit` rows (0 = all), then drops.
-    pub fn render(&self, limit: usize) -> String {
-        use std::fmt::Write;
-        let mut s = String::new();
-        let wall_s = self.wall_monotonic_ns as f64 / 1e9;
-        let _ = writeln!(
-            s,
-            "vitalsd record: {:.2} s, {} samples, faults from {}",
-            wall_s,
-            self.samples,
-            self.fault_source.describe()
-        );
-        let _ = writeln!(
-            s,
-            "{:>7} {:<20} {:>12} {:>9} {:>9} {:>9} {:>11} {:>9}",
-            "PID", "PROCESS", "ONCPU_MS", "CORE_EQ%", "VOL_SW", "INVOL_SW", "RUNQ_MS", "FAULTS"
-        );
-        let n = if limit == 0 {
-            self.rows.len()
-        } else {
-            limit.min(self.rows.len())
-        };
-        for r in &self.rows[..n] {
-            let mut name: String = r.name.chars().take(20).collect();
-            if r.ended {
-                name = format!("{}*", name.chars().take(19).collect::<String>());
-            }
-            let _ = writeln!(
-                s,
-                "{:>7} {:<20} {:>12.3} {:>9.1} {:>9} {:>9} {:>11} {:>9}",
-                r.pid,
-                name,
-                r.oncpu_ns as f64 / 1e6,
-                r.core_equivalent_pct,
-                r.voluntary_switches,
-                r.involuntary_switches,
-                r.runq_wait_ns
-                    .map(|ns| format!("{:.3}", ns as f64 / 1e6))
-                    .unwrap_or_else(|| "-".into()),
-                r.faults
-            );
-        }
-        let _ = writeln!(s, "(* = exited during the recording; CORE_EQ% = on-CPU time / wall time, may exceed 100%)");
-        let drops: Vec<String> = self.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
-        let _ = writeln!(s, "map drops: {}", drops.join(" "));
-        if let Some(c) = &self.capabilities_after_attach {
-            let _ = writeln!(s, "capabilities after attach: {c}");
-        }
-        if let Some(c) = &self.capture {
-            let _ = writeln!(s, "{}", c.render());
-        }
-        let _ = writeln!(
-            s,
-            "trace: {} ({} packets, {} bytes)",
-            self.trace_path.display(),
-            self.packets_written,
-            self.bytes_written
-        );
-        s
     }
 }
