@@ -10,8 +10,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use vitalsd::{
     bpf::{
-        exited_entries, AccountingConfig, CaptureSizing, CaptureTransportChoice, FaultSourceChoice,
-        MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
+        denied::AccountingChoice, exited_entries, AccountingConfig, CaptureSizing,
+        CaptureTransportChoice, FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
     },
     capture::CaptureOptions,
     config::{parse_duration, Config},
@@ -110,6 +110,10 @@ struct RecordArgs {
     /// Fault source: auto (tracepoint where present), tracepoint, perf, off.
     #[arg(long, default_value = "auto")]
     fault_source: FaultSourceChoice,
+    /// auto: eBPF, or /proc only when BPF is denied; bpf: eBPF or fail;
+    /// proc: /proc only.
+    #[arg(long, default_value = "auto")]
+    accounting: AccountingChoice,
     /// Bound of the per-thread maps (entries).
     #[arg(long, default_value_t = MapLimits::default().max_tasks)]
     max_tasks: u32,
@@ -348,6 +352,7 @@ fn record_options(args: RecordArgs) -> RecordOptions {
         out,
         interval,
         fault_source,
+        accounting,
         max_tasks,
         max_processes,
         exits_per_second,
@@ -374,6 +379,7 @@ fn record_options(args: RecordArgs) -> RecordOptions {
         out,
         interval,
         accounting: AccountingConfig {
+            choice: accounting,
             fault_source,
             limits: MapLimits {
                 max_tasks,

@@ -121,6 +121,9 @@ pub fn exited_entries(exits_per_second: u32, interval: Duration) -> u32 {
 
 #[derive(Debug, Clone)]
 pub struct AccountingConfig {
+    /// eBPF, /proc only, or eBPF falling back to /proc only when BPF is
+    /// denied (`denied::load`; `Accounting::load` itself always loads).
+    pub choice: super::denied::AccountingChoice,
     pub fault_source: FaultSourceChoice,
     pub limits: MapLimits,
     /// Account runqueue wait. Needs the sched_wakeup programs, which cost
@@ -194,6 +197,7 @@ impl Default for CaptureSizing {
 impl Default for AccountingConfig {
     fn default() -> Self {
         Self {
+            choice: Default::default(),
             fault_source: FaultSourceChoice::default(),
             limits: MapLimits::default(),
             runq_wait: true,

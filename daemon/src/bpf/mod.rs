@@ -21,6 +21,7 @@ pub mod batch;
 pub mod btf;
 mod capture_maps;
 mod config;
+pub mod denied;
 mod features;
 mod load;
 mod pins;

@@ -20,6 +20,7 @@ pub use self::summary::{RecordSummary, SummaryRow};
 
 use crate::{
     bpf::{
+        denied::{self, ProcOnly},
         totals::{ProcessCounters, Totals},
         Accounting, AccountingConfig, BpfError, FaultSource,
     },
@@ -50,6 +51,9 @@ pub enum RecordError {
     Procfs(#[from] SamplerError),
     #[error(transparent)]
     Capture(#[from] CaptureError),
+    /// A capture records kernel events, which only the eBPF programs see.
+    #[error("a capture needs eBPF, but accounting is {0}")]
+    CaptureNeedsBpf(ProcOnly),
     #[error("creating trace file {path}: {source}")]
     Create {
         path: PathBuf,
@@ -175,7 +179,9 @@ pub fn record_with(
 
 /// What `attach` leaves for the rest of the recording.
 struct Attached {
-    accounting: Accounting,
+    /// None: /proc-only, for the reason in `proc_only`.
+    accounting: Option<Accounting>,
+    proc_only: Option<ProcOnly>,
     file: File,
     capture: Option<Capture>,
     capabilities_after_attach: Option<String>,
@@ -185,8 +191,14 @@ struct Attached {
 /// order it needs them: load and attach, create the trace file, start the
 /// capture; then drop to the steady-state capabilities.
 fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
-    let mut accounting =
-        Accounting::load(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))?;
+    let (mut accounting, proc_only) =
+        match denied::load(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))? {
+            Ok(acc) => (Some(acc), None),
+            Err(why) => {
+                log_proc_only(&why, "recording");
+                (None, Some(why))
+            }
+        };
     // Before the capability drop: afterwards root may no longer be able to
     // create it (no CAP_DAC_OVERRIDE). After the load, so a failed load
     // leaves no empty trace behind.
@@ -195,14 +207,13 @@ fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
         source,
     })?;
     // Before the capability drop: starting a capture attaches sched_waking.
-    let capture = if opts.capture.any() {
-        Some(Capture::start(
-            &mut accounting,
-            &opts.capture,
-            &opts.proc_root,
-        )?)
-    } else {
-        None
+    let capture = match (&mut accounting, &proc_only) {
+        _ if !opts.capture.any() => None,
+        (Some(acc), _) => Some(Capture::start(acc, &opts.capture, &opts.proc_root)?),
+        (None, why) => {
+            let why = why.clone().unwrap_or(ProcOnly::Asked);
+            return Err(RecordError::CaptureNeedsBpf(why));
+        }
     };
     let capabilities_after_attach = if opts.drop_privileges {
         // Symbolising another process's stack reads its /proc/<pid>/maps,
@@ -218,6 +229,7 @@ fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
     };
     Ok(Attached {
         accounting,
+        proc_only,
         file,
         capture,
         capabilities_after_attach,
@@ -259,7 +271,9 @@ struct Recording {
     fault_source: FaultSource,
     capabilities_after_attach: Option<String>,
     capture: Option<Capture>,
-    accounting: Accounting,
+    /// None: /proc-only (`proc_only` says why).
+    accounting: Option<Accounting>,
+    proc_only: Option<ProcOnly>,
     samples: u64,
     cut_at_max_bytes: bool,
 }
@@ -274,13 +288,20 @@ impl Recording {
     ) -> Result<Self, RecordError> {
         let Attached {
             accounting,
+            proc_only,
             file,
             capture,
             capabilities_after_attach,
         } = attached;
-        let fault_source = accounting.fault_source();
-        let runq_wait = accounting.runq_wait();
-        let counters = process_counters(fault_source, runq_wait);
+        let fault_source = accounting
+            .as_ref()
+            .map_or(FaultSource::None, Accounting::fault_source);
+        let runq_wait = accounting.as_ref().is_some_and(Accounting::runq_wait);
+        // /proc-only: no eBPF tracks at all, so nothing reads as a zero.
+        let counters = match &accounting {
+            Some(_) => process_counters(fault_source, runq_wait),
+            None => Vec::new(),
+        };
 
         let mut writer = TraceWriter::new(BufWriter::new(file));
         let start = ClockPair::now();
@@ -320,11 +341,17 @@ impl Recording {
         let mut initial: Vec<&ProcessIdentity> = known.values().flatten().collect();
         initial.sort_by_key(|p| p.pid);
         writer.write_process_tree(start.boottime_ns, &tree_entries(initial))?;
+        writer.write_instant(
+            start.boottime_ns,
+            "vitalsd",
+            &accounting_note(proc_only.as_ref(), fault_source),
+        )?;
         prelude(&mut writer)?;
         writer.flush()?;
 
         Ok(Self {
             accounting,
+            proc_only,
             capture,
             capabilities_after_attach,
             fault_source,
@@ -384,18 +411,26 @@ impl Recording {
     /// One sample: the BPF totals and procfs, the capture's records since
     /// the last tick, and every process's counters that changed.
     fn tick(&mut self) -> Result<(), RecordError> {
-        let snap = self.accounting.read()?;
+        let snap = match self.accounting.as_mut() {
+            Some(acc) => Some(acc.read()?),
+            None => None,
+        };
         let clocks = ClockPair::now();
         self.samples += 1;
-        let rows = self.totals.update(&snap);
+        let rows = snap
+            .as_ref()
+            .map(|snap| self.totals.update(snap))
+            .unwrap_or_default();
         self.sampler.sample_into(&mut self.sample)?;
         export::write_sample(&mut self.writer, clocks.boottime_ns, &self.sample, self.hz)?;
         if let Some(window) = self.tracker.update(&self.sample) {
             export::write_window(&mut self.writer, clocks.boottime_ns, &window)?;
         }
-        export::write_bpf_drops(&mut self.writer, clocks.boottime_ns, &snap.drops)?;
-        if let Some(c) = self.capture.as_mut() {
-            c.flush(&self.accounting, &mut self.writer, clocks.boottime_ns)?;
+        if let Some(snap) = &snap {
+            export::write_bpf_drops(&mut self.writer, clocks.boottime_ns, &snap.drops)?;
+        }
+        if let (Some(c), Some(acc)) = (self.capture.as_mut(), self.accounting.as_ref()) {
+            c.flush(acc, &mut self.writer, clocks.boottime_ns)?;
         }
         // Known instances first: one that ends moves out of `known`, so
         // a new instance of its pid in this tick (a live row after the
@@ -525,13 +560,11 @@ impl Recording {
     /// Stops the capture (draining and writing what is left), then the
     /// summary: every process seen, by on-CPU time.
     fn finish(mut self, opts: &RecordOptions) -> Result<RecordSummary, RecordError> {
-        let capture_stats = match self.capture.take() {
-            Some(c) => Some(c.stop(
-                &mut self.accounting,
-                &mut self.writer,
-                ClockPair::now().boottime_ns,
-            )?),
-            None => None,
+        let capture_stats = match (self.capture.take(), self.accounting.as_mut()) {
+            (Some(c), Some(acc)) => {
+                Some(c.stop(acc, &mut self.writer, ClockPair::now().boottime_ns)?)
+            }
+            _ => None,
         };
         let end = ClockPair::now();
         let wall = end
@@ -539,15 +572,20 @@ impl Recording {
             .saturating_sub(self.start.monotonic_ns)
             .max(1);
         let rows = self.summary_rows(wall);
-        let drops = vitals_common::drop_reason::NAMES
-            .iter()
-            .zip(self.totals.drops)
-            .map(|(n, v)| (*n, v))
-            .collect();
+        // /proc-only: no eBPF drop counters, rather than zeros.
+        let drops = match self.accounting {
+            Some(_) => vitals_common::drop_reason::NAMES
+                .iter()
+                .zip(self.totals.drops)
+                .map(|(n, v)| (*n, v))
+                .collect(),
+            None => Vec::new(),
+        };
         let packets_written = self.writer.packets_written();
         let bytes_written = self.writer.bytes_written();
         self.writer.flush()?;
         Ok(RecordSummary {
+            accounting: accounting_mode(self.proc_only.as_ref()),
             trace_path: opts.out.clone(),
             fault_source: self.fault_source,
             wall_monotonic_ns: wall,
@@ -588,5 +626,37 @@ impl Recording {
             .collect();
         rows.sort_by(|a, b| b.oncpu_ns.cmp(&a.oncpu_ns).then(a.pid.cmp(&b.pid)));
         rows
+    }
+}
+
+/// "ebpf", or "proc-only (bpf denied: …)": the mode as status and the
+/// summary state it.
+pub fn accounting_mode(proc_only: Option<&ProcOnly>) -> String {
+    match proc_only {
+        None => "ebpf".into(),
+        Some(why) => why.to_string(),
+    }
+}
+
+/// The trace's note of the accounting mode and, /proc-only, of what the
+/// trace lacks.
+fn accounting_note(proc_only: Option<&ProcOnly>, fault_source: FaultSource) -> String {
+    match proc_only {
+        None => format!("accounting: ebpf; faults from {}", fault_source.name()),
+        Some(why) => format!(
+            "accounting: {why}; unavailable: {}; from /proc only: system CPU, load, pressure, per-process CPU time and minflt/majflt",
+            denied::PROC_ONLY_MISSING
+        ),
+    }
+}
+
+/// The one line saying BPF is off and why.
+pub fn log_proc_only(why: &ProcOnly, what: &str) {
+    match why {
+        ProcOnly::Asked => log::info!("{what} /proc-only, as configured (accounting = proc)"),
+        ProcOnly::Denied(denied) => log::warn!(
+            "BPF denied: {denied}; {what} /proc-only, without {}",
+            denied::PROC_ONLY_MISSING
+        ),
     }
 }

@@ -22,6 +22,8 @@ pub struct SummaryRow {
 
 #[derive(Debug, Clone)]
 pub struct RecordSummary {
+    /// "ebpf" or "proc-only (…)" (`accounting_mode`).
+    pub accounting: String,
     pub trace_path: PathBuf,
     pub fault_source: FaultSource,
     pub wall_monotonic_ns: u64,
@@ -49,6 +51,37 @@ impl RecordSummary {
             self.samples,
             self.fault_source.describe()
         );
+        let _ = writeln!(s, "accounting: {}", self.accounting);
+        if self.accounting == "ebpf" {
+            self.render_table(&mut s, limit);
+        } else {
+            // No eBPF table rather than one of zeros; the trace has the
+            // /proc counters.
+            let _ = writeln!(
+                s,
+                "no per-process eBPF table: {} unavailable",
+                crate::bpf::denied::PROC_ONLY_MISSING
+            );
+        }
+        if let Some(c) = &self.capabilities_after_attach {
+            let _ = writeln!(s, "capabilities after attach: {c}");
+        }
+        if let Some(c) = &self.capture {
+            let _ = writeln!(s, "{}", c.render());
+        }
+        let _ = writeln!(
+            s,
+            "trace: {} ({} packets, {} bytes)",
+            self.trace_path.display(),
+            self.packets_written,
+            self.bytes_written
+        );
+        s
+    }
+
+    /// The eBPF rows and the map drops.
+    fn render_table(&self, s: &mut String, limit: usize) {
+        use std::fmt::Write;
         let _ = writeln!(
             s,
             "{:>7} {:<20} {:>12} {:>9} {:>9} {:>9} {:>11} {:>9}",
@@ -82,19 +115,5 @@ impl RecordSummary {
         let _ = writeln!(s, "(* = exited during the recording; CORE_EQ% = on-CPU time / wall time, may exceed 100%)");
         let drops: Vec<String> = self.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
         let _ = writeln!(s, "map drops: {}", drops.join(" "));
-        if let Some(c) = &self.capabilities_after_attach {
-            let _ = writeln!(s, "capabilities after attach: {c}");
-        }
-        if let Some(c) = &self.capture {
-            let _ = writeln!(s, "{}", c.render());
-        }
-        let _ = writeln!(
-            s,
-            "trace: {} ({} packets, {} bytes)",
-            self.trace_path.display(),
-            self.packets_written,
-            self.bytes_written
-        );
-        s
     }
 }
