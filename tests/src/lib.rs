@@ -4,10 +4,12 @@
 
 pub mod daemon;
 pub mod kernel_clock;
+pub mod pid;
 pub mod trace_processor;
 
 use std::{
     io::{BufRead, BufReader, Write},
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
 };
@@ -74,6 +76,8 @@ impl Workload {
     pub fn spawn_exe(exe: &Path, args: &[&str]) -> Self {
         let mut child = Command::new(exe)
             .args(args)
+            // Its own group, which the guard kills with what it started.
+            .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -121,6 +125,17 @@ impl Workload {
         drop(self.stdin.take());
         let st = self.child.wait().unwrap();
         assert!(st.success(), "workload exited with {st}");
+    }
+}
+
+impl Drop for Workload {
+    /// A workload a test did not finish (it failed first) is killed with
+    /// its process group and reaped.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+            let _ = self.child.wait();
+        }
     }
 }
 

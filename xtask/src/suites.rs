@@ -78,6 +78,8 @@ impl Tool {
 /// A file not listed needs only the kernel and the project's own binaries.
 pub const TEST_FILE_NEEDS: &[(&str, Tool)] = &[
     ("trace_processor", Tool::TraceProcessor),
+    ("reuse", Tool::TraceProcessor),
+    ("proc_only", Tool::TraceProcessor),
     ("perfetto_service", Tool::PerfettoService),
 ];
 

@@ -21,6 +21,7 @@ pub mod batch;
 pub mod btf;
 mod capture_maps;
 mod config;
+pub mod denied;
 mod features;
 mod load;
 mod pins;
@@ -41,7 +42,8 @@ pub use self::capture_maps::{
     perf_pages_per_cpu, CaptureOutput, CaptureTransport, CaptureTransportChoice,
 };
 pub use self::config::{
-    AccountingConfig, CaptureSizing, FaultSource, FaultSourceChoice, MapLimits, PinMode,
+    exited_entries, AccountingConfig, CaptureSizing, FaultSource, FaultSourceChoice, MapLimits,
+    PinMode, DEFAULT_EXITS_PER_SECOND, MAX_EXITED, MIN_EXITED,
 };
 pub use self::features::{
     markdown_table, Feature, FeatureRow, Features, SchedPrograms, TracepointLayout,
