@@ -3,6 +3,7 @@
 //! decoder, and trace_processor (see [`trace_processor`]).
 
 pub mod daemon;
+pub mod perfetto_service;
 pub mod trace_processor;
 
 use std::{
