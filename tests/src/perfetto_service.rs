@@ -55,23 +55,36 @@ pub fn perfetto_dir() -> PathBuf {
 /// A child in its own process group: Drop SIGKILLs the whole group (a
 /// heapprofd target's forked heapprofd, a CLI's perfetto client) and reaps
 /// the child.
-pub struct Group(pub Child);
+pub struct Group {
+    pub child: Child,
+    /// The leader was reaped, so its pid, the group's id, may belong to
+    /// someone else by now: no group kill after that.
+    reaped: bool,
+}
 
 impl Group {
     pub fn spawn(cmd: &mut Command) -> Self {
-        Self(
-            cmd.process_group(0)
-                .spawn()
-                .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}")),
-        )
+        let child = cmd
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+        Self {
+            child,
+            reaped: false,
+        }
     }
 
     pub fn pid(&self) -> u32 {
-        self.0.id()
+        self.child.id()
     }
 
-    /// Waits for the leader to exit, collecting its piped output; the rest
-    /// of the group is still killed on drop.
+    fn kill_group(&self) {
+        let pgid = nix::unistd::Pid::from_raw(-(self.child.id() as i32));
+        let _ = nix::sys::signal::kill(pgid, nix::sys::signal::Signal::SIGKILL);
+    }
+
+    /// Waits for the leader to exit, collecting its piped output, then
+    /// kills what is left of its group.
     pub fn output(&mut self) -> Output {
         fn read_all(r: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
             std::thread::spawn(move || {
@@ -82,9 +95,16 @@ impl Group {
                 buf
             })
         }
-        let out = read_all(self.0.stdout.take());
-        let err = read_all(self.0.stderr.take());
-        let status = self.0.wait().unwrap();
+        let out = read_all(self.child.stdout.take());
+        let err = read_all(self.child.stderr.take());
+        // Wait without reaping (WNOWAIT): while the leader is a zombie its
+        // pid cannot be reused, so the group kill cannot hit another group.
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let flags = nix::sys::wait::WaitPidFlag::WEXITED | nix::sys::wait::WaitPidFlag::WNOWAIT;
+        nix::sys::wait::waitid(nix::sys::wait::Id::Pid(pid), flags).unwrap();
+        self.kill_group();
+        let status = self.child.wait().unwrap();
+        self.reaped = true;
         Output {
             status,
             stdout: out.join().unwrap(),
@@ -95,9 +115,10 @@ impl Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
-        let pgid = nix::unistd::Pid::from_raw(-(self.0.id() as i32));
-        let _ = nix::sys::signal::kill(pgid, nix::sys::signal::Signal::SIGKILL);
-        let _ = self.0.wait();
+        if !self.reaped {
+            self.kill_group();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -224,8 +245,8 @@ impl HeapTarget {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped()),
         );
-        let stdin = group.0.stdin.take();
-        let mut out = BufReader::new(group.0.stdout.take().unwrap());
+        let stdin = group.child.stdin.take();
+        let mut out = BufReader::new(group.child.stdout.take().unwrap());
         let mut line = String::new();
         out.read_line(&mut line).unwrap();
         assert_eq!(line.trim(), "ready", "workload said {line:?}");
@@ -233,7 +254,7 @@ impl HeapTarget {
         // connected to traced; a session started before that would find
         // no android.heapprofd producer for this process.
         let (tx, rx) = mpsc::channel();
-        let err = BufReader::new(group.0.stderr.take().unwrap());
+        let err = BufReader::new(group.child.stderr.take().unwrap());
         std::thread::spawn(move || {
             for l in err.lines().map_while(Result::ok) {
                 if l.contains("Connected to the service") {

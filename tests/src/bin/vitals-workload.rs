@@ -98,7 +98,7 @@ fn vitals_heap_churn(stop: &std::sync::atomic::AtomicBool) -> u64 {
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let mut blocks = [std::ptr::null_mut::<libc::c_void>(); 16];
         for (i, b) in blocks.iter_mut().enumerate() {
-            let size = 512 + 256 * i;
+            let size = 64 + 32 * i;
             *b = std::hint::black_box(unsafe { libc::malloc(size) });
             assert!(!b.is_null());
             total += size as u64;
@@ -111,8 +111,10 @@ fn vitals_heap_churn(stop: &std::sync::atomic::AtomicBool) -> u64 {
             }
         }
         round += 1;
-        // About 36 MB/s: thousands of samples in a few seconds at the
-        // default 4 KiB interval, without hogging a shared machine.
+        // About 4.5 MB/s, some 1,000 samples a second at the default 4 KiB
+        // interval: thousands in a few seconds, few enough that heapprofd's
+        // unwinder keeps up on a loaded machine (at 36 MB/s its ring could
+        // overrun), and a steady few % of a CPU for a rule to see.
         std::thread::sleep(Duration::from_millis(1));
     }
     for b in kept {
