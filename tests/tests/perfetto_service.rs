@@ -355,11 +355,12 @@ fn a_rule_heap_profiles_its_offender_through_the_real_service() {
     let tp = trace_processor();
     let service = PerfettoService::start();
     let target = HeapTarget::start(&service, TARGET);
-    // The churn takes a few % of a CPU; any share above 0.5 % for 1 s fires.
+    // The churn takes ~20 % of a CPU (it spins between rounds); above 5 %
+    // for 1 s fires, which an idle process never reaches.
     let config = format!(
         "[heapprofd]\nperfetto_bin = \"{}\"\n\n[[rule]]\nname = \"churn\"\n\
          metric = {{ kind = \"process_cpu_pct\", process = \"{TARGET}\" }}\n\
-         threshold = 0.5\nwindow = \"1s\"\ncooldown = \"1h\"\n\
+         threshold = 5\nwindow = \"1s\"\ncooldown = \"1h\"\n\
          capture = {{ duration = \"3s\", sched = false, heap_profile = true, \
          heap_allowlist = [\"{TARGET}\"] }}\n",
         service.perfetto_bin().display()

@@ -89,7 +89,8 @@ fn vitals_touch_pages(pages: usize) {
 /// directly, not Rust's allocator, so the stack names this function and
 /// every block goes through the malloc that heapprofd's preload library
 /// intercepts. Keeps every 8th block alive, so the profile also shows
-/// unreleased memory. Returns the bytes it allocated.
+/// unreleased memory, and spins between rounds so it uses a steady share
+/// of a CPU. Returns the bytes it allocated.
 #[inline(never)]
 fn vitals_heap_churn(stop: &std::sync::atomic::AtomicBool) -> u64 {
     let mut kept = Vec::new();
@@ -114,7 +115,10 @@ fn vitals_heap_churn(stop: &std::sync::atomic::AtomicBool) -> u64 {
         // About 4.5 MB/s, some 1,000 samples a second at the default 4 KiB
         // interval: thousands in a few seconds, few enough that heapprofd's
         // unwinder keeps up on a loaded machine (at 36 MB/s its ring could
-        // overrun), and a steady few % of a CPU for a rule to see.
+        // overrun). The spin makes it ~20 % of a CPU: vitalsd's CPU share
+        // comes from 10 ms ticks, and a rule on it needs every 250 ms
+        // sample to show some (the malloc calls alone are ~2 %, mostly 0).
+        spin_for(Duration::from_micros(250));
         std::thread::sleep(Duration::from_millis(1));
     }
     for b in kept {
