@@ -127,6 +127,23 @@ fn vitals_heap_churn(stop: &std::sync::atomic::AtomicBool) -> u64 {
     total
 }
 
+/// `heap-churn`: mallocs and frees in vitals_heap_churn on a thread from
+/// the start ("ready" once it runs) until stdin closes. For heapprofd
+/// tests: start it with the preload library and an argv[0] of the name the
+/// session asks for.
+fn heap_churn(argv0: &str) {
+    name_after_argv0(argv0);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let stop = stop.clone();
+        std::thread::spawn(move || vitals_heap_churn(&stop))
+    };
+    say("ready");
+    wait_eof();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.join().unwrap();
+}
+
 /// Sets the comm to argv[0]'s basename (cut to the kernel's 15 bytes):
 /// heapprofd matches a process by argv[0], vitalsd's rules and heap
 /// allowlists by comm, and on Android the two agree, so here as well.
@@ -410,22 +427,7 @@ fn main() {
             say("done");
             wait_eof();
         }
-        // heap-churn: mallocs and frees in vitals_heap_churn on a thread
-        // from the start ("ready" once it runs) until stdin closes. For
-        // heapprofd tests: start it with the preload library and an argv[0]
-        // of the name the session asks for.
-        Some("heap-churn") => {
-            name_after_argv0(&args[0]);
-            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let churn = {
-                let stop = stop.clone();
-                std::thread::spawn(move || vitals_heap_churn(&stop))
-            };
-            say("ready");
-            wait_eof();
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            churn.join().unwrap();
-        }
+        Some("heap-churn") => heap_churn(&args[0]),
         _ => {
             eprintln!("usage: vitals-workload spin|pinned-spin|spin-exit|touch|sleep|threads|pingpong|children|reuse-pid|heap-churn ...");
             std::process::exit(2);
