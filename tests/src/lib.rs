@@ -4,6 +4,7 @@
 
 pub mod daemon;
 pub mod kernel_clock;
+pub mod perfetto_service;
 pub mod pid;
 pub mod trace_processor;
 

@@ -275,6 +275,22 @@ fn heap(
     let m = wait_stored(c, &id, "heap_session", "manual-heap", duration, json)?;
     print_stored(&m, json);
     if !json {
+        // What each profile caught: sampled allocations and their bytes.
+        for p in m["heapprofd"]["outcome"]["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            println!(
+                "  pid {} {}: {} sampled allocation(s), {} B allocated, {} B freed, issues {}",
+                p["pid"],
+                p["name"].as_str().unwrap_or("?"),
+                p["allocations"],
+                p["allocated_bytes"],
+                p["freed_bytes"],
+                p["issues"]
+            );
+        }
         for t in m["heapprofd"]["outcome"]["targets"]
             .as_array()
             .into_iter()

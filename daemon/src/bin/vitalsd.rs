@@ -432,6 +432,9 @@ fn heap(args: HeapArgs) -> Result<()> {
     let stop = signal_flags()?.stop;
     let report = runner.run(&request, &out, &stop).context("vitalsd heap")?;
     print_heap_report(&report, &out);
+    if let Some(problem) = report.status.problem() {
+        anyhow::bail!("heap profile failed: {problem}");
+    }
     if !report.success() {
         anyhow::bail!("heap profile incomplete (see above)");
     }
@@ -486,10 +489,13 @@ fn heap_runner(args: &HeapArgs) -> Result<SessionRunner> {
     ))
 }
 
-/// The session's status, each process's profile, why a target has none,
-/// and where the trace and its metadata are.
+/// The session's status, what each process's profile caught, why a target
+/// has none, and where the trace and its metadata are.
 fn print_heap_report(report: &SessionReport, out: &Path) {
-    println!("session: {:?}", report.status);
+    match report.status.problem() {
+        None => println!("session: completed"),
+        Some(p) => println!("session: {p}"),
+    }
     match &report.outcome {
         None => println!(
             "no trace: {}",
@@ -497,12 +503,19 @@ fn print_heap_report(report: &SessionReport, out: &Path) {
         ),
         Some(o) => {
             for p in &o.processes {
+                // Allocations and bytes, not records: one HeapSample stands
+                // for every sampled allocation at its callstack.
                 println!(
-                    "pid {} {}: {} dump(s), {} sample(s), interval {:?} B, issues {:?}",
+                    "pid {} {}: {} sampled allocation(s), {} allocated, {} freed, {} unreleased; \
+                     {} callstack(s) in {} dump(s), interval {:?} B, issues {:?}",
                     p.pid,
                     p.name.as_deref().unwrap_or("?"),
+                    p.allocations,
+                    bytes(p.allocated_bytes),
+                    bytes(p.freed_bytes),
+                    bytes(p.unreleased_bytes()),
+                    p.callstacks,
                     p.dumps,
-                    p.samples,
                     p.sampling_interval_bytes,
                     p.issues
                 );
@@ -517,11 +530,20 @@ fn print_heap_report(report: &SessionReport, out: &Path) {
             }
         }
     }
-    println!(
-        "trace {} metadata {}",
-        out.display(),
-        heapprofd::metadata_path(out).display()
-    );
+    if out.exists() {
+        println!(
+            "trace {} metadata {}",
+            out.display(),
+            heapprofd::metadata_path(out).display()
+        );
+    } else {
+        println!("nothing stored");
+    }
+}
+
+/// Bytes exactly, and in MiB for reading.
+fn bytes(b: u64) -> String {
+    format!("{b} B ({:.1} MiB)", b as f64 / (1024.0 * 1024.0))
 }
 
 /// `vitalsd scan`: procfs scans for `cargo xtask bench scan`.
