@@ -117,6 +117,7 @@ fn run_without_bpf_capabilities_is_proc_only() {
     let mut d = Daemon {
         child: Some(child),
         dir,
+        envs: Vec::new(),
     };
     let mut group = KillGroup(pid as i32, true);
     let deadline = Instant::now() + Duration::from_secs(30);
