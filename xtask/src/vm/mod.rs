@@ -339,8 +339,24 @@ fn run_guest(
         &kernel,
         &plan.script(arch, &checks::Paths::guest()),
     )?;
-    let run = guest::boot(arch, &kernel, &initrd, &work, log, timeout)?;
-    let label = format!("{} ({})", kernel.release, kernel.package);
+    let mut run = guest::boot(arch, &kernel, &initrd, &work, log, timeout)?;
+    let mut label = format!("{} ({})", kernel.release, kernel.package);
+    // Seen once in ~10 boots of the x86_64 6.1 guest, never on the host:
+    // a test thread stuck in the kernel on CPU 1 (soft lockup) until the
+    // guest panics (softlockup_panic). One more boot tells a TCG hiccup
+    // from a defect, which fails again; the table and log say it happened.
+    if !run.finished && run.console.contains("soft lockup") {
+        let first = log.with_extension("soft-lockup.log");
+        std::fs::copy(log, &first).with_context(|| format!("keeping {}", log.display()))?;
+        eprintln!(
+            "vm-test: [{} {}] SOFT LOCKUP before the checks finished (console kept in {}); booting once more",
+            arch.name(),
+            kernel.release,
+            first.display()
+        );
+        run = guest::boot(arch, &kernel, &initrd, &work, log, timeout)?;
+        label.push_str(" [2nd boot: the 1st hit a soft lockup]");
+    }
     let mut results = plan.parse(arch, &run.console, run.finished);
     if !run.finished {
         let why = if run.timed_out {
