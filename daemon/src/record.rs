@@ -18,7 +18,7 @@ use thiserror::Error;
 use crate::{
     bpf::{
         totals::{ProcessCounters, Totals},
-        Accounting, AccountingConfig, BpfError, FaultSource,
+        Accounting, AccountingConfig, AccountingReader, BpfError, FaultSource, SharedAccounting,
     },
     capture::{Capture, CaptureError, CaptureOptions, CaptureStats},
     clock::ClockPair,
@@ -199,26 +199,60 @@ pub fn record_with(
     stop: &AtomicBool,
     prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
 ) -> Result<RecordSummary, RecordError> {
-    let attached = attach(opts)?;
+    let accounting =
+        Accounting::load(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))?;
+    record_on(
+        SharedAccounting::new(accounting).reader(),
+        opts,
+        stop,
+        prelude,
+    )
+}
+
+/// `record_with` on programs already attached, such as the daemon's, which
+/// its captures share with its sampling tick (one set of programs: every
+/// switch and fault runs each program once). `opts.accounting` is not
+/// used: the capture tier must have been sized when they were loaded.
+pub fn record_on(
+    accounting: AccountingReader,
+    opts: &RecordOptions,
+    stop: &AtomicBool,
+    prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
+) -> Result<RecordSummary, RecordError> {
+    let attached = attach(opts, accounting)?;
     let mut recording = Recording::start(opts, attached, prelude)?;
     recording.run(opts, stop)?;
     recording.finish(opts)
 }
 
+/// The accounting a recording reads and the capture it runs there. A
+/// capture that `finish` did not stop (an error cut the recording short)
+/// is aborted on drop: the accounting may be the daemon's, which lives on,
+/// so its capture flag must not stay set nor its ring buffer be lost.
+struct Tier {
+    capture: Option<Capture>,
+    accounting: AccountingReader,
+}
+
+impl Drop for Tier {
+    fn drop(&mut self) {
+        if let Some(c) = self.capture.take() {
+            self.accounting.with(|acc| c.abort(acc));
+        }
+    }
+}
+
 /// What `attach` leaves for the rest of the recording.
 struct Attached {
-    accounting: Accounting,
+    tier: Tier,
     file: File,
-    capture: Option<Capture>,
     capabilities_after_attach: Option<String>,
 }
 
 /// Everything that needs the privileges the daemon starts with, in the
-/// order it needs them: load and attach, create the trace file, start the
-/// capture; then drop to the steady-state capabilities.
-fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
-    let mut accounting =
-        Accounting::load(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))?;
+/// order it needs them: create the trace file, start the capture; then
+/// drop to the steady-state capabilities.
+fn attach(opts: &RecordOptions, accounting: AccountingReader) -> Result<Attached, RecordError> {
     // Before the capability drop: afterwards root may no longer be able to
     // create it (no CAP_DAC_OVERRIDE). After the load, so a failed load
     // leaves no empty trace behind.
@@ -228,13 +262,13 @@ fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
     })?;
     // Before the capability drop: starting a capture attaches sched_waking.
     let capture = if opts.capture.any() {
-        Some(Capture::start(
-            &mut accounting,
-            &opts.capture,
-            &opts.proc_root,
-        )?)
+        Some(accounting.with(|acc| Capture::start(acc, &opts.capture, &opts.proc_root))?)
     } else {
         None
+    };
+    let tier = Tier {
+        capture,
+        accounting,
     };
     let capabilities_after_attach = if opts.drop_privileges {
         // Symbolising another process's stack reads its /proc/<pid>/maps,
@@ -249,9 +283,8 @@ fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
         None
     };
     Ok(Attached {
-        accounting,
+        tier,
         file,
-        capture,
         capabilities_after_attach,
     })
 }
@@ -290,8 +323,7 @@ struct Recording {
     runq_wait: bool,
     fault_source: FaultSource,
     capabilities_after_attach: Option<String>,
-    capture: Option<Capture>,
-    accounting: Accounting,
+    tier: Tier,
     samples: u64,
     cut_at_max_bytes: bool,
 }
@@ -305,13 +337,13 @@ impl Recording {
         prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
     ) -> Result<Self, RecordError> {
         let Attached {
-            accounting,
+            tier,
             file,
-            capture,
             capabilities_after_attach,
         } = attached;
-        let fault_source = accounting.fault_source();
-        let runq_wait = accounting.runq_wait();
+        let (fault_source, runq_wait) = tier
+            .accounting
+            .with(|acc| (acc.fault_source(), acc.runq_wait()));
         let counters = process_counters(fault_source, runq_wait);
 
         let mut writer = TraceWriter::new(BufWriter::new(file));
@@ -356,8 +388,7 @@ impl Recording {
         writer.flush()?;
 
         Ok(Self {
-            accounting,
-            capture,
+            tier,
             capabilities_after_attach,
             fault_source,
             runq_wait,
@@ -416,7 +447,7 @@ impl Recording {
     /// One sample: the BPF totals and procfs, the capture's records since
     /// the last tick, and every process's counters that changed.
     fn tick(&mut self) -> Result<(), RecordError> {
-        let snap = self.accounting.read()?;
+        let snap = self.tier.accounting.read()?;
         let clocks = ClockPair::now();
         self.samples += 1;
         let rows = self.totals.update(&snap);
@@ -425,8 +456,11 @@ impl Recording {
         if let Some(window) = self.tracker.update(&self.sample) {
             export::write_window(&mut self.writer, clocks.boottime_ns, &window)?;
         }
-        if let Some(c) = self.capture.as_mut() {
-            c.flush(&self.accounting, &mut self.writer, clocks.boottime_ns)?;
+        if let Some(c) = self.tier.capture.as_mut() {
+            let writer = &mut self.writer;
+            self.tier
+                .accounting
+                .with(|acc| c.flush(acc, writer, clocks.boottime_ns))?;
         }
         // Known instances first: one that ends moves out of `known`, so
         // a new instance of its pid in this tick is a new process.
@@ -549,12 +583,15 @@ impl Recording {
     /// Stops the capture (draining and writing what is left), then the
     /// summary: every process seen, by on-CPU time.
     fn finish(mut self, opts: &RecordOptions) -> Result<RecordSummary, RecordError> {
-        let capture_stats = match self.capture.take() {
-            Some(c) => Some(c.stop(
-                &mut self.accounting,
-                &mut self.writer,
-                ClockPair::now().boottime_ns,
-            )?),
+        let capture_stats = match self.tier.capture.take() {
+            Some(c) => {
+                let writer = &mut self.writer;
+                Some(
+                    self.tier
+                        .accounting
+                        .with(|acc| c.stop(acc, writer, ClockPair::now().boottime_ns))?,
+                )
+            }
             None => None,
         };
         let end = ClockPair::now();

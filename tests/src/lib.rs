@@ -2,6 +2,7 @@
 //! the reference values the kernel itself reports, the official Perfetto
 //! decoder, and trace_processor (see [`trace_processor`]).
 
+pub mod bpf_stats;
 pub mod daemon;
 pub mod trace_processor;
 

@@ -40,7 +40,8 @@ use tick::ReadErrors;
 use crate::{
     bpf::{
         totals::{ProcessCounters, Totals},
-        Accounting, AccountingConfig, BpfError, MapLimits,
+        Accounting, AccountingConfig, AccountingReader, BpfError, CaptureSizing, MapLimits,
+        SharedAccounting,
     },
     config::Config,
     control::server::{self, Command, DaemonState, ServerError, Shared, TriggerRecord},
@@ -200,11 +201,11 @@ struct Service {
     /// Requests the control socket's thread hands to the main loop.
     commands: mpsc::Receiver<Command>,
     store: Arc<Mutex<Store>>,
-    accounting: Accounting,
+    /// The always-on programs, read by the tick; captures read them
+    /// through readers of their own (`AccountingReader::another`).
+    accounting: AccountingReader,
     /// The flock on `<store>/.lock`, held for the daemon's life.
     _store_lock: std::fs::File,
-    /// What a capture's own `Accounting` starts from.
-    accounting_cfg: AccountingConfig,
     signals: Signals,
     /// The running config; replaced by a successful reload.
     cfg: Config,
@@ -248,6 +249,10 @@ fn accounting_config(cfg: &Config) -> AccountingConfig {
         },
         runq_wait: cfg.sampling.runq_wait,
         force_classic_tracepoints: cfg.sampling.classic_tracepoints,
+        // Captures (a rule's, `vitalsctl capture`) switch the capture tier
+        // on in these programs, so its kernel memory is reserved now: the
+        // maps' sizes are fixed once the programs that use them load.
+        capture: Some(CaptureSizing::default()),
         pins: cfg
             .sampling
             .pin_dir
@@ -266,7 +271,7 @@ impl Service {
         let accounting_cfg = accounting_config(&cfg);
         let store_lock = try_lock_store(&cfg.store.dir)?
             .ok_or_else(|| ServiceError::StoreBusy(cfg.store.dir.clone()))?;
-        let accounting = Accounting::load(&accounting_cfg)?;
+        let accounting = SharedAccounting::new(Accounting::load(&accounting_cfg)?).reader();
         let mut store = Store::open(&cfg.store.dir, limits(&cfg))?;
         configure_store(&mut store, &cfg);
         let store = Arc::new(Mutex::new(store));
@@ -284,7 +289,7 @@ impl Service {
                 version: env!("CARGO_PKG_VERSION"),
                 started_unix_ms: store::now_unix_ms(),
                 interval_ms: cfg.sampling.interval.0.as_millis() as u64,
-                fault_source: accounting.fault_source().describe().into(),
+                fault_source: accounting.with(|a| a.fault_source().describe().into()),
                 capabilities,
                 config_path: config_path.display().to_string(),
                 config_toml: cfg.to_toml(),
@@ -331,7 +336,6 @@ impl Service {
             store,
             accounting,
             _store_lock: store_lock,
-            accounting_cfg,
             signals,
             cfg,
             config_path,
