@@ -97,6 +97,7 @@ impl Accounting {
             cfg.capture,
             settings.transport,
             settings.page,
+            pin_to,
         )?;
         Ok(Self {
             ebpf: Some(ebpf),
@@ -111,6 +112,7 @@ impl Accounting {
             capture_sizing: cfg.capture,
             transport: settings.transport,
             ring,
+            pinned_waking: None,
             waking_link: None,
             map_read: MapRead::Batch,
         })

@@ -139,6 +139,8 @@ pub struct Accounting {
     transport: CaptureTransport,
     /// The transport's buffers, while no capture holds them.
     ring: Option<CaptureOutput>,
+    /// The pinned sched_waking program (attached from pins; None: `ebpf`'s).
+    pinned_waking: Option<aya::programs::TracePoint>,
     /// sched_waking link while a capture with FLAG_SCHED runs.
     waking_link: Option<TracePointLinkId>,
     /// How the hashes are read; `Batch` falls back to `Iterate` for
