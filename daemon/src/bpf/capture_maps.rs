@@ -109,14 +109,19 @@ impl Accounting {
         if self.capture_sizing.is_none() {
             return Err(BpfError::CaptureNotConfigured);
         }
-        let ring = self.ring.take().ok_or(BpfError::CaptureRunning)?;
+        if self.ring.is_none() {
+            return Err(BpfError::CaptureRunning);
+        }
         // Stacks of an earlier capture are stale; ids are reused by hash.
+        // Cleared before the ring buffer is taken: an error here must not
+        // lose it (the daemon's accounting serves every later capture).
         if let Ok(mut stacks) = StackTraceMap::try_from(self.map_mut(names::CAPTURE_STACKS)?) {
             let ids: Vec<u32> = stacks.stack_ids().filter_map(Result::ok).collect();
             for id in ids {
                 let _ = stacks.remove(&id);
             }
         }
+        let ring = self.ring.take().ok_or(BpfError::CaptureRunning)?;
         if flags & capture::FLAG_SCHED != 0 {
             let (name, prog) = self.waking_prog()?;
             match prog.attach("sched", "sched_waking") {
