@@ -79,6 +79,8 @@ impl Tool {
 pub const TEST_FILE_NEEDS: &[(&str, Tool)] = &[
     ("trace_processor", Tool::TraceProcessor),
     ("shared_programs", Tool::TraceProcessor),
+    ("reuse", Tool::TraceProcessor),
+    ("proc_only", Tool::TraceProcessor),
     ("perfetto_service", Tool::PerfettoService),
 ];
 

@@ -10,8 +10,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use vitalsd::{
     bpf::{
-        AccountingConfig, CaptureSizing, CaptureTransportChoice, FaultSourceChoice, MapLimits,
-        PinMode,
+        denied::AccountingChoice, exited_entries, AccountingConfig, CaptureSizing,
+        CaptureTransportChoice, FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
     },
     capture::CaptureOptions,
     config::{parse_duration, Config},
@@ -110,12 +110,20 @@ struct RecordArgs {
     /// Fault source: auto (tracepoint where present), tracepoint, perf, off.
     #[arg(long, default_value = "auto")]
     fault_source: FaultSourceChoice,
+    /// auto: eBPF, or /proc only when BPF is denied; bpf: eBPF or fail;
+    /// proc: /proc only.
+    #[arg(long, default_value = "auto")]
+    accounting: AccountingChoice,
     /// Bound of the per-thread maps (entries).
     #[arg(long, default_value_t = MapLimits::default().max_tasks)]
     max_tasks: u32,
     /// Bound of the per-process fault map (entries).
     #[arg(long, default_value_t = MapLimits::default().max_processes)]
     max_processes: u32,
+    /// Thread exits a second the exited-task map absorbs between two
+    /// samples; with --interval it sizes that map.
+    #[arg(long, default_value_t = DEFAULT_EXITS_PER_SECOND)]
+    exits_per_second: u32,
     /// Do not account runqueue wait (saves the sched_wakeup programs).
     #[arg(long)]
     no_runq_wait: bool,
@@ -347,8 +355,10 @@ fn record_options(args: RecordArgs) -> RecordOptions {
         out,
         interval,
         fault_source,
+        accounting,
         max_tasks,
         max_processes,
+        exits_per_second,
         no_runq_wait,
         classic_tracepoints,
         top: _,
@@ -372,11 +382,12 @@ fn record_options(args: RecordArgs) -> RecordOptions {
         out,
         interval,
         accounting: AccountingConfig {
+            choice: accounting,
             fault_source,
             limits: MapLimits {
                 max_tasks,
                 max_processes,
-                ..MapLimits::default()
+                max_exited: exited_entries(exits_per_second, interval),
             },
             runq_wait: !no_runq_wait,
             force_classic_tracepoints: classic_tracepoints,

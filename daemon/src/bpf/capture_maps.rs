@@ -165,9 +165,9 @@ impl Accounting {
     }
 
     /// The sched_waking program: the pinned one when attached from pins,
-    /// else the object's, in the classic programs' layout.
+    /// else the object's, in sched_waking's own layout (`waking_layout`).
     fn waking_prog(&mut self) -> Result<(&'static str, &mut TracePoint), BpfError> {
-        let name = waking_program(self.layout);
+        let name = waking_program(self.waking_layout);
         if let Some(p) = self.pinned_waking.as_mut() {
             return Ok((name, p));
         }
@@ -243,7 +243,7 @@ pub(super) fn capture_map_sizes(
     ]
 }
 
-/// The sched_waking program of the classic programs' `layout`.
+/// The sched_waking program in `layout`.
 pub(super) fn waking_program(layout: TracepointLayout) -> &'static str {
     match layout {
         TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,

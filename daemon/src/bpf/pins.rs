@@ -95,7 +95,7 @@ impl Accounting {
         };
         let (layout, runq_wait) = pins.attach_sched()?;
         let fault_source = pins.attach_faults(cfg.fault_source, &features)?;
-        let capture = PinnedCapture::open(dir, layout);
+        let capture = PinnedCapture::open(dir);
         log::info!(
             "eBPF accounting attached from pins in {}: fault source {}; {:?} tracepoint layout; runqueue wait {}; capture tier {}",
             dir.display(),
@@ -112,12 +112,19 @@ impl Accounting {
             }
         );
         let capture = capture.ok();
-        let (capture_sizing, ring, pinned_waking) = match capture {
+        // Without a pinned capture tier nothing attaches sched_waking: its
+        // layout is then the always-on programs'.
+        let (capture_sizing, ring, pinned_waking, waking_layout) = match capture {
             Some(c) => {
                 pinned_maps.extend(c.maps);
-                (Some(c.sizing), Some(c.ring), Some(c.waking))
+                (
+                    Some(c.sizing),
+                    Some(c.ring),
+                    Some(c.waking),
+                    c.waking_layout,
+                )
             }
-            None => (None, None, None),
+            None => (None, None, None, layout),
         };
         Ok(Self {
             ebpf: None,
@@ -127,6 +134,9 @@ impl Accounting {
             features,
             limits: cfg.limits,
             layout,
+            // The pinned sched_waking's own: bpfloader's vitals.o carries
+            // sched_waking_fixed; `vitalsd pin` pins the one load.rs chose.
+            waking_layout,
             sched_programs: SchedPrograms::Classic,
             runq_wait,
             capture_sizing,
@@ -151,17 +161,25 @@ struct PinnedCapture {
     maps: HashMap<&'static str, aya::maps::Map>,
     ring: CaptureOutput,
     waking: TracePoint,
+    /// The layout of the pinned sched_waking (`waking`).
+    waking_layout: TracepointLayout,
     sizing: CaptureSizing,
 }
 
 impl PinnedCapture {
     /// Err: why captures are not available from these pins.
-    fn open(dir: &Path, layout: TracepointLayout) -> Result<Self, String> {
-        let waking_name = waking_program(layout);
-        let waking = pinned_prog_candidates(dir, waking_name)
+    fn open(dir: &Path) -> Result<Self, String> {
+        // sched_waking in whichever layout is pinned, fixed first (the
+        // only one bpfloader's vitals.o has), as sched_switch.
+        let (waking_layout, waking) = [TracepointLayout::Fixed, TracepointLayout::Portable]
             .into_iter()
-            .find_map(|p| TracePoint::from_pin(p).ok())
-            .ok_or_else(|| format!("no pinned {waking_name} program"))?;
+            .find_map(|layout| {
+                pinned_prog_candidates(dir, waking_program(layout))
+                    .into_iter()
+                    .find_map(|p| TracePoint::from_pin(p).ok())
+                    .map(|prog| (layout, prog))
+            })
+            .ok_or("no pinned sched_waking program")?;
         let maps = open_pinned_maps(dir, &CAPTURE_MAPS).map_err(|e| e.to_string())?;
         let events = open_pinned_maps(dir, &[names::CAPTURE_EVENTS]).map_err(|e| e.to_string())?;
         let Some(aya::maps::Map::RingBuf(data)) = events.into_values().next() else {
@@ -188,6 +206,7 @@ impl PinnedCapture {
             maps,
             ring: CaptureOutput::Ring(ring),
             waking,
+            waking_layout,
             sizing,
         })
     }

@@ -10,7 +10,7 @@ use std::{
 
 use super::{push_trigger, Service};
 use crate::{
-    bpf::{AccountingConfig, AccountingReader},
+    bpf::{denied::ProcOnly, AccountingConfig, AccountingReader},
     capture::CaptureOptions,
     config::{CaptureSpec, Config},
     control::server::{CaptureProgress, Shared},
@@ -29,9 +29,22 @@ pub(super) struct RunningCapture {
     pub(super) thread: JoinHandle<Result<RecordSummary, RecordError>>,
 }
 
+impl Service {
+    /// A reader of the daemon's programs for a capture; /proc-only, why
+    /// there are none (the capture then fails with `CaptureNeedsBpf`).
+    pub(super) fn capture_accounting(&self) -> Result<AccountingReader, ProcOnly> {
+        match (&self.accounting, &self.proc_only) {
+            (Some(acc), _) => Ok(acc.another()),
+            (None, why) => Err(why.clone().unwrap_or(ProcOnly::Asked)),
+        }
+    }
+}
+
+/// Starts a capture in a thread of its own, reading `accounting` (the
+/// daemon's programs, or Err: /proc-only).
 pub(super) fn start_capture(
     cfg: &Config,
-    accounting: &AccountingReader,
+    accounting: Result<AccountingReader, ProcOnly>,
     store: &Arc<Mutex<Store>>,
     history: &History,
     spec: &CaptureSpec,
@@ -48,7 +61,6 @@ pub(super) fn start_capture(
         faults: spec.faults,
         ..CaptureOptions::default()
     };
-    let accounting = accounting.another();
     let opts = RecordOptions {
         duration: spec.duration.0,
         out: pending.tmp_path.clone(),

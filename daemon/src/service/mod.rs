@@ -39,9 +39,9 @@ use tick::ReadErrors;
 
 use crate::{
     bpf::{
+        denied::{self, ProcOnly},
         totals::{ProcessCounters, Totals},
-        Accounting, AccountingConfig, AccountingReader, BpfError, CaptureSizing, MapLimits,
-        SharedAccounting,
+        AccountingConfig, AccountingReader, BpfError, CaptureSizing, MapLimits, SharedAccounting,
     },
     config::Config,
     control::server::{self, Command, DaemonState, ServerError, Shared, TriggerRecord},
@@ -202,8 +202,11 @@ struct Service {
     commands: mpsc::Receiver<Command>,
     store: Arc<Mutex<Store>>,
     /// The always-on programs, read by the tick; captures read them
-    /// through readers of their own (`AccountingReader::another`).
-    accounting: AccountingReader,
+    /// through readers of their own (`AccountingReader::another`). None:
+    /// /proc-only (BPF denied, or asked for; `proc_only` says why), and
+    /// captures fail (`CaptureNeedsBpf`); see `DaemonState::accounting`.
+    accounting: Option<AccountingReader>,
+    proc_only: Option<ProcOnly>,
     /// The flock on `<store>/.lock`, held for the daemon's life.
     _store_lock: std::fs::File,
     signals: Signals,
@@ -242,9 +245,14 @@ pub fn run(config_path: PathBuf, cfg: Config, signals: Signals) -> Result<(), Se
 /// The always-on programs, as the config asks for them.
 fn accounting_config(cfg: &Config) -> AccountingConfig {
     AccountingConfig {
+        choice: cfg.sampling.accounting,
         fault_source: cfg.sampling.fault_source,
         limits: MapLimits {
             max_tasks: cfg.sampling.max_tasks,
+            max_exited: crate::bpf::exited_entries(
+                cfg.sampling.exits_per_second,
+                cfg.sampling.interval.0,
+            ),
             ..MapLimits::default()
         },
         runq_wait: cfg.sampling.runq_wait,
@@ -271,7 +279,18 @@ impl Service {
         let accounting_cfg = accounting_config(&cfg);
         let store_lock = try_lock_store(&cfg.store.dir)?
             .ok_or_else(|| ServiceError::StoreBusy(cfg.store.dir.clone()))?;
-        let accounting = SharedAccounting::new(Accounting::load(&accounting_cfg)?).reader();
+        let (accounting, proc_only) = match denied::load(&accounting_cfg)? {
+            Ok(acc) => (Some(SharedAccounting::new(acc).reader()), None),
+            Err(why) => {
+                crate::record::log_proc_only(&why, "running");
+                (None, Some(why))
+            }
+        };
+        let fault_source = match &accounting {
+            Some(acc) => acc.with(|a| a.fault_source().describe().to_owned()),
+            None => "none from eBPF (proc-only: minflt/majflt from /proc/<pid>/stat)".to_owned(),
+        };
+        let accounting_mode = crate::record::accounting_mode(proc_only.as_ref());
         let mut store = Store::open(&cfg.store.dir, limits(&cfg))?;
         configure_store(&mut store, &cfg);
         let store = Arc::new(Mutex::new(store));
@@ -279,7 +298,7 @@ impl Service {
         let kept = privileges::drop_to(DAEMON_CAPS)?;
         let capabilities = privileges::describe(&kept);
         log::info!(
-            "vitalsd running; capabilities {capabilities}; store {}",
+            "vitalsd running; accounting {accounting_mode}; capabilities {capabilities}; store {}",
             cfg.store.dir.display()
         );
 
@@ -289,7 +308,8 @@ impl Service {
                 version: env!("CARGO_PKG_VERSION"),
                 started_unix_ms: store::now_unix_ms(),
                 interval_ms: cfg.sampling.interval.0.as_millis() as u64,
-                fault_source: accounting.with(|a| a.fault_source().describe().into()),
+                fault_source,
+                accounting: accounting_mode,
                 capabilities,
                 config_path: config_path.display().to_string(),
                 config_toml: cfg.to_toml(),
@@ -335,6 +355,7 @@ impl Service {
             commands,
             store,
             accounting,
+            proc_only,
             _store_lock: store_lock,
             signals,
             cfg,

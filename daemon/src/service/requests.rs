@@ -71,7 +71,7 @@ impl Service {
         };
         let c = start_capture(
             &self.cfg,
-            &self.accounting,
+            self.capture_accounting(),
             &self.store,
             &self.history,
             &spec,

@@ -36,7 +36,7 @@ impl Service {
         }
         self.capture = Some(start_capture(
             &self.cfg,
-            &self.accounting,
+            self.capture_accounting(),
             &self.store,
             &self.history,
             &fired.capture,

@@ -78,7 +78,10 @@ impl Service {
     /// This window's eBPF deltas by tgid; empty when the maps could not be read.
     pub(super) fn read_bpf(&mut self) -> HashMap<u32, BpfDelta> {
         let mut bpf_window: HashMap<u32, BpfDelta> = HashMap::new();
-        match self.accounting.read() {
+        let Some(accounting) = self.accounting.as_ref() else {
+            return bpf_window;
+        };
+        match accounting.read() {
             // Folding drains the EXITED map and keeps the drop counters current.
             Ok(snap) => {
                 let rows = self.totals.update(&snap);
@@ -151,15 +154,22 @@ impl Service {
             ("bpf_map_reads".to_string(), self.read_errors.bpf),
             ("procfs_scans".to_string(), self.read_errors.procfs),
         ]);
-        st.bpf_drops = vitals_common::drop_reason::NAMES
-            .iter()
-            .zip(self.totals.drops)
-            .map(|(n, v)| (n.to_string(), v))
-            .collect();
-        st.bpf_drops.insert(
-            "negative_deltas".into(),
-            self.bpf_delta_drops.negative_deltas,
-        );
+        // /proc-only: no eBPF drop counters, rather than zeros.
+        if self.accounting.is_some() {
+            st.bpf_drops = vitals_common::drop_reason::NAMES
+                .iter()
+                .zip(self.totals.drops)
+                .map(|(n, v)| (n.to_string(), v))
+                .collect();
+            st.bpf_drops.insert(
+                "negative_deltas".into(),
+                self.bpf_delta_drops.negative_deltas,
+            );
+            // Threads seen alive whose exit record never came (EXITED
+            // full): folded into their process from their last counters.
+            st.bpf_drops
+                .insert("lost_exits".into(), self.totals.lost_exits);
+        }
         st.triggers_fired = self.engine.fired_total;
         st.triggers_skipped = self
             .engine

@@ -90,68 +90,6 @@ fn thread_switches() -> (i64, i64) {
     (ru.ru_nvcsw, ru.ru_nivcsw)
 }
 
-/// `struct clone_args` of clone3(2) up to `set_tid_size` (CLONE_ARGS_SIZE_VER1).
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-}
-
-/// Starts `exe` with `argv` as a child whose pid is `pid`: clone3 with
-/// set_tid (Linux 5.5, CAP_SYS_ADMIN), retried while the old holder of the
-/// pid is still being released (EEXIST). Returns the child's pid.
-fn spawn_with_pid(pid: u32, exe: &std::path::Path, argv: &[&str]) -> i32 {
-    use std::{ffi::CString, os::unix::ffi::OsStrExt};
-    // Everything the child needs is allocated before the clone: between
-    // clone and execv it only calls async-signal-safe functions.
-    let path = CString::new(exe.as_os_str().as_bytes()).unwrap();
-    let argv: Vec<CString> = argv.iter().map(|a| CString::new(*a).unwrap()).collect();
-    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    ptrs.push(std::ptr::null());
-    let want = pid as libc::pid_t;
-    for _ in 0..1000 {
-        let args = CloneArgs {
-            exit_signal: libc::SIGCHLD as u64,
-            set_tid: &want as *const libc::pid_t as u64,
-            set_tid_size: 1,
-            ..Default::default()
-        };
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_clone3,
-                &args as *const CloneArgs,
-                std::mem::size_of::<CloneArgs>(),
-            )
-        };
-        if r == 0 {
-            unsafe {
-                libc::execv(path.as_ptr(), ptrs.as_ptr());
-                libc::_exit(127);
-            }
-        }
-        if r > 0 {
-            return r as i32;
-        }
-        let e = std::io::Error::last_os_error();
-        assert_eq!(
-            e.raw_os_error(),
-            Some(libc::EEXIST),
-            "clone3 with pid {pid}: {e}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    panic!("pid {pid} stayed taken");
-}
-
 fn pin_to(cpu: usize) {
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -344,11 +282,14 @@ fn main() {
             assert!(a.wait().unwrap().success());
             say(&format!("a {pid}"));
             wait_line();
-            let b = spawn_with_pid(pid, &me, &["vitals-reuse-b", "spin-exit", &ms_b]);
-            let mut status = 0;
-            assert_eq!(unsafe { libc::waitpid(b, &mut status, 0) }, b);
-            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
-            say(&format!("b {b}"));
+            let b = vitals_tests::pid::spawn_with_pid_retrying(
+                pid,
+                &me,
+                &["vitals-reuse-b", "spin-exit", &ms_b],
+            );
+            let b_pid = b.pid();
+            b.wait_success();
+            say(&format!("b {b_pid}"));
             say("done");
             wait_eof();
         }

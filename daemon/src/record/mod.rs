@@ -6,32 +6,35 @@ use std::{
     fs::File,
     io::BufWriter,
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use thiserror::Error;
 
+mod identity;
+mod summary;
+mod tier;
+
+use self::identity::{tree_entries, ProcessIdentity};
+pub use self::summary::{RecordSummary, SummaryRow};
+use self::tier::Tier;
+
 use crate::{
     bpf::{
+        denied::{self, ProcOnly},
         totals::{ProcessCounters, Totals},
-        Accounting, AccountingConfig, AccountingReader, BpfError, FaultSource, SharedAccounting,
+        AccountingConfig, AccountingReader, BpfError, FaultSource, SharedAccounting,
     },
-    capture::{Capture, CaptureError, CaptureOptions, CaptureStats},
+    capture::{CaptureError, CaptureOptions},
     clock::ClockPair,
     export,
     perfetto::{
-        CounterSpec, CounterUnit, CounterValue, PerfettoError, ProcessKey, ProcessTreeEntry,
-        SystemFacts, TraceWriter, TrackUuid,
+        CounterSpec, CounterUnit, CounterValue, PerfettoError, ProcessKey, SystemFacts,
+        TraceWriter, TrackUuid,
     },
     privileges::{self, PrivilegeError},
-    procfs::{
-        cmdline::{argv, name_from_cmdline},
-        sampler::{ProcessSample, Sample, SampleOptions, Sampler, SamplerError},
-    },
+    procfs::sampler::{ProcessSample, Sample, SampleOptions, Sampler, SamplerError},
     system::{self, SystemError},
     tracker::Tracker,
 };
@@ -50,6 +53,9 @@ pub enum RecordError {
     Procfs(#[from] SamplerError),
     #[error(transparent)]
     Capture(#[from] CaptureError),
+    /// A capture records kernel events, which only the eBPF programs see.
+    #[error("a capture needs eBPF, but accounting is {0}")]
+    CaptureNeedsBpf(ProcOnly),
     #[error("creating trace file {path}: {source}")]
     Create {
         path: PathBuf,
@@ -74,38 +80,6 @@ pub struct RecordOptions {
     /// sample, so it may pass the cap by one interval's packets; the store
     /// cuts a committed capture at its own limit). None: no cap.
     pub max_bytes: Option<u64>,
-}
-
-/// One process's figures over the recording.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SummaryRow {
-    pub pid: u32,
-    pub name: String,
-    pub oncpu_ns: u64,
-    /// oncpu_ns / wall time of the recording (CLOCK_MONOTONIC); may exceed 100%.
-    pub core_equivalent_pct: f64,
-    pub voluntary_switches: u64,
-    pub involuntary_switches: u64,
-    /// None when runqueue wait was not accounted (--no-runq-wait).
-    pub runq_wait_ns: Option<u64>,
-    pub faults: u64,
-    pub ended: bool,
-}
-
-#[derive(Debug, Clone)]
-pub struct RecordSummary {
-    pub trace_path: PathBuf,
-    pub fault_source: FaultSource,
-    pub wall_monotonic_ns: u64,
-    pub rows: Vec<SummaryRow>,
-    pub drops: Vec<(&'static str, u64)>,
-    pub capabilities_after_attach: Option<String>,
-    pub packets_written: u64,
-    pub bytes_written: u64,
-    pub samples: u64,
-    pub capture: Option<CaptureStats>,
-    /// The recording stopped early because the trace reached `max_bytes`.
-    pub cut_at_max_bytes: bool,
 }
 
 /// One per-process counter track: its descriptor and where its value comes from.
@@ -200,21 +174,24 @@ pub fn record_with(
     prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
 ) -> Result<RecordSummary, RecordError> {
     let accounting =
-        Accounting::load(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))?;
-    record_on(
-        SharedAccounting::new(accounting).reader(),
-        opts,
-        stop,
-        prelude,
-    )
+        match denied::load(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))? {
+            Ok(acc) => Ok(SharedAccounting::new(acc).reader()),
+            Err(why) => {
+                log_proc_only(&why, "recording");
+                Err(why)
+            }
+        };
+    record_on(accounting, opts, stop, prelude)
 }
 
 /// `record_with` on programs already attached, such as the daemon's, which
 /// its captures share with its sampling tick (one set of programs: every
-/// switch and fault runs each program once). `opts.accounting` is not
-/// used: the capture tier must have been sized when they were loaded.
+/// switch and fault runs each program once), or /proc-only (`accounting`
+/// Err: why; a capture then fails with `CaptureNeedsBpf`).
+/// `opts.accounting` is not used: the capture tier must have been sized
+/// when the programs were loaded.
 pub fn record_on(
-    accounting: AccountingReader,
+    accounting: Result<AccountingReader, ProcOnly>,
     opts: &RecordOptions,
     stop: &AtomicBool,
     prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
@@ -225,34 +202,24 @@ pub fn record_on(
     recording.finish(opts)
 }
 
-/// The accounting a recording reads and the capture it runs there. A
-/// capture that `finish` did not stop (an error cut the recording short)
-/// is aborted on drop: the accounting may be the daemon's, which lives on,
-/// so its capture flag must not stay set nor its ring buffer be lost.
-struct Tier {
-    capture: Option<Capture>,
-    accounting: AccountingReader,
-}
-
-impl Drop for Tier {
-    fn drop(&mut self) {
-        if let Some(c) = self.capture.take() {
-            self.accounting.with(|acc| c.abort(acc));
-        }
-    }
-}
-
 /// What `attach` leaves for the rest of the recording.
 struct Attached {
+    /// No accounting: /proc-only, for the reason in `proc_only`.
     tier: Tier,
+    proc_only: Option<ProcOnly>,
     file: File,
     capabilities_after_attach: Option<String>,
 }
 
 /// Everything that needs the privileges the daemon starts with, in the
-/// order it needs them: create the trace file, start the capture; then
-/// drop to the steady-state capabilities.
-fn attach(opts: &RecordOptions, accounting: AccountingReader) -> Result<Attached, RecordError> {
+/// order it needs them (the programs are loaded and attached already):
+/// create the trace file, start the capture; then drop to the
+/// steady-state capabilities.
+fn attach(
+    opts: &RecordOptions,
+    accounting: Result<AccountingReader, ProcOnly>,
+) -> Result<Attached, RecordError> {
+    let proc_only = accounting.as_ref().err().cloned();
     // Before the capability drop: afterwards root may no longer be able to
     // create it (no CAP_DAC_OVERRIDE). After the load, so a failed load
     // leaves no empty trace behind.
@@ -261,15 +228,8 @@ fn attach(opts: &RecordOptions, accounting: AccountingReader) -> Result<Attached
         source,
     })?;
     // Before the capability drop: starting a capture attaches sched_waking.
-    let capture = if opts.capture.any() {
-        Some(accounting.with(|acc| Capture::start(acc, &opts.capture, &opts.proc_root))?)
-    } else {
-        None
-    };
-    let tier = Tier {
-        capture,
-        accounting,
-    };
+    // /proc-only, a capture is `CaptureNeedsBpf`.
+    let tier = Tier::start(accounting, &opts.capture, &opts.proc_root)?;
     let capabilities_after_attach = if opts.drop_privileges {
         // Symbolising another process's stack reads its /proc/<pid>/maps,
         // which ptrace_may_access() guards: keep CAP_SYS_PTRACE for that.
@@ -284,6 +244,7 @@ fn attach(opts: &RecordOptions, accounting: AccountingReader) -> Result<Attached
     };
     Ok(Attached {
         tier,
+        proc_only,
         file,
         capabilities_after_attach,
     })
@@ -323,7 +284,9 @@ struct Recording {
     runq_wait: bool,
     fault_source: FaultSource,
     capabilities_after_attach: Option<String>,
+    /// No accounting: /proc-only (`proc_only` says why).
     tier: Tier,
+    proc_only: Option<ProcOnly>,
     samples: u64,
     cut_at_max_bytes: bool,
 }
@@ -338,13 +301,17 @@ impl Recording {
     ) -> Result<Self, RecordError> {
         let Attached {
             tier,
+            proc_only,
             file,
             capabilities_after_attach,
         } = attached;
-        let (fault_source, runq_wait) = tier
-            .accounting
-            .with(|acc| (acc.fault_source(), acc.runq_wait()));
-        let counters = process_counters(fault_source, runq_wait);
+        let (fault_source, runq_wait) = tier.fault_source_and_runq_wait();
+        // /proc-only: no eBPF tracks at all, so nothing reads as a zero.
+        let counters = if tier.has_bpf() {
+            process_counters(fault_source, runq_wait)
+        } else {
+            Vec::new()
+        };
 
         let mut writer = TraceWriter::new(BufWriter::new(file));
         let start = ClockPair::now();
@@ -384,11 +351,17 @@ impl Recording {
         let mut initial: Vec<&ProcessIdentity> = known.values().flatten().collect();
         initial.sort_by_key(|p| p.pid);
         writer.write_process_tree(start.boottime_ns, &tree_entries(initial))?;
+        writer.write_instant(
+            start.boottime_ns,
+            "vitalsd",
+            &accounting_note(proc_only.as_ref(), fault_source),
+        )?;
         prelude(&mut writer)?;
         writer.flush()?;
 
         Ok(Self {
             tier,
+            proc_only,
             capabilities_after_attach,
             fault_source,
             runq_wait,
@@ -447,26 +420,34 @@ impl Recording {
     /// One sample: the BPF totals and procfs, the capture's records since
     /// the last tick, and every process's counters that changed.
     fn tick(&mut self) -> Result<(), RecordError> {
-        let snap = self.tier.accounting.read()?;
+        let snap = self.tier.read()?;
         let clocks = ClockPair::now();
         self.samples += 1;
-        let rows = self.totals.update(&snap);
+        let rows = snap
+            .as_ref()
+            .map(|snap| self.totals.update(snap))
+            .unwrap_or_default();
         self.sampler.sample_into(&mut self.sample)?;
         export::write_sample(&mut self.writer, clocks.boottime_ns, &self.sample, self.hz)?;
         if let Some(window) = self.tracker.update(&self.sample) {
             export::write_window(&mut self.writer, clocks.boottime_ns, &window)?;
         }
-        if let Some(c) = self.tier.capture.as_mut() {
-            let writer = &mut self.writer;
-            self.tier
-                .accounting
-                .with(|acc| c.flush(acc, writer, clocks.boottime_ns))?;
+        if let Some(snap) = &snap {
+            export::write_bpf_drops(&mut self.writer, clocks.boottime_ns, &snap.drops)?;
         }
+        self.tier.flush(&mut self.writer, clocks.boottime_ns)?;
         // Known instances first: one that ends moves out of `known`, so
-        // a new instance of its pid in this tick is a new process.
-        let (old, new): (Vec<ProcessCounters>, Vec<ProcessCounters>) = rows
-            .into_iter()
-            .partition(|r| self.known.contains_key(&r.tgid));
+        // a new instance of its pid in this tick (a live row after the
+        // ended one) is a new process.
+        let mut ending = HashSet::new();
+        let (old, new): (Vec<ProcessCounters>, Vec<ProcessCounters>) =
+            rows.into_iter().partition(|r| {
+                let known = self.known.contains_key(&r.tgid) && !ending.contains(&r.tgid);
+                if known && r.ended {
+                    ending.insert(r.tgid);
+                }
+                known
+            });
         self.write_counters(&old, clocks.boottime_ns)?;
         let (new, entries) = self.name_new_processes(new);
         self.write_counters(&new, clocks.boottime_ns)?;
@@ -583,32 +564,30 @@ impl Recording {
     /// Stops the capture (draining and writing what is left), then the
     /// summary: every process seen, by on-CPU time.
     fn finish(mut self, opts: &RecordOptions) -> Result<RecordSummary, RecordError> {
-        let capture_stats = match self.tier.capture.take() {
-            Some(c) => {
-                let writer = &mut self.writer;
-                Some(
-                    self.tier
-                        .accounting
-                        .with(|acc| c.stop(acc, writer, ClockPair::now().boottime_ns))?,
-                )
-            }
-            None => None,
-        };
+        let capture_stats = self
+            .tier
+            .stop(&mut self.writer, ClockPair::now().boottime_ns)?;
         let end = ClockPair::now();
         let wall = end
             .monotonic_ns
             .saturating_sub(self.start.monotonic_ns)
             .max(1);
         let rows = self.summary_rows(wall);
-        let drops = vitals_common::drop_reason::NAMES
-            .iter()
-            .zip(self.totals.drops)
-            .map(|(n, v)| (*n, v))
-            .collect();
+        // /proc-only: no eBPF drop counters, rather than zeros.
+        let drops = if self.tier.has_bpf() {
+            vitals_common::drop_reason::NAMES
+                .iter()
+                .zip(self.totals.drops)
+                .map(|(n, v)| (*n, v))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let packets_written = self.writer.packets_written();
         let bytes_written = self.writer.bytes_written();
         self.writer.flush()?;
         Ok(RecordSummary {
+            accounting: accounting_mode(self.proc_only.as_ref()),
             trace_path: opts.out.clone(),
             fault_source: self.fault_source,
             wall_monotonic_ns: wall,
@@ -652,130 +631,34 @@ impl Recording {
     }
 }
 
-/// Who a process is, for naming its tracks and its ProcessTree entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ProcessIdentity {
-    pid: u32,
-    ppid: u32,
-    comm: String,
-    /// /proc/<pid>/stat field 22; with pid it identifies the instance.
-    starttime_ticks: u64,
-    /// NUL-separated argv (procfs::cmdline); empty for kernel threads.
-    cmdline: Arc<str>,
-}
-
-impl ProcessIdentity {
-    fn of(p: &ProcessSample) -> Self {
-        Self {
-            pid: p.stat.pid as u32,
-            ppid: p.stat.ppid.max(0) as u32,
-            comm: p.stat.comm.to_string_lossy(),
-            starttime_ticks: p.stat.starttime_ticks,
-            cmdline: p.cmdline.clone().unwrap_or_else(|| Arc::from("")),
-        }
-    }
-
-    /// A process that was gone before it could be read, named by the comm
-    /// its leader's free record carries.
-    fn from_comm(pid: u32, comm: String) -> Self {
-        Self {
-            pid,
-            ppid: 0,
-            comm,
-            starttime_ticks: 0,
-            cmdline: Arc::from(""),
-        }
-    }
-
-    /// argv[0]'s basename (Android app processes set argv[0] to the
-    /// package name), else comm.
-    fn name(&self) -> &str {
-        match name_from_cmdline(&self.cmdline) {
-            "" => &self.comm,
-            n => n,
-        }
+/// "ebpf", or "proc-only (bpf denied: …)": the mode as status and the
+/// summary state it.
+pub fn accounting_mode(proc_only: Option<&ProcOnly>) -> String {
+    match proc_only {
+        None => "ebpf".into(),
+        Some(why) => why.to_string(),
     }
 }
 
-fn tree_entries<'a>(ids: impl IntoIterator<Item = &'a ProcessIdentity>) -> Vec<ProcessTreeEntry> {
-    ids.into_iter()
-        .map(|p| {
-            let argv: Vec<String> = argv(&p.cmdline).map(str::to_owned).collect();
-            ProcessTreeEntry {
-                pid: p.pid as i32,
-                ppid: p.ppid as i32,
-                cmdline_is_comm: argv.is_empty(),
-                cmdline: if argv.is_empty() {
-                    vec![p.comm.clone()]
-                } else {
-                    argv
-                },
-                uid: None,
-                threads: Vec::new(),
-            }
-        })
-        .collect()
+/// The trace's note of the accounting mode and, /proc-only, of what the
+/// trace lacks.
+fn accounting_note(proc_only: Option<&ProcOnly>, fault_source: FaultSource) -> String {
+    match proc_only {
+        None => format!("accounting: ebpf; faults from {}", fault_source.name()),
+        Some(why) => format!(
+            "accounting: {why}; unavailable: {}; from /proc only: system CPU, load, pressure, per-process CPU time and minflt/majflt",
+            denied::PROC_ONLY_MISSING
+        ),
+    }
 }
 
-impl RecordSummary {
-    /// The top table: `limit` rows (0 = all), then drops.
-    pub fn render(&self, limit: usize) -> String {
-        use std::fmt::Write;
-        let mut s = String::new();
-        let wall_s = self.wall_monotonic_ns as f64 / 1e9;
-        let _ = writeln!(
-            s,
-            "vitalsd record: {:.2} s, {} samples, faults from {}",
-            wall_s,
-            self.samples,
-            self.fault_source.describe()
-        );
-        let _ = writeln!(
-            s,
-            "{:>7} {:<20} {:>12} {:>9} {:>9} {:>9} {:>11} {:>9}",
-            "PID", "PROCESS", "ONCPU_MS", "CORE_EQ%", "VOL_SW", "INVOL_SW", "RUNQ_MS", "FAULTS"
-        );
-        let n = if limit == 0 {
-            self.rows.len()
-        } else {
-            limit.min(self.rows.len())
-        };
-        for r in &self.rows[..n] {
-            let mut name: String = r.name.chars().take(20).collect();
-            if r.ended {
-                name = format!("{}*", name.chars().take(19).collect::<String>());
-            }
-            let _ = writeln!(
-                s,
-                "{:>7} {:<20} {:>12.3} {:>9.1} {:>9} {:>9} {:>11} {:>9}",
-                r.pid,
-                name,
-                r.oncpu_ns as f64 / 1e6,
-                r.core_equivalent_pct,
-                r.voluntary_switches,
-                r.involuntary_switches,
-                r.runq_wait_ns
-                    .map(|ns| format!("{:.3}", ns as f64 / 1e6))
-                    .unwrap_or_else(|| "-".into()),
-                r.faults
-            );
-        }
-        let _ = writeln!(s, "(* = exited during the recording; CORE_EQ% = on-CPU time / wall time, may exceed 100%)");
-        let drops: Vec<String> = self.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
-        let _ = writeln!(s, "map drops: {}", drops.join(" "));
-        if let Some(c) = &self.capabilities_after_attach {
-            let _ = writeln!(s, "capabilities after attach: {c}");
-        }
-        if let Some(c) = &self.capture {
-            let _ = writeln!(s, "{}", c.render());
-        }
-        let _ = writeln!(
-            s,
-            "trace: {} ({} packets, {} bytes)",
-            self.trace_path.display(),
-            self.packets_written,
-            self.bytes_written
-        );
-        s
+/// The one line saying BPF is off and why.
+pub fn log_proc_only(why: &ProcOnly, what: &str) {
+    match why {
+        ProcOnly::Asked => log::info!("{what} /proc-only, as configured (accounting = proc)"),
+        ProcOnly::Denied(denied) => log::warn!(
+            "BPF denied: {denied}; {what} /proc-only, without {}",
+            denied::PROC_ONLY_MISSING
+        ),
     }
 }
