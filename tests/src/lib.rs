@@ -2,6 +2,7 @@
 //! the reference values the kernel itself reports, the official Perfetto
 //! decoder, and trace_processor (see [`trace_processor`]).
 
+pub mod bpf_stats;
 pub mod daemon;
 pub mod kernel_clock;
 pub mod perfetto_service;

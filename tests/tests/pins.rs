@@ -33,13 +33,20 @@ impl Drop for Bpffs {
 /// vitalsd is stopped with SIGINT once the spin is done, so neither how
 /// long the attach takes nor how long the spin takes in wall time (a QEMU
 /// TCG guest of `cargo xtask vm-test` is slow) can cut the spin short.
-/// Returns vitalsd's (stdout, stderr).
-fn record(pins: &std::path::Path, w: &mut Workload, marker: &str) -> (String, String) {
+/// `extra`: more flags for `record`. Returns vitalsd's (stdout, stderr)
+/// and the trace as `trace_summary.py --capture` decodes it.
+fn record(
+    pins: &std::path::Path,
+    w: &mut Workload,
+    marker: &str,
+    extra: &[&str],
+) -> (String, String, serde_json::Value) {
     use std::io::{BufRead, BufReader, Read};
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(vitalsd_bin())
         .args(["record", "--duration", "600s", "--top", "0", "--pins"])
         .arg(pins)
+        .args(extra)
         .arg("--out")
         .arg(dir.path().join("t.pftrace"))
         .env("RUST_LOG", "info")
@@ -70,8 +77,12 @@ fn record(pins: &std::path::Path, w: &mut Workload, marker: &str) -> (String, St
     std::mem::forget(guard);
     log.push_str(&rest.join().unwrap());
     assert!(out.status.success(), "{log}");
-    decode_trace(&dir.path().join("t.pftrace"));
-    (String::from_utf8_lossy(&out.stdout).into_owned(), log)
+    let trace = decode_trace_with(&dir.path().join("t.pftrace"), &["--capture"]);
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        log,
+        trace,
+    )
 }
 
 /// Kills the recorder if the test panics before stopping it.
@@ -95,8 +106,8 @@ fn oncpu_ms(table: &str, pid: u32) -> f64 {
         .unwrap_or_else(|| panic!("pid {pid} not in:\n{table}"))
 }
 
-#[test]
-fn daemon_attaches_pinned_programs_and_reads_pinned_maps() {
+/// `vitalsd pin` into a fresh bpffs.
+fn pin() -> Bpffs {
     let fs = Bpffs::mount();
     let out = Command::new(vitalsd_bin())
         .args(["pin", "--dir"])
@@ -108,6 +119,12 @@ fn daemon_attaches_pinned_programs_and_reads_pinned_maps() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    fs
+}
+
+#[test]
+fn daemon_attaches_pinned_programs_and_reads_pinned_maps() {
+    let fs = pin();
     for name in [
         "prog_vitals_sched_switch_fixed",
         "prog_vitals_sched_process_free",
@@ -119,7 +136,7 @@ fn daemon_attaches_pinned_programs_and_reads_pinned_maps() {
     // `pin` exits without attaching: nothing counts until a reader attaches.
     let mut w = Workload::spawn(&["pinned-spin", "1", "500"]);
     w.expect("ready");
-    let (table, log) = record(fs.0.path(), &mut w, "attached from pins");
+    let (table, log, _) = record(fs.0.path(), &mut w, "attached from pins", &[]);
     assert!(log.contains("attached from pins"), "{log}");
     let ms = oncpu_ms(&table, w.pid());
     assert!(
@@ -134,9 +151,52 @@ fn without_pins_the_daemon_loads_its_own_object() {
     let empty = tempfile::tempdir().unwrap();
     let mut w = Workload::spawn(&["pinned-spin", "1", "300"]);
     w.expect("ready");
-    let (table, log) = record(empty.path(), &mut w, "eBPF accounting attached");
+    let (table, log, _) = record(empty.path(), &mut w, "eBPF accounting attached", &[]);
     assert!(log.contains("loading with aya"), "{log}");
     assert!(!log.contains("attached from pins"));
     assert!(oncpu_ms(&table, w.pid()) >= 250.0);
+    w.finish();
+}
+
+/// #12: captures through the pins, as on a user build: `record --sched
+/// --pins` switches on the pinned capture tier (sched_waking, the ring
+/// buffer, the CAPTURE flag) and its trace holds the spinner's switches.
+#[test]
+fn a_sched_capture_runs_through_the_pinned_capture_tier() {
+    let fs = pin();
+    for name in [
+        "prog_vitals_sched_waking_fixed",
+        "map_vitals_CAPTURE",
+        "map_vitals_CAPTURE_EVENTS",
+    ] {
+        assert!(fs.0.path().join(name).exists(), "{name} not pinned");
+    }
+    let mut w = Workload::spawn(&["pinned-spin", "1", "300"]);
+    w.expect("ready");
+    let (_, log, trace) = record(fs.0.path(), &mut w, "capture started", &["--sched"]);
+    assert!(log.contains("capture tier pinned"), "{log}");
+    let pid = i64::from(w.pid());
+    let switches = |field: &str| -> usize {
+        trace["compact_sched"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|b| b[field].as_array().unwrap())
+            .filter(|e| {
+                e[if field == "switches" {
+                    "next_pid"
+                } else {
+                    "pid"
+                }] == pid
+            })
+            .count()
+    };
+    // The spinner was switched in at least once while it spun, and the
+    // pinned sched_waking saw it woken from its wait for "go".
+    assert!(
+        switches("switches") > 0,
+        "spinner never switched in:\n{log}"
+    );
+    assert!(switches("wakings") > 0, "spinner never woken:\n{log}");
     w.finish();
 }

@@ -126,9 +126,11 @@ pub struct ProgSpec {
     pub min_kver: u32,
 }
 
-/// The always-on set. The `*_fixed` tracepoint programs need no
-/// tracefs-derived offsets (bpfloader cannot set them); the portable and
-/// capture-only (sched_waking) programs stay out. The perf_event fault
+/// The always-on set and sched_waking. The `*_fixed` tracepoint programs
+/// need no tracefs-derived offsets (bpfloader cannot set them); the
+/// portable ones stay out. sched_waking_fixed only emits capture records:
+/// vitalsd attaches it for a capture's length (user builds capture
+/// through these pins too, #12). The perf_event fault
 /// programs are in: page_fault_user exists only on x86, so on arm64 they
 /// are the fault source. bpfloader only loads and pins them; vitalsd
 /// attaches them with perf_event_open + PERF_EVENT_IOC_SET_BPF, exactly as
@@ -136,7 +138,7 @@ pub struct ProgSpec {
 /// min_kver 5.8: the programs use the ring buffer map and
 /// bpf_ktime_get_boot_ns; sched_process_free needs nothing newer (it used
 /// bpf_map_lookup_percpu_elem, 5.19, while TASKS was a per-CPU hash).
-pub const PROGRAMS: [ProgSpec; 7] = [
+pub const PROGRAMS: [ProgSpec; 8] = [
     ProgSpec {
         func: "sched_switch_fixed",
         section: "tracepoint/sched/sched_switch",
@@ -172,6 +174,26 @@ pub const PROGRAMS: [ProgSpec; 7] = [
         section: "perf_event/majflt",
         min_kver: kver(5, 8, 0),
     },
+    ProgSpec {
+        func: "sched_waking_fixed",
+        section: "tracepoint/sched/sched_waking",
+        min_kver: kver(5, 8, 0),
+    },
+];
+
+/// max_entries of the capture tier's maps in vitals.o. The aya object
+/// declares them at their minimum and vitalsd sizes them at load when it
+/// configures captures; bpfloader cannot resize, so vitals.o carries the
+/// sizes a device's captures run with, reserved from boot (about 5 MiB of
+/// kernel memory in all). Smaller than the daemon's default
+/// (`CaptureSizing`, 8 MiB ring) for a phone: 4 MiB of ring buffer is
+/// ~100 ms of the heaviest sched load measured (perf bench sched pipe,
+/// ~40 MB/s of records), 20 of the drain's 5 ms polls; 1024 user stacks
+/// of ~1 KiB; 4096 processes' fault-sampling counters.
+pub const CAPTURE_MAP_ENTRIES: [(&str, u32); 3] = [
+    ("CAPTURE_EVENTS", 4 << 20),
+    ("CAPTURE_STACKS", 1024),
+    ("CAPTURE_FAULT_CTR", 4096),
 ];
 
 /// The pin bpfloader creates for a program section (Loader.cpp).
@@ -487,7 +509,10 @@ pub fn map_def(m: &MapInfo) -> [u8; MAP_DEF_SIZE] {
     put(&mut d, 8, m.value_size);
     // Ring buffers must be a page multiple; older bpfloaders (v0.25) pass
     // max_entries through unchanged, and arm64 devices may use 16K pages.
-    let max_entries = if m.map_type == BPF_MAP_TYPE_RINGBUF {
+    let capture = CAPTURE_MAP_ENTRIES.iter().find(|(n, _)| *n == m.name);
+    let max_entries = if let Some(&(_, entries)) = capture {
+        entries
+    } else if m.map_type == BPF_MAP_TYPE_RINGBUF {
         m.max_entries.max(RINGBUF_MIN_BYTES)
     } else if m.map_type == BPF_MAP_TYPE_PERF_EVENT_ARRAY && m.max_entries == 0 {
         PERF_EVENT_ARRAY_ENTRIES
@@ -917,8 +942,9 @@ mod tests {
             assert_eq!(f(0), m.map_type, "{name} type");
             assert_eq!(f(4), m.key_size, "{name} key_size");
             assert_eq!(f(8), m.value_size, "{name} value_size");
-            if m.map_type == BPF_MAP_TYPE_RINGBUF {
-                assert_eq!(f(12), m.max_entries.max(RINGBUF_MIN_BYTES));
+            if let Some((_, n)) = CAPTURE_MAP_ENTRIES.iter().find(|(c, _)| c == name) {
+                assert_eq!(f(12), *n, "{name} max_entries");
+            } else if m.map_type == BPF_MAP_TYPE_RINGBUF {
             } else if m.map_type == BPF_MAP_TYPE_PERF_EVENT_ARRAY && m.max_entries == 0 {
                 // The kernel refuses 0 (AOSP's loader hit EINVAL there).
                 assert_eq!(f(12), PERF_EVENT_ARRAY_ENTRIES, "{name} max_entries");
@@ -929,6 +955,12 @@ mod tests {
             assert_eq!(f(36), BPFLOADER_MAX_VER);
             assert_eq!(f(44), KVER_INF);
         }
+        // Every capture map sized above is one of the object's; the ring
+        // buffer a page multiple on any Android page size.
+        for (c, _) in CAPTURE_MAP_ENTRIES {
+            assert!(aya_maps.iter().any(|(_, m)| m.name == c), "{c} not a map");
+        }
+        assert_eq!(CAPTURE_MAP_ENTRIES[0].1 % RINGBUF_MIN_BYTES, 0);
         // Spot-check against the source: TASKS and PROCESS_FAULTS are plain
         // hashes of u32 keys (no per-CPU map needs summing at free).
         for name in ["TASKS", "PROCESS_FAULTS"] {

@@ -78,6 +78,7 @@ impl Tool {
 /// A file not listed needs only the kernel and the project's own binaries.
 pub const TEST_FILE_NEEDS: &[(&str, Tool)] = &[
     ("trace_processor", Tool::TraceProcessor),
+    ("shared_programs", Tool::TraceProcessor),
     ("reuse", Tool::TraceProcessor),
     ("proc_only", Tool::TraceProcessor),
     ("perfetto_service", Tool::PerfettoService),

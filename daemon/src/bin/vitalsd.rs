@@ -306,6 +306,9 @@ fn pin(dir: PathBuf, fault_source: FaultSourceChoice) -> Result<()> {
     let acc = vitalsd::bpf::Accounting::load(&AccountingConfig {
         fault_source,
         pins: PinMode::PinTo(dir.clone()),
+        // The capture tier sized and pinned too, as bpfloader's vitals.o
+        // has it: readers of the pins run captures through it.
+        capture: Some(CaptureSizing::default()),
         ..AccountingConfig::default()
     })
     .context("vitalsd pin")?;

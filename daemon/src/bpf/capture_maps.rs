@@ -109,28 +109,29 @@ impl Accounting {
         if self.capture_sizing.is_none() {
             return Err(BpfError::CaptureNotConfigured);
         }
-        let ring = self.ring.take().ok_or(BpfError::CaptureRunning)?;
+        if self.ring.is_none() {
+            return Err(BpfError::CaptureRunning);
+        }
         // Stacks of an earlier capture are stale; ids are reused by hash.
-        if let Ok(mut stacks) = StackTraceMap::try_from(
-            self.ebpf
-                .as_mut()
-                .ok_or(BpfError::CaptureNotConfigured)?
-                .map_mut(names::CAPTURE_STACKS)
-                .ok_or(BpfError::Missing(names::CAPTURE_STACKS))?,
-        ) {
+        // Cleared before the ring buffer is taken: an error here must not
+        // lose it (the daemon's accounting serves every later capture).
+        if let Ok(mut stacks) = StackTraceMap::try_from(self.map_mut(names::CAPTURE_STACKS)?) {
             let ids: Vec<u32> = stacks.stack_ids().filter_map(Result::ok).collect();
             for id in ids {
                 let _ = stacks.remove(&id);
             }
         }
+        let ring = self.ring.take().ok_or(BpfError::CaptureRunning)?;
         if flags & capture::FLAG_SCHED != 0 {
-            let name = waking_program(self.waking_layout);
-            let ebpf = self.ebpf.as_mut().ok_or(BpfError::CaptureNotConfigured)?;
-            let prog: &mut TracePoint = program(ebpf, name)?;
-            let link = prog
-                .attach("sched", "sched_waking")
-                .map_err(attach_err(name, "tracepoint sched/sched_waking"))?;
-            self.waking_link = Some(link);
+            let (name, prog) = self.waking_prog()?;
+            match prog.attach("sched", "sched_waking") {
+                Ok(link) => self.waking_link = Some(link),
+                Err(e) => {
+                    // The ring buffer stays here for the next capture.
+                    self.ring = Some(ring);
+                    return Err(attach_err(name, "tracepoint sched/sched_waking")(e));
+                }
+            }
         }
         self.set_capture(CaptureControl {
             flags,
@@ -151,19 +152,27 @@ impl Accounting {
     pub fn capture_pause(&mut self) -> Result<(), BpfError> {
         let res = self.set_capture(CaptureControl::default());
         if let Some(link) = self.waking_link.take() {
-            let name = waking_program(self.waking_layout);
-            if let Some(Ok(prog)) = self
-                .ebpf
-                .as_mut()
-                .and_then(|e| e.program_mut(name))
-                .map(<&mut TracePoint>::try_from)
-            {
-                if let Err(e) = prog.detach(link) {
-                    log::warn!("detaching {name}: {e}");
+            match self.waking_prog() {
+                Ok((name, prog)) => {
+                    if let Err(e) = prog.detach(link) {
+                        log::warn!("detaching {name}: {e}");
+                    }
                 }
+                Err(e) => log::warn!("detaching sched_waking: {e}"),
             }
         }
         res
+    }
+
+    /// The sched_waking program: the pinned one when attached from pins,
+    /// else the object's, in sched_waking's own layout (`waking_layout`).
+    fn waking_prog(&mut self) -> Result<(&'static str, &mut TracePoint), BpfError> {
+        let name = waking_program(self.waking_layout);
+        if let Some(p) = self.pinned_waking.as_mut() {
+            return Ok((name, p));
+        }
+        let ebpf = self.ebpf.as_mut().ok_or(BpfError::CaptureNotConfigured)?;
+        Ok((name, program(ebpf, name)?))
     }
 
     fn set_capture(&mut self, c: CaptureControl) -> Result<(), BpfError> {
@@ -235,7 +244,7 @@ pub(super) fn capture_map_sizes(
 }
 
 /// The sched_waking program in `layout`.
-fn waking_program(layout: TracepointLayout) -> &'static str {
+pub(super) fn waking_program(layout: TracepointLayout) -> &'static str {
     match layout {
         TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,
         TracepointLayout::Portable => names::PROG_SCHED_WAKING,
@@ -245,12 +254,15 @@ fn waking_program(layout: TracepointLayout) -> &'static str {
 /// With a capture configured (`sizing`): loads (verifies) sched_waking
 /// now, attached only while a capture runs, and takes the transport's
 /// buffers. None without one.
+/// With `pin_to`, sched_waking is pinned there too (`vitalsd pin`: a
+/// reader of the pins runs captures as bpfloader's vitals.o allows).
 pub(super) fn load_capture_tier(
     ebpf: &mut Ebpf,
     layout: TracepointLayout,
     sizing: Option<CaptureSizing>,
     transport: CaptureTransport,
     page: u32,
+    pin_to: Option<&Path>,
 ) -> Result<Option<CaptureOutput>, BpfError> {
     let Some(sizing) = sizing else {
         return Ok(None);
@@ -258,6 +270,13 @@ pub(super) fn load_capture_tier(
     let name = waking_program(layout);
     let prog: &mut TracePoint = program(ebpf, name)?;
     prog.load().map_err(program_err(name))?;
+    if let Some(dir) = pin_to {
+        let path = super::pinned_prog_path(dir, name);
+        prog.pin(&path).map_err(|e| BpfError::Pin {
+            path,
+            message: e.to_string(),
+        })?;
+    }
     take_capture_output(ebpf, transport, sizing, page).map(Some)
 }
 

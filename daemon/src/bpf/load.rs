@@ -98,6 +98,7 @@ impl Accounting {
             cfg.capture,
             settings.transport,
             settings.page,
+            pin_to,
         )?;
         Ok(Self {
             ebpf: Some(ebpf),
@@ -113,6 +114,7 @@ impl Accounting {
             capture_sizing: cfg.capture,
             transport: settings.transport,
             ring,
+            pinned_waking: None,
             waking_link: None,
             map_read: MapRead::Batch,
         })

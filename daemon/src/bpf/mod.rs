@@ -11,7 +11,8 @@
 //! methods: `features` (what the kernel offers), `config` (what the caller
 //! asks for), `load` (loading and attaching with aya), `pins` (bpffs pins,
 //! attaching bpfloader's), `read` (the counters), `capture_maps` (the
-//! capture tier's transport and maps). Their public items are re-exported
+//! capture tier's transport and maps), `shared` (one `Accounting` read by
+//! the daemon and its captures). Their public items are re-exported
 //! here, so callers name them `bpf::X`. The public submodules: `tracefs`
 //! and `btf` (what load reads about tracepoints and `task_struct`),
 //! `batch` (BPF_MAP_LOOKUP_BATCH for read), `totals` (cumulative counters
@@ -26,6 +27,7 @@ mod features;
 mod load;
 mod pins;
 mod read;
+mod shared;
 pub mod totals;
 pub mod tracefs;
 
@@ -51,6 +53,7 @@ pub use self::features::{
 pub use self::load::WAKE_ARRAY_MAX_PIDS;
 pub use self::pins::{bpfloader_prog_path, pinned_map_path, pinned_prog_path};
 pub use self::read::{BpfSnapshot, MapRead};
+pub use self::shared::{AccountingReader, SharedAccounting};
 use self::{pins::PinnedProgram, tracefs::TracefsError};
 
 /// The object built from `ebpf-programs/` by build.rs, 8-byte aligned as
@@ -140,6 +143,8 @@ pub struct Accounting {
     transport: CaptureTransport,
     /// The transport's buffers, while no capture holds them.
     ring: Option<CaptureOutput>,
+    /// The pinned sched_waking program (attached from pins; None: `ebpf`'s).
+    pinned_waking: Option<aya::programs::TracePoint>,
     /// sched_waking link while a capture with FLAG_SCHED runs.
     waking_link: Option<TracePointLinkId>,
     /// How the hashes are read; `Batch` falls back to `Iterate` for

@@ -1,7 +1,7 @@
 //! Pinned objects on a bpffs: the pin names (bpfloader's `prog_vitals_*`
 //! and `map_vitals_*` scheme, and the names `vitalsd pin` gives), and
 //! attaching the programs bpfloader pinned, the only way in on Android user
-//! builds (`PinMode::AttachFrom`).
+//! builds (`PinMode::AttachFrom`), the capture tier included when pinned.
 
 use std::{
     collections::HashMap,
@@ -17,11 +17,13 @@ use vitals_common::names;
 
 use super::{
     attach_err,
+    capture_maps::waking_program,
     features::{log_missing, Feature},
     map_err,
     tracefs::Tracefs,
-    Accounting, AccountingConfig, BpfError, CaptureTransport, FaultSource, FaultSourceChoice,
-    Features, MapRead, SchedPrograms, TracepointLayout,
+    Accounting, AccountingConfig, BpfError, CaptureOutput, CaptureSizing, CaptureTransport,
+    CaptureTransportChoice, FaultSource, FaultSourceChoice, Features, MapRead, SchedPrograms,
+    TracepointLayout,
 };
 
 /// Pin names follow bpfloader's scheme, `prog_<object>_<program>` and
@@ -43,6 +45,7 @@ pub fn bpfloader_prog_path(dir: &Path, prog: &str) -> Option<PathBuf> {
         names::PROG_PAGE_FAULT_USER => "tracepoint_exceptions_page_fault_user",
         names::PROG_PERF_MINFLT => "perf_event_minflt",
         names::PROG_PERF_MAJFLT => "perf_event_majflt",
+        names::PROG_SCHED_WAKING_FIXED => "tracepoint_sched_sched_waking",
         _ => return None,
     };
     Some(dir.join(format!("prog_vitals_{section}")))
@@ -80,24 +83,49 @@ pub(super) enum PinnedProgram {
 impl Accounting {
     /// Attaches the programs pinned in `dir` and opens the pinned maps.
     /// Their load-time settings (field offsets, map sizes) are whatever the
-    /// loader gave them; the capture tier is not available this way.
+    /// loader gave them, the capture tier's too: it is there when the
+    /// loader pinned it (`PinnedCapture`), whatever `cfg.capture` asks.
     pub(super) fn attach_pinned(cfg: &AccountingConfig, dir: &Path) -> Result<Self, BpfError> {
         let tracefs = Tracefs::find_or_mount()?;
         let features = Features::probe(&tracefs)?;
-        let pinned_maps = open_pinned_maps(dir)?;
+        let mut pinned_maps = open_pinned_maps(dir, &ACCOUNTING_MAPS)?;
         let mut pins = PinnedAttach {
             dir,
             programs: Vec::new(),
         };
         let (layout, runq_wait) = pins.attach_sched()?;
         let fault_source = pins.attach_faults(cfg.fault_source, &features)?;
+        let capture = PinnedCapture::open(dir);
         log::info!(
-            "eBPF accounting attached from pins in {}: fault source {}; {:?} tracepoint layout; runqueue wait {}",
+            "eBPF accounting attached from pins in {}: fault source {}; {:?} tracepoint layout; runqueue wait {}; capture tier {}",
             dir.display(),
             fault_source.describe(),
             layout,
-            if runq_wait { "on" } else { "off (no pinned wakeup programs)" }
+            if runq_wait { "on" } else { "off (no pinned wakeup programs)" },
+            match &capture {
+                Ok(c) => format!(
+                    "pinned (ring buffer {} KiB, {} stacks)",
+                    c.sizing.ring_bytes >> 10,
+                    c.sizing.stack_entries
+                ),
+                Err(why) => format!("unavailable: {why}"),
+            }
         );
+        let capture = capture.ok();
+        // Without a pinned capture tier nothing attaches sched_waking: its
+        // layout is then the always-on programs'.
+        let (capture_sizing, ring, pinned_waking, waking_layout) = match capture {
+            Some(c) => {
+                pinned_maps.extend(c.maps);
+                (
+                    Some(c.sizing),
+                    Some(c.ring),
+                    Some(c.waking),
+                    c.waking_layout,
+                )
+            }
+            None => (None, None, None, layout),
+        };
         Ok(Self {
             ebpf: None,
             pinned_maps,
@@ -106,16 +134,80 @@ impl Accounting {
             features,
             limits: cfg.limits,
             layout,
-            // Pinned captures are not driven yet; when they are, the
-            // pinned sched_waking's layout is judged like load.rs does.
-            waking_layout: layout,
+            // The pinned sched_waking's own: bpfloader's vitals.o carries
+            // sched_waking_fixed; `vitalsd pin` pins the one load.rs chose.
+            waking_layout,
             sched_programs: SchedPrograms::Classic,
             runq_wait,
-            capture_sizing: None,
+            capture_sizing,
             transport: CaptureTransport::RingBuf,
-            ring: None,
+            ring,
+            pinned_waking,
             waking_link: None,
             map_read: MapRead::Batch,
+        })
+    }
+}
+
+/// The maps a capture reads or writes besides the ring buffer.
+const CAPTURE_MAPS: [&str; 3] = [names::CAPTURE, names::CAPTURE_LOST, names::CAPTURE_STACKS];
+
+/// The capture tier as pinned: its maps, the ring buffer and sched_waking
+/// (bpfloader's vitals.o carries them, sized in `xtask/src/android_bpf.rs`;
+/// `vitalsd pin` pins them). Only with a ring buffer: pinned programs
+/// cannot say which transport their frozen settings chose, and
+/// bpfloader's object, which needs 5.8, folds it to the ring buffer.
+struct PinnedCapture {
+    maps: HashMap<&'static str, aya::maps::Map>,
+    ring: CaptureOutput,
+    waking: TracePoint,
+    /// The layout of the pinned sched_waking (`waking`).
+    waking_layout: TracepointLayout,
+    sizing: CaptureSizing,
+}
+
+impl PinnedCapture {
+    /// Err: why captures are not available from these pins.
+    fn open(dir: &Path) -> Result<Self, String> {
+        // sched_waking in whichever layout is pinned, fixed first (the
+        // only one bpfloader's vitals.o has), as sched_switch.
+        let (waking_layout, waking) = [TracepointLayout::Fixed, TracepointLayout::Portable]
+            .into_iter()
+            .find_map(|layout| {
+                pinned_prog_candidates(dir, waking_program(layout))
+                    .into_iter()
+                    .find_map(|p| TracePoint::from_pin(p).ok())
+                    .map(|prog| (layout, prog))
+            })
+            .ok_or("no pinned sched_waking program")?;
+        let maps = open_pinned_maps(dir, &CAPTURE_MAPS).map_err(|e| e.to_string())?;
+        let events = open_pinned_maps(dir, &[names::CAPTURE_EVENTS]).map_err(|e| e.to_string())?;
+        let Some(aya::maps::Map::RingBuf(data)) = events.into_values().next() else {
+            return Err(format!(
+                "pinned {} is not a ring buffer",
+                names::CAPTURE_EVENTS
+            ));
+        };
+        let entries = |m: &MapData| m.info().map(|i| i.max_entries()).unwrap_or(0);
+        let stack_entries = match maps.get(names::CAPTURE_STACKS) {
+            Some(aya::maps::Map::StackTraceMap(m)) => entries(m),
+            _ => 0,
+        };
+        let sizing = CaptureSizing {
+            ring_bytes: entries(&data),
+            stack_entries,
+            fault_processes: MapData::from_pin(pinned_map_path(dir, names::CAPTURE_FAULT_CTR))
+                .map_or(0, |m| entries(&m)),
+            transport: CaptureTransportChoice::RingBuf,
+        };
+        let ring = aya::maps::RingBuf::try_from(aya::maps::Map::RingBuf(data))
+            .map_err(|e| format!("{}: {e}", names::CAPTURE_EVENTS))?;
+        Ok(Self {
+            maps,
+            ring: CaptureOutput::Ring(ring),
+            waking,
+            waking_layout,
+            sizing,
         })
     }
 }
@@ -138,10 +230,14 @@ pub(super) fn pin_maps(ebpf: &Ebpf, dir: &Path) -> Result<(), BpfError> {
     Ok(())
 }
 
-/// The pinned maps the always-on path reads (`ACCOUNTING_MAPS`).
-fn open_pinned_maps(dir: &Path) -> Result<HashMap<&'static str, aya::maps::Map>, BpfError> {
+/// The pinned maps `names` (e.g. `ACCOUNTING_MAPS`, what the always-on
+/// path reads).
+fn open_pinned_maps(
+    dir: &Path,
+    names: &[&'static str],
+) -> Result<HashMap<&'static str, aya::maps::Map>, BpfError> {
     let mut pinned_maps = HashMap::new();
-    for name in ACCOUNTING_MAPS {
+    for &name in names {
         let path = pinned_map_path(dir, name);
         let data = MapData::from_pin(&path).map_err(map_err(name))?;
         pinned_maps.insert(

@@ -478,8 +478,9 @@ impl Capture {
         Ok(())
     }
 
-    /// Clears the flag, drains what is left, writes it and hands the ring
-    /// buffer back to `acc`.
+    /// Clears the flag, drains what is left, hands the ring buffer back to
+    /// `acc` (before writing, so a failed write cannot lose it: `acc` may
+    /// be the daemon's, with captures to come) and writes what was left.
     pub fn stop<W: Write>(
         mut self,
         acc: &mut Accounting,
@@ -487,21 +488,33 @@ impl Capture {
         ts_boot_ns: u64,
     ) -> Result<CaptureStats, CaptureError> {
         acc.capture_pause()?;
-        let mut ring = None;
         if let Some(d) = self.drainer.take() {
-            let (r, batches) = d.stop();
+            let (ring, batches) = d.stop();
             for b in batches {
                 self.absorb(b);
             }
-            ring = r;
+            if let Some(ring) = ring {
+                acc.capture_stop(ring)?;
+            }
         }
         let lost = self.merge_lost(acc.capture_lost()?);
         self.write_pending(acc, writer, ts_boot_ns, &lost, true)?;
-        if let Some(ring) = ring {
-            acc.capture_stop(ring)?;
-        }
         log::info!("{}", self.stats.render());
         Ok(self.stats)
+    }
+
+    /// Ends a capture whose recording failed: clears the flag, detaches
+    /// sched_waking and hands the ring buffer back, writing nothing.
+    pub fn abort(mut self, acc: &mut Accounting) {
+        if let Err(e) = acc.capture_pause() {
+            log::warn!("aborting the capture: {e}");
+        }
+        if let Some((Some(ring), _)) = self.drainer.take().map(Drainer::stop) {
+            if let Err(e) = acc.capture_stop(ring) {
+                log::warn!("aborting the capture: {e}");
+            }
+        }
+        log::info!("capture aborted");
     }
 }
 

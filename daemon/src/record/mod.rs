@@ -14,17 +14,19 @@ use thiserror::Error;
 
 mod identity;
 mod summary;
+mod tier;
 
 use self::identity::{tree_entries, ProcessIdentity};
 pub use self::summary::{RecordSummary, SummaryRow};
+use self::tier::Tier;
 
 use crate::{
     bpf::{
         denied::{self, ProcOnly},
         totals::{ProcessCounters, Totals},
-        Accounting, AccountingConfig, BpfError, FaultSource,
+        AccountingConfig, AccountingReader, BpfError, FaultSource, SharedAccounting,
     },
-    capture::{Capture, CaptureError, CaptureOptions},
+    capture::{CaptureError, CaptureOptions},
     clock::ClockPair,
     export,
     perfetto::{
@@ -171,7 +173,30 @@ pub fn record_with(
     stop: &AtomicBool,
     prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
 ) -> Result<RecordSummary, RecordError> {
-    let attached = attach(opts)?;
+    let accounting =
+        match denied::load(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))? {
+            Ok(acc) => Ok(SharedAccounting::new(acc).reader()),
+            Err(why) => {
+                log_proc_only(&why, "recording");
+                Err(why)
+            }
+        };
+    record_on(accounting, opts, stop, prelude)
+}
+
+/// `record_with` on programs already attached, such as the daemon's, which
+/// its captures share with its sampling tick (one set of programs: every
+/// switch and fault runs each program once), or /proc-only (`accounting`
+/// Err: why; a capture then fails with `CaptureNeedsBpf`).
+/// `opts.accounting` is not used: the capture tier must have been sized
+/// when the programs were loaded.
+pub fn record_on(
+    accounting: Result<AccountingReader, ProcOnly>,
+    opts: &RecordOptions,
+    stop: &AtomicBool,
+    prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
+) -> Result<RecordSummary, RecordError> {
+    let attached = attach(opts, accounting)?;
     let mut recording = Recording::start(opts, attached, prelude)?;
     recording.run(opts, stop)?;
     recording.finish(opts)
@@ -179,26 +204,22 @@ pub fn record_with(
 
 /// What `attach` leaves for the rest of the recording.
 struct Attached {
-    /// None: /proc-only, for the reason in `proc_only`.
-    accounting: Option<Accounting>,
+    /// No accounting: /proc-only, for the reason in `proc_only`.
+    tier: Tier,
     proc_only: Option<ProcOnly>,
     file: File,
-    capture: Option<Capture>,
     capabilities_after_attach: Option<String>,
 }
 
 /// Everything that needs the privileges the daemon starts with, in the
-/// order it needs them: load and attach, create the trace file, start the
-/// capture; then drop to the steady-state capabilities.
-fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
-    let (mut accounting, proc_only) =
-        match denied::load(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))? {
-            Ok(acc) => (Some(acc), None),
-            Err(why) => {
-                log_proc_only(&why, "recording");
-                (None, Some(why))
-            }
-        };
+/// order it needs them (the programs are loaded and attached already):
+/// create the trace file, start the capture; then drop to the
+/// steady-state capabilities.
+fn attach(
+    opts: &RecordOptions,
+    accounting: Result<AccountingReader, ProcOnly>,
+) -> Result<Attached, RecordError> {
+    let proc_only = accounting.as_ref().err().cloned();
     // Before the capability drop: afterwards root may no longer be able to
     // create it (no CAP_DAC_OVERRIDE). After the load, so a failed load
     // leaves no empty trace behind.
@@ -207,14 +228,8 @@ fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
         source,
     })?;
     // Before the capability drop: starting a capture attaches sched_waking.
-    let capture = match (&mut accounting, &proc_only) {
-        _ if !opts.capture.any() => None,
-        (Some(acc), _) => Some(Capture::start(acc, &opts.capture, &opts.proc_root)?),
-        (None, why) => {
-            let why = why.clone().unwrap_or(ProcOnly::Asked);
-            return Err(RecordError::CaptureNeedsBpf(why));
-        }
-    };
+    // /proc-only, a capture is `CaptureNeedsBpf`.
+    let tier = Tier::start(accounting, &opts.capture, &opts.proc_root)?;
     let capabilities_after_attach = if opts.drop_privileges {
         // Symbolising another process's stack reads its /proc/<pid>/maps,
         // which ptrace_may_access() guards: keep CAP_SYS_PTRACE for that.
@@ -228,10 +243,9 @@ fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
         None
     };
     Ok(Attached {
-        accounting,
+        tier,
         proc_only,
         file,
-        capture,
         capabilities_after_attach,
     })
 }
@@ -270,9 +284,8 @@ struct Recording {
     runq_wait: bool,
     fault_source: FaultSource,
     capabilities_after_attach: Option<String>,
-    capture: Option<Capture>,
-    /// None: /proc-only (`proc_only` says why).
-    accounting: Option<Accounting>,
+    /// No accounting: /proc-only (`proc_only` says why).
+    tier: Tier,
     proc_only: Option<ProcOnly>,
     samples: u64,
     cut_at_max_bytes: bool,
@@ -287,20 +300,17 @@ impl Recording {
         prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
     ) -> Result<Self, RecordError> {
         let Attached {
-            accounting,
+            tier,
             proc_only,
             file,
-            capture,
             capabilities_after_attach,
         } = attached;
-        let fault_source = accounting
-            .as_ref()
-            .map_or(FaultSource::None, Accounting::fault_source);
-        let runq_wait = accounting.as_ref().is_some_and(Accounting::runq_wait);
+        let (fault_source, runq_wait) = tier.fault_source_and_runq_wait();
         // /proc-only: no eBPF tracks at all, so nothing reads as a zero.
-        let counters = match &accounting {
-            Some(_) => process_counters(fault_source, runq_wait),
-            None => Vec::new(),
+        let counters = if tier.has_bpf() {
+            process_counters(fault_source, runq_wait)
+        } else {
+            Vec::new()
         };
 
         let mut writer = TraceWriter::new(BufWriter::new(file));
@@ -350,9 +360,8 @@ impl Recording {
         writer.flush()?;
 
         Ok(Self {
-            accounting,
+            tier,
             proc_only,
-            capture,
             capabilities_after_attach,
             fault_source,
             runq_wait,
@@ -411,10 +420,7 @@ impl Recording {
     /// One sample: the BPF totals and procfs, the capture's records since
     /// the last tick, and every process's counters that changed.
     fn tick(&mut self) -> Result<(), RecordError> {
-        let snap = match self.accounting.as_mut() {
-            Some(acc) => Some(acc.read()?),
-            None => None,
-        };
+        let snap = self.tier.read()?;
         let clocks = ClockPair::now();
         self.samples += 1;
         let rows = snap
@@ -429,9 +435,7 @@ impl Recording {
         if let Some(snap) = &snap {
             export::write_bpf_drops(&mut self.writer, clocks.boottime_ns, &snap.drops)?;
         }
-        if let (Some(c), Some(acc)) = (self.capture.as_mut(), self.accounting.as_ref()) {
-            c.flush(acc, &mut self.writer, clocks.boottime_ns)?;
-        }
+        self.tier.flush(&mut self.writer, clocks.boottime_ns)?;
         // Known instances first: one that ends moves out of `known`, so
         // a new instance of its pid in this tick (a live row after the
         // ended one) is a new process.
@@ -560,12 +564,9 @@ impl Recording {
     /// Stops the capture (draining and writing what is left), then the
     /// summary: every process seen, by on-CPU time.
     fn finish(mut self, opts: &RecordOptions) -> Result<RecordSummary, RecordError> {
-        let capture_stats = match (self.capture.take(), self.accounting.as_mut()) {
-            (Some(c), Some(acc)) => {
-                Some(c.stop(acc, &mut self.writer, ClockPair::now().boottime_ns)?)
-            }
-            _ => None,
-        };
+        let capture_stats = self
+            .tier
+            .stop(&mut self.writer, ClockPair::now().boottime_ns)?;
         let end = ClockPair::now();
         let wall = end
             .monotonic_ns
@@ -573,13 +574,14 @@ impl Recording {
             .max(1);
         let rows = self.summary_rows(wall);
         // /proc-only: no eBPF drop counters, rather than zeros.
-        let drops = match self.accounting {
-            Some(_) => vitals_common::drop_reason::NAMES
+        let drops = if self.tier.has_bpf() {
+            vitals_common::drop_reason::NAMES
                 .iter()
                 .zip(self.totals.drops)
                 .map(|(n, v)| (*n, v))
-                .collect(),
-            None => Vec::new(),
+                .collect()
+        } else {
+            Vec::new()
         };
         let packets_written = self.writer.packets_written();
         let bytes_written = self.writer.bytes_written();

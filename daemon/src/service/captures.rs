@@ -10,13 +10,13 @@ use std::{
 
 use super::{push_trigger, Service};
 use crate::{
-    bpf::{AccountingConfig, CaptureSizing},
+    bpf::{denied::ProcOnly, AccountingConfig, AccountingReader},
     capture::CaptureOptions,
     config::{CaptureSpec, Config},
     control::server::{CaptureProgress, Shared},
     export,
     history::{self, History},
-    record::{record_with, RecordError, RecordOptions, RecordSummary},
+    record::{record_on, RecordError, RecordOptions, RecordSummary},
     store::{self, CaptureMeta, Pending, Store, TriggerInfo},
 };
 
@@ -29,9 +29,22 @@ pub(super) struct RunningCapture {
     pub(super) thread: JoinHandle<Result<RecordSummary, RecordError>>,
 }
 
+impl Service {
+    /// A reader of the daemon's programs for a capture; /proc-only, why
+    /// there are none (the capture then fails with `CaptureNeedsBpf`).
+    pub(super) fn capture_accounting(&self) -> Result<AccountingReader, ProcOnly> {
+        match (&self.accounting, &self.proc_only) {
+            (Some(acc), _) => Ok(acc.another()),
+            (None, why) => Err(why.clone().unwrap_or(ProcOnly::Asked)),
+        }
+    }
+}
+
+/// Starts a capture in a thread of its own, reading `accounting` (the
+/// daemon's programs, or Err: /proc-only).
 pub(super) fn start_capture(
     cfg: &Config,
-    accounting: &AccountingConfig,
+    accounting: Result<AccountingReader, ProcOnly>,
     store: &Arc<Mutex<Store>>,
     history: &History,
     spec: &CaptureSpec,
@@ -40,23 +53,20 @@ pub(super) fn start_capture(
 ) -> RunningCapture {
     let pending = store.lock().unwrap().begin(&trigger.rule);
     // The capture tier (every switch and waking, sampled fault stacks) for
-    // the capture's window only; the always-on programs are untouched.
+    // the capture's window only, switched on by the CAPTURE flag in the
+    // daemon's own programs: loading a second set would run every
+    // always-on program twice per event while the capture lasts (#14).
     let capture = CaptureOptions {
         sched: spec.sched,
         faults: spec.faults,
         ..CaptureOptions::default()
     };
-    let mut accounting = accounting.clone();
-    accounting.capture = capture.any().then(CaptureSizing::default);
-    // A capture loads its own object: attaching the always-on pins a second
-    // time would count every event twice into the same maps. (On Android
-    // user builds that load is refused, and the capture fails, recorded.)
-    accounting.pins = crate::bpf::PinMode::Load;
     let opts = RecordOptions {
         duration: spec.duration.0,
         out: pending.tmp_path.clone(),
         interval: cfg.sampling.interval.0.min(Duration::from_secs(1)),
-        accounting,
+        // Not used by record_on: the daemon's programs are loaded.
+        accounting: AccountingConfig::default(),
         proc_root: cfg.sampling.proc_root.clone(),
         drop_privileges: false,
         capture,
@@ -80,7 +90,11 @@ pub(super) fn start_capture(
     });
     let thread = std::thread::Builder::new()
         .name("capture".into())
-        .spawn(move || record_with(&opts, &thread_stop, |w| export::write_history(w, &samples)))
+        .spawn(move || {
+            record_on(accounting, &opts, &thread_stop, |w| {
+                export::write_history(w, &samples)
+            })
+        })
         .expect("spawning the capture thread");
     RunningCapture {
         pending,

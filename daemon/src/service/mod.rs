@@ -39,9 +39,9 @@ use tick::ReadErrors;
 
 use crate::{
     bpf::{
-        denied,
+        denied::{self, ProcOnly},
         totals::{ProcessCounters, Totals},
-        Accounting, AccountingConfig, BpfError, MapLimits,
+        AccountingConfig, AccountingReader, BpfError, CaptureSizing, MapLimits, SharedAccounting,
     },
     config::Config,
     control::server::{self, Command, DaemonState, ServerError, Shared, TriggerRecord},
@@ -201,12 +201,14 @@ struct Service {
     /// Requests the control socket's thread hands to the main loop.
     commands: mpsc::Receiver<Command>,
     store: Arc<Mutex<Store>>,
-    /// None: /proc-only (BPF denied, or asked for); see `DaemonState::accounting`.
-    accounting: Option<Accounting>,
+    /// The always-on programs, read by the tick; captures read them
+    /// through readers of their own (`AccountingReader::another`). None:
+    /// /proc-only (BPF denied, or asked for; `proc_only` says why), and
+    /// captures fail (`CaptureNeedsBpf`); see `DaemonState::accounting`.
+    accounting: Option<AccountingReader>,
+    proc_only: Option<ProcOnly>,
     /// The flock on `<store>/.lock`, held for the daemon's life.
     _store_lock: std::fs::File,
-    /// What a capture's own `Accounting` starts from.
-    accounting_cfg: AccountingConfig,
     signals: Signals,
     /// The running config; replaced by a successful reload.
     cfg: Config,
@@ -255,6 +257,10 @@ fn accounting_config(cfg: &Config) -> AccountingConfig {
         },
         runq_wait: cfg.sampling.runq_wait,
         force_classic_tracepoints: cfg.sampling.classic_tracepoints,
+        // Captures (a rule's, `vitalsctl capture`) switch the capture tier
+        // on in these programs, so its kernel memory is reserved now: the
+        // maps' sizes are fixed once the programs that use them load.
+        capture: Some(CaptureSizing::default()),
         pins: cfg
             .sampling
             .pin_dir
@@ -274,14 +280,14 @@ impl Service {
         let store_lock = try_lock_store(&cfg.store.dir)?
             .ok_or_else(|| ServiceError::StoreBusy(cfg.store.dir.clone()))?;
         let (accounting, proc_only) = match denied::load(&accounting_cfg)? {
-            Ok(acc) => (Some(acc), None),
+            Ok(acc) => (Some(SharedAccounting::new(acc).reader()), None),
             Err(why) => {
                 crate::record::log_proc_only(&why, "running");
                 (None, Some(why))
             }
         };
         let fault_source = match &accounting {
-            Some(acc) => acc.fault_source().describe().to_owned(),
+            Some(acc) => acc.with(|a| a.fault_source().describe().to_owned()),
             None => "none from eBPF (proc-only: minflt/majflt from /proc/<pid>/stat)".to_owned(),
         };
         let accounting_mode = crate::record::accounting_mode(proc_only.as_ref());
@@ -349,8 +355,8 @@ impl Service {
             commands,
             store,
             accounting,
+            proc_only,
             _store_lock: store_lock,
-            accounting_cfg,
             signals,
             cfg,
             config_path,

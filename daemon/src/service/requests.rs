@@ -71,7 +71,7 @@ impl Service {
         };
         let c = start_capture(
             &self.cfg,
-            &self.accounting_cfg,
+            self.capture_accounting(),
             &self.store,
             &self.history,
             &spec,

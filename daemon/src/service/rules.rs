@@ -36,7 +36,7 @@ impl Service {
         }
         self.capture = Some(start_capture(
             &self.cfg,
-            &self.accounting_cfg,
+            self.capture_accounting(),
             &self.store,
             &self.history,
             &fired.capture,

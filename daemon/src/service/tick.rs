@@ -78,7 +78,7 @@ impl Service {
     /// This window's eBPF deltas by tgid; empty when the maps could not be read.
     pub(super) fn read_bpf(&mut self) -> HashMap<u32, BpfDelta> {
         let mut bpf_window: HashMap<u32, BpfDelta> = HashMap::new();
-        let Some(accounting) = self.accounting.as_mut() else {
+        let Some(accounting) = self.accounting.as_ref() else {
             return bpf_window;
         };
         match accounting.read() {

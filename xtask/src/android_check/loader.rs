@@ -1,6 +1,7 @@
 //! Check 1a: AOSP's own bpfloader loads `vitals.o`, and vitalsd, attached
 //! from what it pinned, counts a spinner and a page-toucher within 10 % of
-//! the kernel's /proc accounting.
+//! the kernel's /proc accounting, and captures from those pins
+//! (`capture.rs`).
 //!
 //! The loader is `android/host-loader/` (our `main()` and forced-include
 //! shim) compiled together with the AOSP tree's `Loader.cpp` and
@@ -212,13 +213,13 @@ fn check_pins(root: &Path, dir: &Path) -> Result<String> {
 
 /// One vitals-workload child: waits for "go" on stdin (see
 /// tests/src/bin/vitals-workload.rs).
-struct Workload {
+pub(super) struct Workload {
     child: Child,
     lines: mpsc::Receiver<String>,
 }
 
 impl Workload {
-    fn spawn(bin: &Path, args: &[&str]) -> Result<Self> {
+    pub(super) fn spawn(bin: &Path, args: &[&str]) -> Result<Self> {
         let mut child = Command::new(bin)
             .args(args)
             .stdin(Stdio::piped())
@@ -237,7 +238,7 @@ impl Workload {
         Ok(Self { child, lines })
     }
 
-    fn expect(&self, what: &str, timeout: Duration) -> Result<()> {
+    pub(super) fn expect(&self, what: &str, timeout: Duration) -> Result<()> {
         let l = self
             .lines
             .recv_timeout(timeout)
@@ -246,12 +247,12 @@ impl Workload {
         Ok(())
     }
 
-    fn go(&mut self) -> Result<()> {
+    pub(super) fn go(&mut self) -> Result<()> {
         writeln!(self.child.stdin.as_mut().unwrap())?;
         Ok(())
     }
 
-    fn pid(&self) -> u32 {
+    pub(super) fn pid(&self) -> u32 {
         self.child.id()
     }
 }
@@ -265,7 +266,7 @@ impl Drop for Workload {
 }
 
 /// utime+stime in ns and minflt from /proc/<pid>/stat.
-fn proc_stat(pid: u32) -> Result<(f64, u64)> {
+pub(super) fn proc_stat(pid: u32) -> Result<(f64, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let rest = &s[s.rfind(')').context("stat without comm")? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -287,7 +288,7 @@ fn table_row(table: &str, pid: u32) -> Option<(f64, u64)> {
     Some((c.get(n - 6)?.parse().ok()?, c.get(n - 1)?.parse().ok()?))
 }
 
-fn within(what: &str, got: f64, want: f64, pct: f64) -> Result<String> {
+pub(super) fn within(what: &str, got: f64, want: f64, pct: f64) -> Result<String> {
     let dev = (got - want).abs() / want * 100.0;
     let line = format!("  {what}: vitalsd {got:.0}, /proc {want:.0} ({dev:.1} % apart)");
     ensure!(dev <= pct, "{line}, more than {pct} %");
@@ -405,6 +406,11 @@ pub fn check(root: &Path, aosp: &AospTree, work: &Path, bins: &Path) -> Result<S
         &bins.join("vitals-workload"),
         &fs.dir,
     )?);
+    report.push(
+        "captures from the AOSP loader's pins (a user build's only way in), read by trace_processor:"
+            .into(),
+    );
+    report.push(super::capture::check(bins, &fs.dir, work)?);
     Ok(report.join("\n"))
 }
 

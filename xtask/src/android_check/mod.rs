@@ -5,7 +5,9 @@
 //!
 //! - **1a loader** (`loader.rs`): AOSP's bpfloader, built for the host,
 //!   loads `vitals.o`; vitalsd attached from its pins counts a spinner and
-//!   a page-toucher within 10 % of /proc. Needs root.
+//!   a page-toucher within 10 % of /proc, and `record --sched` and a
+//!   rule-triggered daemon capture from those pins hold the spinner's sched
+//!   slices (`capture.rs`; needs trace_processor_shell). Needs root.
 //! - **1b policy** (`policy.rs`): the platform policy compiled with
 //!   `sepolicy/` by m4 + checkpolicy in the build's order, user and
 //!   userdebug, neverallows on; file and property contexts checked by
@@ -19,6 +21,7 @@
 
 pub mod bench;
 pub mod blueprint;
+mod capture;
 pub mod loader;
 mod packaging;
 mod policy;
@@ -100,7 +103,8 @@ pub fn run(aosp: Option<PathBuf>, require: bool) -> Result<Report> {
     };
     let work = target_dir().join("android-check");
     std::fs::create_dir_all(&work)?;
-    // vitalsd and the workload for 1a and 1c; the aya object for vitals.o.
+    // vitalsd, vitalsctl and the workload for 1a and 1c; the aya object
+    // for vitals.o.
     run_cmd(cargo().args([
         "build",
         "-p",
