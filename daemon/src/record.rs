@@ -6,10 +6,7 @@ use std::{
     fs::File,
     io::BufWriter,
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -23,15 +20,10 @@ use crate::{
     capture::{Capture, CaptureError, CaptureOptions, CaptureStats},
     clock::ClockPair,
     export,
-    perfetto::{
-        CounterSpec, CounterUnit, CounterValue, PerfettoError, ProcessKey, ProcessTreeEntry,
-        SystemFacts, TraceWriter, TrackUuid,
-    },
+    perfetto::{PerfettoError, ProcessKey, SystemFacts, TraceWriter},
     privileges::{self, PrivilegeError},
-    procfs::{
-        cmdline::{argv, name_from_cmdline},
-        sampler::{ProcessSample, Sample, SampleOptions, Sampler, SamplerError},
-    },
+    process_tracks::{process_counters, tree_entries, ProcessCounterTracks, ProcessIdentity},
+    procfs::sampler::{ProcessSample, Sample, SampleOptions, Sampler, SamplerError},
     system::{self, SystemError},
     tracker::Tracker,
 };
@@ -106,81 +98,6 @@ pub struct RecordSummary {
     pub capture: Option<CaptureStats>,
     /// The recording stopped early because the trace reached `max_bytes`.
     pub cut_at_max_bytes: bool,
-}
-
-/// One per-process counter track: its descriptor and where its value comes from.
-struct ProcessCounter {
-    spec: CounterSpec,
-    value: fn(&ProcessCounters) -> u64,
-}
-
-fn spec(name: &str, unit: CounterUnit, description: &str) -> CounterSpec {
-    CounterSpec {
-        name: name.into(),
-        unit,
-        description: Some(description.into()),
-    }
-}
-
-/// The per-process counters of this recording; runqueue wait only when it
-/// is measured, so an absent track never reads as zero wait.
-fn process_counters(fault_source: FaultSource, runq_wait: bool) -> Vec<ProcessCounter> {
-    let mut v = vec![ProcessCounter {
-        spec: spec(
-            "oncpu_ns",
-            CounterUnit::TimeNs,
-            "on-CPU time since recording start (eBPF sched_switch)",
-        ),
-        value: |r| r.oncpu_ns,
-    }];
-    if runq_wait {
-        v.push(ProcessCounter {
-            spec: spec(
-                "runq_wait_ns",
-                CounterUnit::TimeNs,
-                "runnable-but-not-running time since recording start",
-            ),
-            value: |r| r.runq_wait_ns,
-        });
-    }
-    v.push(ProcessCounter {
-        spec: spec(
-            "voluntary_switches",
-            CounterUnit::Count,
-            "switch-outs while blocked",
-        ),
-        value: |r| r.voluntary_switches,
-    });
-    v.push(ProcessCounter {
-        spec: spec(
-            "involuntary_switches",
-            CounterUnit::Count,
-            "switch-outs while runnable (preempted)",
-        ),
-        value: |r| r.involuntary_switches,
-    });
-    let faults: fn(&ProcessCounters) -> u64 = match fault_source {
-        FaultSource::Tracepoint => |r| r.faults.entries,
-        FaultSource::PerfEvent => |r| r.faults.minflt + r.faults.majflt,
-        FaultSource::None => return v,
-    };
-    v.push(ProcessCounter {
-        spec: spec(
-            &format!("faults_{}", fault_source.name()),
-            CounterUnit::Count,
-            fault_source.describe(),
-        ),
-        value: faults,
-    });
-    v
-}
-
-/// A process's counter tracks, parallel to `process_counters()`.
-struct ProcessTracks {
-    key: ProcessKey,
-    uuids: Vec<TrackUuid>,
-    /// Last values written, so unchanged counters cost nothing.
-    last: Vec<i64>,
 }
 
 /// Runs until `duration` passes or `stop` is set; whoever sets `stop`
@@ -271,7 +188,7 @@ struct Recording {
     /// Ended instances per pid: tells apart the track keys of instances
     /// of one pid that have no starttime.
     ended_per_pid: HashMap<u32, u64>,
-    tracks: HashMap<u32, ProcessTracks>,
+    tracks: ProcessCounterTracks,
     totals: Totals,
     /// The live process instance of each pid with counters in the trace
     /// (None: counted but never named); an instance whose row ends moves
@@ -286,7 +203,6 @@ struct Recording {
     hz: u64,
     start: ClockPair,
     writer: FileTraceWriter,
-    counters: Vec<ProcessCounter>,
     runq_wait: bool,
     fault_source: FaultSource,
     capabilities_after_attach: Option<String>,
@@ -312,7 +228,8 @@ impl Recording {
         } = attached;
         let fault_source = accounting.fault_source();
         let runq_wait = accounting.runq_wait();
-        let counters = process_counters(fault_source, runq_wait);
+        let tracks =
+            ProcessCounterTracks::new(process_counters(fault_source, runq_wait, "recording start"));
 
         let mut writer = TraceWriter::new(BufWriter::new(file));
         let start = ClockPair::now();
@@ -361,7 +278,6 @@ impl Recording {
             capabilities_after_attach,
             fault_source,
             runq_wait,
-            counters,
             writer,
             start,
             hz,
@@ -371,7 +287,7 @@ impl Recording {
             known,
             waiting: HashSet::new(),
             totals: Totals::new(),
-            tracks: HashMap::new(),
+            tracks,
             final_rows: HashMap::new(),
             ended: Vec::new(),
             ended_per_pid: HashMap::new(),
@@ -509,32 +425,12 @@ impl Recording {
                 },
             };
             let name = id.as_ref().map_or("", |i| i.name());
-            let t = match self.tracks.get_mut(&r.tgid) {
-                Some(t) if t.key.starttime_ticks == key.starttime_ticks => t,
-                _ => {
-                    let mut uuids = Vec::with_capacity(self.counters.len());
-                    for c in &self.counters {
-                        uuids.push(self.writer.process_counter_track(key, name, &c.spec)?);
-                    }
-                    let last = vec![-1; uuids.len()];
-                    self.tracks
-                        .insert(r.tgid, ProcessTracks { key, uuids, last });
-                    self.tracks.get_mut(&r.tgid).unwrap()
-                }
-            };
-            for (i, c) in self.counters.iter().enumerate() {
-                let v = (c.value)(r) as i64;
-                // Unchanged counters cost nothing in the trace.
-                if v != t.last[i] {
-                    self.writer
-                        .write_counter(ts_boot_ns, t.uuids[i], CounterValue::Int(v))?;
-                    t.last[i] = v;
-                }
-            }
+            self.tracks
+                .write(&mut self.writer, key, name, r, ts_boot_ns)?;
             if r.ended {
                 // Its last counters are written: the instance is over, and
                 // the pid's next user is a new process.
-                self.tracks.remove(&r.tgid);
+                self.tracks.forget(r.tgid);
                 self.final_rows.remove(&r.tgid);
                 let id = self.known.remove(&r.tgid).flatten();
                 *self.ended_per_pid.entry(r.tgid).or_default() += 1;
@@ -613,71 +509,6 @@ impl Recording {
         rows.sort_by(|a, b| b.oncpu_ns.cmp(&a.oncpu_ns).then(a.pid.cmp(&b.pid)));
         rows
     }
-}
-
-/// Who a process is, for naming its tracks and its ProcessTree entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ProcessIdentity {
-    pid: u32,
-    ppid: u32,
-    comm: String,
-    /// /proc/<pid>/stat field 22; with pid it identifies the instance.
-    starttime_ticks: u64,
-    /// NUL-separated argv (procfs::cmdline); empty for kernel threads.
-    cmdline: Arc<str>,
-}
-
-impl ProcessIdentity {
-    fn of(p: &ProcessSample) -> Self {
-        Self {
-            pid: p.stat.pid as u32,
-            ppid: p.stat.ppid.max(0) as u32,
-            comm: p.stat.comm.to_string_lossy(),
-            starttime_ticks: p.stat.starttime_ticks,
-            cmdline: p.cmdline.clone().unwrap_or_else(|| Arc::from("")),
-        }
-    }
-
-    /// A process that was gone before it could be read, named by the comm
-    /// its leader's free record carries.
-    fn from_comm(pid: u32, comm: String) -> Self {
-        Self {
-            pid,
-            ppid: 0,
-            comm,
-            starttime_ticks: 0,
-            cmdline: Arc::from(""),
-        }
-    }
-
-    /// argv[0]'s basename (Android app processes set argv[0] to the
-    /// package name), else comm.
-    fn name(&self) -> &str {
-        match name_from_cmdline(&self.cmdline) {
-            "" => &self.comm,
-            n => n,
-        }
-    }
-}
-
-fn tree_entries<'a>(ids: impl IntoIterator<Item = &'a ProcessIdentity>) -> Vec<ProcessTreeEntry> {
-    ids.into_iter()
-        .map(|p| {
-            let argv: Vec<String> = argv(&p.cmdline).map(str::to_owned).collect();
-            ProcessTreeEntry {
-                pid: p.pid as i32,
-                ppid: p.ppid as i32,
-                cmdline_is_comm: argv.is_empty(),
-                cmdline: if argv.is_empty() {
-                    vec![p.comm.clone()]
-                } else {
-                    argv
-                },
-                uid: None,
-                threads: Vec::new(),
-            }
-        })
-        .collect()
 }
 
 impl RecordSummary {

@@ -14,6 +14,7 @@
 
 mod captures;
 mod heap;
+mod producer;
 mod requests;
 mod rules;
 mod signals;
@@ -179,6 +180,9 @@ fn push_trigger(st: &mut DaemonState, t: &TriggerInfo, unix_ms: u64, outcome: St
 /// first, then the control state, the store, the always-on eBPF programs,
 /// and the store lock last of all.
 struct Service {
+    /// The Perfetto data source (feature `producer`); before the eBPF
+    /// programs it reads in drop order.
+    producer: producer::MaybeProducer,
     /// eBPF per-window deltas dropped because a counter went backwards.
     bpf_delta_drops: DropCounters,
     /// eBPF counters of the previous sample, for per-window deltas.
@@ -267,6 +271,7 @@ impl Service {
         let store_lock = try_lock_store(&cfg.store.dir)?
             .ok_or_else(|| ServiceError::StoreBusy(cfg.store.dir.clone()))?;
         let accounting = Accounting::load(&accounting_cfg)?;
+        let producer = producer::start(&cfg, &accounting);
         let mut store = Store::open(&cfg.store.dir, limits(&cfg))?;
         configure_store(&mut store, &cfg);
         let store = Arc::new(Mutex::new(store));
@@ -301,6 +306,7 @@ impl Service {
         let hz = system::clock_ticks_per_second()?;
         // Written in the order `run` once created these as locals.
         Ok(Self {
+            producer,
             sampler: Sampler::new(
                 &cfg.sampling.proc_root,
                 SampleOptions {
