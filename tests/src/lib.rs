@@ -4,6 +4,7 @@
 
 pub mod daemon;
 pub mod trace_processor;
+pub mod traced;
 
 use std::{
     io::{BufRead, BufReader, Write},

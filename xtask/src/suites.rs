@@ -79,6 +79,8 @@ impl Tool {
 pub const TEST_FILE_NEEDS: &[(&str, Tool)] = &[
     ("trace_processor", Tool::TraceProcessor),
     ("perfetto_service", Tool::PerfettoService),
+    // vitalsd's data source in sessions of the real traced.
+    ("producer", Tool::PerfettoService),
 ];
 
 /// The directory `shared/` sits in beside a checkout (CI copies it next to

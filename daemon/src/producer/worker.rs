@@ -135,7 +135,11 @@ impl Worker {
                 Stats::add(&self.shared.stats.sessions_stopped, 1);
                 self.write(Some((inst, Some(Ack::Stop(guard)))));
                 self.instances[inst as usize % MAX_INSTANCES] = None;
-                self.shared.active.fetch_sub(1, Ordering::Relaxed);
+                if self.shared.active.fetch_sub(1, Ordering::Relaxed) == 1 {
+                    // No session left, so no ticks come until the next one
+                    // is set up: this one would be stale at its start.
+                    self.latest = None;
+                }
                 self.update_prelude_wanted();
             }
         }
