@@ -15,8 +15,8 @@ use std::{
 use nix::time::{clock_gettime, ClockId};
 use serde_json::Value;
 use vitals_tests::{
-    clk_tck, daemon::Daemon, kernel_stat, trace_processor::trace_processor, traced::Traced,
-    Workload,
+    clk_tck, daemon::Daemon, decode_trace, kernel_stat, trace_processor::trace_processor,
+    traced::Traced, Workload,
 };
 use vitalsd::control::Request;
 
@@ -41,6 +41,15 @@ fn stop(mut w: Workload) {
 
 fn producer_status(d: &Daemon) -> Value {
     d.call(&Request::Status {})["producer"].clone()
+}
+
+/// The status once the producer has seen `n` sessions stop: the client
+/// returns when traced has the data, and the daemon publishes its counters
+/// at its next tick.
+fn after_stops(d: &Daemon, n: u64) -> Value {
+    d.wait_status("the session's stop", Duration::from_secs(10), |s| {
+        s["producer"]["sessions_stopped"] == n
+    })
 }
 
 /// /proc/<pid>/stat utime+stime (ns) against CLOCK_BOOTTIME, read every
@@ -198,13 +207,85 @@ fn session_gets_vitalsd_counters_that_match_the_kernel_and_process_stats() {
     }
 
     // Flush and async stop reached the producer; nothing dropped or refused.
-    let st = producer_status(&d);
+    let st = after_stops(&d, 1)["producer"].clone();
     assert_eq!(st["sessions_started"], 1, "{st}");
-    assert_eq!(st["sessions_stopped"], 1, "{st}");
     assert!(st["flushes"].as_u64().unwrap() >= 1, "{st}");
     assert_eq!(st["smb_drops"], 0, "{st}");
     assert_eq!(st["config_errors"], 0, "{st}");
     stop(spinner);
+}
+
+#[test]
+fn the_sequence_follows_perfettos_incremental_state_rules() {
+    let traced = Traced::start(false);
+    let d = daemon_for(&traced);
+    let mut spinner = Workload::spawn(&["spin", "9000"]);
+    spinner.expect("ready");
+    let pid = spinner.pid() as i64;
+    // traced clears every sequence's incremental state each 1000 ms.
+    let cfg = format!(
+        "buffers {{ size_kb: 4096 }}\n\
+         data_sources {{ config {{ name: \"{DATA_SOURCE}\" legacy_config: \"interval_ms=250\" }} }}\n\
+         incremental_state_config {{ clear_period_ms: 1000 }}\n\
+         duration_ms: 4500\n"
+    );
+    let trace = traced.dir.path().join("clears.pftrace");
+    traced.record(&cfg, &trace);
+    stop(spinner);
+
+    // Decoded with the official schema: vitalsd's sequence is the one
+    // carrying the spinner's process track.
+    let t = decode_trace(&trace);
+    let packets = t["packets"].as_array().unwrap();
+    let spinner_tracks: Vec<u64> = t["track_descriptors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|td| td["process"]["pid"].as_i64() == Some(pid))
+        .map(|td| td["uuid"].as_u64().unwrap())
+        .collect();
+    let seq = packets
+        .iter()
+        .find(|p| {
+            p["uuid"]
+                .as_u64()
+                .is_some_and(|u| spinner_tracks.contains(&u))
+        })
+        .map(|p| p["trusted_packet_sequence_id"].clone())
+        .expect("vitalsd's process track in the trace");
+    let ours: Vec<&Value> = packets
+        .iter()
+        .filter(|p| p["trusted_packet_sequence_id"] == seq)
+        .collect();
+    let flags = |p: &Value| p["sequence_flags"].as_u64().unwrap_or(0);
+    assert_eq!(ours[0]["first_packet_on_sequence"], true, "{:?}", ours[0]);
+    assert_eq!(flags(ours[0]) & 1, 1, "first packet clears: {:?}", ours[0]);
+    // Each clear starts a generation that writes its descriptors again.
+    let generations = ours.iter().filter(|p| flags(p) & 1 == 1).count();
+    let descriptors = ours
+        .iter()
+        .filter(|p| p["kind"] == "track_descriptor")
+        .filter(|p| {
+            p["uuid"]
+                .as_u64()
+                .is_some_and(|u| spinner_tracks.contains(&u))
+        })
+        .count();
+    assert!(
+        generations >= 3,
+        "a 4.5 s session with 1 s clears: {generations} generations\n{}",
+        d.log()
+    );
+    assert!(
+        descriptors >= generations,
+        "the spinner's tracks described in every generation: {descriptors} for {generations}"
+    );
+    for p in ours.iter().filter(|p| p["kind"] == "track_event") {
+        assert_eq!(flags(p) & 2, 2, "counters need incremental state: {p:?}");
+    }
+    // And trace_processor keeps the counters of every generation.
+    let oncpu = vitalsd_counter(&trace, pid as u32, "oncpu_ns");
+    assert!(oncpu.len() >= 12, "4.5 s at 250 ms: {oncpu:?}");
 }
 
 #[test]
@@ -270,10 +351,38 @@ fn a_bad_data_source_config_gets_no_data_and_a_clear_error() {
         tracks[0]["n"], 0,
         "no data for a session we could not parse"
     );
-    let st = d.call(&Request::Status {});
+    // The session was still set up, started and stopped cleanly.
+    let st = after_stops(&d, 1);
     assert_eq!(st["producer"]["config_errors"], 1, "{st}");
     let err = st["producer_error"].as_str().unwrap_or_default();
     assert!(err.contains("interval_ms=5"), "error names the key: {err}");
-    // The session was still set up, started and stopped cleanly.
-    assert_eq!(st["producer"]["sessions_stopped"], 1, "{st}");
+}
+
+#[test]
+fn prelude_writes_the_history_from_before_the_session() {
+    let traced = Traced::start(false);
+    let d = daemon_for(&traced);
+    // The history ring fills at the test daemon's 250 ms sampling.
+    std::thread::sleep(Duration::from_secs(4));
+    let before_session = boottime_ns();
+    let trace = traced.dir.path().join("prelude.pftrace");
+    let cfg = format!(
+        "buffers {{ size_kb: 4096 }}\n\
+         data_sources {{ config {{ name: \"{DATA_SOURCE}\" legacy_config: \"prelude_s=60\" }} }}\n\
+         duration_ms: 2000\n"
+    );
+    traced.record(&cfg, &trace);
+    let rows = trace_processor().query(
+        &trace,
+        "SELECT c.ts AS ts FROM counter c JOIN counter_track t ON c.track_id = t.id \
+         WHERE t.name = 'history.cpu.local_busy_pct' ORDER BY c.ts",
+    );
+    let ts: Vec<u64> = rows.iter().map(|r| r["ts"].as_u64().unwrap()).collect();
+    assert!(ts.len() >= 10, "4 s of 250 ms history: {ts:?}\n{}", d.log());
+    let earlier = ts.iter().filter(|t| **t < before_session).count();
+    assert!(
+        earlier >= 10 && ts[0] + 3_000_000_000 < before_session,
+        "the prelude reaches back before the session: {ts:?} vs start {before_session}"
+    );
+    after_stops(&d, 1);
 }

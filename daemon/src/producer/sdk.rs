@@ -6,7 +6,7 @@
 //! config and hand events to the producer's thread, which does all writing
 //! (`DataSource::trace` writes on the calling thread's per-instance writer).
 
-use std::sync::{atomic::Ordering, mpsc::Sender, Arc, Mutex};
+use std::sync::{atomic::Ordering, mpsc::Sender, Arc};
 
 use perfetto_sdk::{
     data_source::{
@@ -146,12 +146,15 @@ impl Sink<'_, '_> {
     }
 
     /// Commits what this instance wrote, then releases `guard` (a stop or
-    /// flush acknowledgement): traced reads the data before it goes on.
-    pub(super) fn flush_then<G: Send + 'static>(&mut self, guard: G) {
-        let guard = Mutex::new(Some(guard));
-        self.ctx.flush(move || {
-            guard.lock().map(|mut g| g.take()).ok();
-        });
+    /// flush acknowledgement). Released at once rather than in the flush's
+    /// completion callback: the SDK posts the commit and the
+    /// acknowledgement to the same IPC task runner, in that order, so
+    /// traced has the data first; and the callback never runs when traced
+    /// went away, which would leave the instance slot stopping forever
+    /// (the SDK's own data source example does the same).
+    pub(super) fn flush_then<G>(&mut self, guard: G) {
+        self.ctx.flush(|| {});
+        drop(guard);
     }
 }
 
