@@ -33,6 +33,7 @@ pub struct Traced {
 impl Traced {
     /// Starts traced, and traced_probes if `probes`, with sockets in `dir`.
     pub fn start(dir: &Path, probes: bool) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
         let tools = Tool::PerfettoService.find().map_err(|why| {
             anyhow::anyhow!("Perfetto's tools: {why}; {}", Tool::PerfettoService.how())
         })?;
