@@ -2,7 +2,7 @@
 //! ticks, and writes every due instance's packets through the SDK.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{atomic::Ordering, mpsc, Arc},
     time::{Duration, Instant},
 };
@@ -120,9 +120,7 @@ impl Worker {
             }
             Event::Tick(tick) => {
                 self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-                if !tick.processes.is_empty() {
-                    self.known = tick.processes.iter().map(|p| (p.pid, p.clone())).collect();
-                }
+                update_known(&mut self.known, &tick);
                 self.latest = Some(tick);
                 self.write(None);
                 self.update_prelude_wanted();
@@ -200,6 +198,21 @@ impl Worker {
     }
 }
 
+/// Names from this tick's scan; a process gone before the scan keeps its
+/// name (and starttime, so its tracks keep their key) while the eBPF rows
+/// still have it (its final, `ended` row included), and is forgotten the
+/// tick after.
+fn update_known(known: &mut HashMap<u32, ProcessIdentity>, tick: &TickData) {
+    if tick.processes.is_empty() {
+        return;
+    }
+    let rows: HashSet<u32> = tick.rows.iter().map(|r| r.tgid).collect();
+    let scanned: HashMap<u32, ProcessIdentity> =
+        tick.processes.iter().map(|p| (p.pid, p.clone())).collect();
+    known.retain(|pid, _| !scanned.contains_key(pid) && rows.contains(pid));
+    known.extend(scanned);
+}
+
 /// One instance's packets for `tick`, handed to the SDK, and the drops the
 /// SDK counted since the last look.
 fn write_instance(
@@ -225,5 +238,60 @@ fn write_instance(
     if drops > inst.drop_count {
         Stats::add(&stats.smb_drops, drops - inst.drop_count);
         inst.drop_count = drops;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bpf::totals::ProcessCounters;
+
+    fn id(pid: u32, starttime_ticks: u64) -> ProcessIdentity {
+        ProcessIdentity {
+            pid,
+            ppid: 1,
+            comm: format!("p{pid}"),
+            starttime_ticks,
+            cmdline: std::sync::Arc::from(""),
+        }
+    }
+
+    fn tick(rows: &[(u32, bool)], scanned: &[ProcessIdentity]) -> TickData {
+        TickData {
+            ts_boot_ns: 0,
+            rows: rows
+                .iter()
+                .map(|&(tgid, ended)| ProcessCounters {
+                    tgid,
+                    ended,
+                    ..Default::default()
+                })
+                .collect(),
+            processes: scanned.to_vec(),
+            history: None,
+        }
+    }
+
+    #[test]
+    fn a_process_gone_before_the_scan_keeps_its_identity_until_its_final_row() {
+        let mut known = HashMap::new();
+        update_known(
+            &mut known,
+            &tick(&[(7, false), (8, false)], &[id(7, 70), id(8, 80)]),
+        );
+        // 8 exited before this scan; its row is still live.
+        update_known(&mut known, &tick(&[(7, false), (8, false)], &[id(7, 70)]));
+        assert_eq!(known[&8].starttime_ticks, 80);
+        // Its final row: still named for that write.
+        update_known(&mut known, &tick(&[(7, false), (8, true)], &[id(7, 70)]));
+        assert_eq!(known[&8].starttime_ticks, 80);
+        // Then forgotten; a reused pid takes the scan's identity.
+        update_known(&mut known, &tick(&[(7, false)], &[id(7, 70)]));
+        assert!(!known.contains_key(&8));
+        update_known(&mut known, &tick(&[(8, false)], &[id(8, 99)]));
+        assert_eq!(known[&8].starttime_ticks, 99);
+        // A failed scan (no processes) changes nothing.
+        update_known(&mut known, &tick(&[], &[]));
+        assert_eq!(known.len(), 1);
     }
 }
