@@ -9,7 +9,7 @@ use std::{
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
-use crate::bpf::FaultSourceChoice;
+use crate::bpf::{denied::AccountingChoice, FaultSourceChoice};
 
 /// Where the OEM puts it on Android, and on Linux hosts.
 pub const DEFAULT_PATH_ANDROID: &str = "/vendor/etc/vitalsd.toml";
@@ -131,6 +131,16 @@ fn fault_source_ser<S: Serializer>(v: &FaultSourceChoice, s: S) -> Result<S::Ok,
     })
 }
 
+fn accounting_de<'de, D: Deserializer<'de>>(d: D) -> Result<AccountingChoice, D::Error> {
+    String::deserialize(d)?
+        .parse()
+        .map_err(serde::de::Error::custom)
+}
+
+fn accounting_ser<S: Serializer>(v: &AccountingChoice, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v.name())
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -173,12 +183,20 @@ pub struct Sampling {
     pub interval: Dur,
     /// How much history is kept in memory (bounded: history / interval samples).
     pub history: Dur,
+    /// "auto": eBPF, or /proc only when BPF is denied (no CAP_BPF, bpf(2)
+    /// refused, no BPF in the kernel); "bpf": eBPF or exit; "proc": /proc
+    /// only.
+    #[serde(deserialize_with = "accounting_de", serialize_with = "accounting_ser")]
+    pub accounting: AccountingChoice,
     #[serde(
         deserialize_with = "fault_source_de",
         serialize_with = "fault_source_ser"
     )]
     pub fault_source: FaultSourceChoice,
     pub max_tasks: u32,
+    /// Thread exits a second the exited-task map absorbs between two
+    /// reads; sizes it with `interval` (`bpf::exited_entries`).
+    pub exits_per_second: u32,
     pub runq_wait: bool,
     /// Attach the classic sched tracepoints even where the kernel's BTF
     /// allows tp_btf (which costs less per switch; see `bpf::SchedPrograms`).
@@ -342,8 +360,10 @@ impl Default for Sampling {
         Self {
             interval: Dur(Duration::from_secs(1)),
             history: Dur(Duration::from_secs(600)),
+            accounting: AccountingChoice::Auto,
             fault_source: FaultSourceChoice::Auto,
             max_tasks: crate::bpf::MapLimits::default().max_tasks,
+            exits_per_second: crate::bpf::DEFAULT_EXITS_PER_SECOND,
             runq_wait: true,
             classic_tracepoints: false,
             history_processes: 16,
@@ -486,6 +506,12 @@ impl Config {
             return bad(
                 "sampling.max_tasks",
                 format!("must be between 16 and {MAX_TASKS}"),
+            );
+        }
+        if !(1..=1_000_000).contains(&s.exits_per_second) {
+            return bad(
+                "sampling.exits_per_second",
+                "must be between 1 and 1000000".into(),
             );
         }
         if !(1..=10_000).contains(&s.history_processes) {

@@ -110,6 +110,11 @@ fn huge_durations_are_errors_that_name_the_key_not_panics() {
             "capture.duration",
         ),
         ("[sampling]\nmax_tasks = 4294967295\n", "sampling.max_tasks"),
+        ("[sampling]\nexits_per_second = 0\n", "sampling.exits_per_second"),
+        (
+            "[sampling]\nexits_per_second = 1000001\n",
+            "sampling.exits_per_second",
+        ),
         ("[sampling]\nhistory_processes = 0\n", "sampling.history_processes"),
         (
             "[conditions]\nmax_thermal_millicelsius = 9223372036854775807\n",

@@ -217,6 +217,29 @@ fn write_drop_counters<W: Write>(
     Ok(())
 }
 
+/// The eBPF programs' drop counters (`drop_reason`), cumulative since
+/// the programs were loaded, one track per reason: `exited_map_full`
+/// counts freed tasks whose final counters found EXITED full.
+pub fn write_bpf_drops<W: Write>(
+    w: &mut TraceWriter<W>,
+    ts_boot_ns: u64,
+    drops: &[u64; vitals_common::drop_reason::COUNT as usize],
+) -> Result<(), PerfettoError> {
+    for (name, v) in vitals_common::drop_reason::NAMES.iter().zip(drops) {
+        global_counter(
+            w,
+            ts_boot_ns,
+            spec(
+                &format!("drops.bpf.{name}"),
+                CounterUnit::Count,
+                "events the eBPF programs could not count, by reason, since load",
+            ),
+            CounterValue::Int(*v as i64),
+        )?;
+    }
+    Ok(())
+}
+
 /// Per process: only the working set (CPU or faults moved), as
 /// ProcessCpuTracker reports it.
 fn write_process_counters<W: Write>(

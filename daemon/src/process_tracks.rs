@@ -191,7 +191,7 @@ impl ProcessCounterTracks {
 }
 
 /// Who a process instance is, from a procfs scan or an exit record.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessIdentity {
     pub pid: u32,
     pub ppid: u32,

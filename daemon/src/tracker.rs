@@ -604,7 +604,14 @@ pub fn bpf_deltas(
 ) -> Vec<BpfDelta> {
     let mut out = Vec::new();
     for c in cur {
-        if let Some(p) = prev.get(&c.tgid) {
+        // An ended row is the last of its instance; a live row of the same
+        // tgid after it is a new process, with no baseline yet.
+        let p = if c.ended {
+            prev.remove(&c.tgid)
+        } else {
+            prev.get(&c.tgid).copied()
+        };
+        if let Some(p) = p {
             let d = (|| {
                 Some(BpfDelta {
                     tgid: c.tgid,

@@ -180,7 +180,12 @@ fn task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
     }
     // Fails with -E2BIG when the map is full. BPF_NOEXIST: never zero a
     // value that is there (only this task inserts its tid; see TASKS).
-    let _ = TASKS.insert(tid, TaskCounters::default(), BPF_NOEXIST as u64);
+    // The stamp names this task's instance of the tid (see `born_ns`).
+    let fresh = TaskCounters {
+        born_ns: unsafe { bpf_ktime_get_ns() },
+        ..TaskCounters::default()
+    };
+    let _ = TASKS.insert(tid, fresh, BPF_NOEXIST as u64);
     match TASKS.get_ptr_mut(tid) {
         Some(p) => Some(unsafe { &mut *p }),
         None => {

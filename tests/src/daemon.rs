@@ -3,6 +3,7 @@
 //! tests, with helpers to call its control socket and `vitalsctl`.
 
 use std::{
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command},
     time::{Duration, Instant},
@@ -14,10 +15,13 @@ use vitalsd::control::{Client, Request};
 use crate::{require_root, vitalsd_bin};
 
 /// A `vitalsd run` with its own config, store and control socket in a
-/// temporary directory; killed on drop.
+/// temporary directory, in its own process group; the group (the daemon
+/// and any perfetto client it runs) is killed on drop.
 pub struct Daemon {
     pub child: Option<Child>,
     pub dir: tempfile::TempDir,
+    /// Extra environment, e.g. the sockets of a private traced.
+    pub envs: Vec<(&'static str, PathBuf)>,
 }
 
 /// The test config: 250 ms sampling, store and socket under `dir`, then `extra`.
@@ -40,13 +44,23 @@ socket = "{sock}"
 
 impl Daemon {
     pub fn start(extra_config: &str) -> Self {
+        Self::start_with_env(extra_config, Vec::new())
+    }
+
+    /// [`Daemon::start`] with extra environment for the daemon (and the
+    /// clients it execs).
+    pub fn start_with_env(extra_config: &str, envs: Vec<(&'static str, PathBuf)>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
             dir.path().join("vitalsd.toml"),
             config(dir.path(), extra_config),
         )
         .unwrap();
-        let mut d = Self { child: None, dir };
+        let mut d = Self {
+            child: None,
+            dir,
+            envs,
+        };
         d.spawn();
         d
     }
@@ -56,6 +70,8 @@ impl Daemon {
         let _ = std::fs::remove_file(self.socket());
         let child = Command::new(vitalsd_bin())
             .env("FAKE_PERFETTO_MODE", "success")
+            .envs(self.envs.iter().cloned())
+            .process_group(0)
             .args(["run", "--config"])
             .arg(self.config_path())
             .env("RUST_LOG", "info")
@@ -153,7 +169,8 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
+            let pgid = nix::unistd::Pid::from_raw(-(c.id() as i32));
+            let _ = nix::sys::signal::kill(pgid, nix::sys::signal::Signal::SIGKILL);
             let _ = c.wait();
         }
     }

@@ -3,11 +3,15 @@
 //! decoder, and trace_processor (see [`trace_processor`]).
 
 pub mod daemon;
+pub mod kernel_clock;
+pub mod perfetto_service;
+pub mod pid;
 pub mod trace_processor;
 pub mod traced;
 
 use std::{
     io::{BufRead, BufReader, Write},
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
 };
@@ -74,6 +78,8 @@ impl Workload {
     pub fn spawn_exe(exe: &Path, args: &[&str]) -> Self {
         let mut child = Command::new(exe)
             .args(args)
+            // Its own group, which the guard kills with what it started.
+            .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -121,6 +127,17 @@ impl Workload {
         drop(self.stdin.take());
         let st = self.child.wait().unwrap();
         assert!(st.success(), "workload exited with {st}");
+    }
+}
+
+impl Drop for Workload {
+    /// A workload a test did not finish (it failed first) is killed with
+    /// its process group and reaped.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -179,6 +196,16 @@ impl Drop for DelayAcct {
     fn drop(&mut self) {
         let _ = std::fs::write(DELAYACCT, self.before.trim());
     }
+}
+
+/// The running kernel's (major, minor), from uname(2): the tests' own
+/// reading of which program kind a kernel must get.
+pub fn kernel_version() -> (u32, u32) {
+    let uts = nix::sys::utsname::uname().expect("uname");
+    let release = uts.release().to_string_lossy().into_owned();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let mut next = || parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (next(), next())
 }
 
 pub fn clk_tck() -> u64 {

@@ -58,10 +58,19 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// `<root>/../shared/tools/trace_processor_shell` for the repository root
-/// and, when the root is a linked git worktree (`.git` is a file naming the
-/// main repository's `.git/worktrees/<name>`), for the main checkout's root.
+/// `<root>/../shared/tools/trace_processor_shell` for each of
+/// [`checkout_roots`].
 fn shared_candidates() -> Vec<PathBuf> {
+    checkout_roots()
+        .into_iter()
+        .map(|r| r.join("../shared/tools/trace_processor_shell"))
+        .collect()
+}
+
+/// The repository root and, when the root is a linked git worktree (`.git`
+/// is a file naming the main repository's `.git/worktrees/<name>`), the
+/// main checkout's root: where `../shared` may sit beside.
+pub fn checkout_roots() -> Vec<PathBuf> {
     let root = workspace_root();
     let mut roots = vec![root.clone()];
     if let Ok(git) = std::fs::read_to_string(root.join(".git")) {
@@ -82,9 +91,6 @@ fn shared_candidates() -> Vec<PathBuf> {
         }
     }
     roots
-        .into_iter()
-        .map(|r| r.join("../shared/tools/trace_processor_shell"))
-        .collect()
 }
 
 fn find() -> Result<PathBuf, String> {

@@ -17,7 +17,7 @@ use vitalsd::heapprofd::{
     RateLimiter, RateLimits, RunError, RunnerConfig, SessionReport, SessionRunner, SessionStatus,
     TargetStatus,
 };
-use vitalsd::perfetto::protos::TraceConfig;
+use vitalsd::perfetto::protos::{trace_packet::Data, Trace, TraceConfig};
 
 /// The fake reads its mode from the environment it inherits; tests in this
 /// file run in parallel threads of one process, so each runner gets its own
@@ -117,7 +117,15 @@ fn success_records_profile_and_metadata() {
     assert_eq!(o.processes.len(), 2);
     let sf = o.processes.iter().find(|p| p.pid == 4242).unwrap();
     assert_eq!(sf.name.as_deref(), Some("surfaceflinger"));
-    assert_eq!((sf.dumps, sf.samples), (1, 2));
+    // What was caught is allocations and bytes, summed over the dump's
+    // callstacks as written in the trace.
+    let written = written_totals(&out, 4242);
+    assert_eq!(
+        (sf.allocations, sf.allocated_bytes, sf.frees, sf.freed_bytes),
+        written
+    );
+    assert!(sf.allocations > 0 && sf.allocated_bytes > sf.freed_bytes);
+    assert_eq!((sf.dumps, sf.callstacks), (1, 2));
     assert!(sf.issues.is_empty());
     assert_eq!(
         o.targets[0].status,
@@ -136,6 +144,26 @@ fn success_records_profile_and_metadata() {
     assert_eq!(meta["outcome"]["processes"][0]["pid"], 777);
     let hex = meta["trace_config_hex"].as_str().unwrap();
     assert_eq!(hex.len(), 2 * std::fs::read(&cfg_out).unwrap().len());
+}
+
+/// (allocations, allocated bytes, frees, freed bytes) of `pid` as the
+/// trace holds them: the fake writes one dump, so a plain sum.
+fn written_totals(trace: &Path, pid: u64) -> (u64, u64, u64, u64) {
+    let t = Trace::decode(std::fs::read(trace).unwrap().as_slice()).unwrap();
+    let mut sum = (0, 0, 0, 0);
+    for p in t.packet {
+        if let Some(Data::ProfilePacket(pp)) = p.data {
+            for d in pp.process_dumps.iter().filter(|d| d.pid() == pid) {
+                for s in &d.samples {
+                    sum.0 += s.alloc_count();
+                    sum.1 += s.self_allocated();
+                    sum.2 += s.free_count();
+                    sum.3 += s.self_freed();
+                }
+            }
+        }
+    }
+    sum
 }
 
 #[test]
@@ -172,22 +200,43 @@ fn no_profile_gives_likely_causes() {
     );
 }
 
+/// The real client, told traced is not there, exits 1 with this message:
+/// a clear status, and nothing stored (no trace, no sidecar of nothing).
 #[test]
-fn nonzero_exit_is_a_failed_session() {
+fn unreachable_traced_is_a_clear_error_and_stores_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (report, out) = session(dir.path(), "exit1", "surfaceflinger");
     match &report.status {
-        SessionStatus::Failed {
-            exit_code: Some(1),
-            stderr_tail,
-            ..
-        } => assert!(stderr_tail.contains("Could not connect to traced")),
-        other => panic!("expected exit 1, got {other:?}"),
+        SessionStatus::TracedUnreachable { stderr_tail } => {
+            assert!(stderr_tail.contains("Could not connect to the traced socket"))
+        }
+        other => panic!("expected traced unreachable, got {other:?}"),
+    }
+    let problem = report.status.problem().unwrap();
+    assert!(problem.contains("traced is not running"), "{problem}");
+    assert!(report.outcome.is_none());
+    assert!(!report.success());
+    assert!(!out.exists());
+    assert!(!metadata_path(&out).exists());
+}
+
+/// traced refusing the session is exit 0 without a trace from the real
+/// client (seen with a unique_session_name in use): not "completed".
+#[test]
+fn refused_session_is_not_completed_and_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (report, out) = session(dir.path(), "refused", "surfaceflinger");
+    match &report.status {
+        SessionStatus::Refused { reason } => {
+            assert!(reason.contains("vitalsd_heapprofd"), "{reason}");
+            assert!(!reason.contains("perfetto_cmd.cc"), "{reason}");
+        }
+        other => panic!("expected refused, got {other:?}"),
     }
     assert!(report.outcome.is_none());
-    assert!(report.outcome_error.is_some());
-    // Still recorded beside the (missing) capture.
-    assert!(metadata_path(&out).exists());
+    assert!(!report.success());
+    assert!(!out.exists());
+    assert!(!metadata_path(&out).exists());
 }
 
 #[test]

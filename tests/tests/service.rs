@@ -524,7 +524,11 @@ fn a_full_disk_costs_at_most_that_capture_and_the_daemon_keeps_going() {
         config(dir.path(), "[rule]\n").replace("[rule]\n", ""),
     )
     .unwrap();
-    let mut d = Daemon { child: None, dir };
+    let mut d = Daemon {
+        child: None,
+        dir,
+        envs: Vec::new(),
+    };
     d.spawn();
 
     // Every switch on the machine for 3 s under a switch storm: far more
@@ -630,7 +634,11 @@ fn a_capture_reaching_max_capture_bytes_is_cut_and_older_captures_survive() {
         config(dir.path(), "").replace("[store]\n", "[store]\nmax_capture_bytes = 65536\n"),
     )
     .unwrap();
-    let mut d = Daemon { child: None, dir };
+    let mut d = Daemon {
+        child: None,
+        dir,
+        envs: Vec::new(),
+    };
     d.spawn();
     let capture = |d: &Daemon, sched: bool, duration_s: f64| {
         let v = d.call(&Request::Capture {

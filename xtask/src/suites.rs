@@ -78,6 +78,8 @@ impl Tool {
 /// A file not listed needs only the kernel and the project's own binaries.
 pub const TEST_FILE_NEEDS: &[(&str, Tool)] = &[
     ("trace_processor", Tool::TraceProcessor),
+    ("reuse", Tool::TraceProcessor),
+    ("proc_only", Tool::TraceProcessor),
     ("perfetto_service", Tool::PerfettoService),
     // vitalsd's data source in sessions of the real traced.
     ("producer", Tool::PerfettoService),
@@ -179,17 +181,22 @@ fn python_package_download() -> Result<PathBuf, String> {
 }
 
 fn find_perfetto_dir() -> Result<PathBuf, String> {
+    locate_perfetto_dir(
+        std::env::var_os("VITALS_PERFETTO_DIR").map(PathBuf::from),
+        shared_dir().join("tools/perfetto"),
+    )
+}
+
+/// The first of `$VITALS_PERFETTO_DIR` and ../shared/tools/perfetto that
+/// holds every tool the perfetto_service suite starts.
+fn locate_perfetto_dir(env: Option<PathBuf>, shared: PathBuf) -> Result<PathBuf, String> {
     const NEEDED: [&str; 4] = [
         "traced",
         "traced_probes",
         "perfetto",
         "libheapprofd_glibc_preload.so",
     ];
-    let candidates: Vec<PathBuf> = std::env::var_os("VITALS_PERFETTO_DIR")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([shared_dir().join("tools/perfetto")])
-        .collect();
+    let candidates: Vec<PathBuf> = env.into_iter().chain([shared]).collect();
     let mut tried = Vec::new();
     for dir in candidates {
         let missing: Vec<&str> = NEEDED
@@ -251,4 +258,45 @@ pub fn report(not_run: &[NotRun]) {
     }
     eprintln!("\n  `cargo xtask test --require-all` (what CI runs) fails instead of skipping.");
     eprintln!("{bar}\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The perfetto_service suite runs only with every tool present: one
+    /// missing makes it not-run (and `--require-all` fail), naming the file.
+    #[test]
+    fn perfetto_dir_needs_every_tool_and_names_what_is_missing() {
+        // No tempfile in xtask's dependencies: a directory of our own pid.
+        let root = std::env::temp_dir().join(format!("xtask-suites-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir(&root).unwrap();
+        let (full, partial) = (root.join("full"), root.join("partial"));
+        for d in [&full, &partial] {
+            std::fs::create_dir(d).unwrap();
+            for f in ["traced", "traced_probes", "perfetto"] {
+                std::fs::write(d.join(f), "").unwrap();
+            }
+        }
+        std::fs::write(full.join("libheapprofd_glibc_preload.so"), "").unwrap();
+        let missing = root.join("missing");
+
+        assert_eq!(
+            locate_perfetto_dir(Some(partial.clone()), full.clone()),
+            Ok(full.clone())
+        );
+        assert_eq!(
+            locate_perfetto_dir(Some(full.clone()), partial.clone()),
+            Ok(full.clone())
+        );
+        let err = locate_perfetto_dir(Some(partial.clone()), missing.clone()).unwrap_err();
+        assert!(
+            err.contains("partial lacks libheapprofd_glibc_preload.so")
+                && err.contains("missing lacks traced, traced_probes, perfetto"),
+            "{err}"
+        );
+        assert!(locate_perfetto_dir(None, missing).is_err());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

@@ -118,11 +118,12 @@ fn status(c: &mut Client, json: bool) -> Result<()> {
     show(json, c.call(&Request::Status {})?, |v| {
         let st = &v["store"];
         format!(
-            "vitalsd {}: {} samples every {} ms, faults from {}\ncapabilities: {}\ncpu busy {}  loadavg {}\ntriggers fired {}, skipped {}\nbpf drops {}\nprocfs drops {}\nperfetto producer {}{}\nstore {}: {} captures, {} bytes; newest {}\n{}",
+            "vitalsd {}: {} samples every {} ms, faults from {}\naccounting: {}\ncapabilities: {}\ncpu busy {}  loadavg {}\ntriggers fired {}, skipped {}\nbpf drops {}\nprocfs drops {}\nperfetto producer {}{}\nstore {}: {} captures, {} bytes; newest {}\n{}",
             v["version"].as_str().unwrap_or("?"),
             v["samples"],
             v["interval_ms"],
             v["fault_source"].as_str().unwrap_or("?"),
+            v["accounting"].as_str().unwrap_or("?"),
             v["capabilities"].as_str().unwrap_or("?"),
             v["local_busy_pct"].as_f64().map(|p| format!("{p:.1}%")).unwrap_or("-".into()),
             loadavg(&v["loadavg"]),
@@ -276,6 +277,22 @@ fn heap(
     let m = wait_stored(c, &id, "heap_session", "manual-heap", duration, json)?;
     print_stored(&m, json);
     if !json {
+        // What each profile caught: sampled allocations and their bytes.
+        for p in m["heapprofd"]["outcome"]["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            println!(
+                "  pid {} {}: {} sampled allocation(s), {} B allocated, {} B freed, issues {}",
+                p["pid"],
+                p["name"].as_str().unwrap_or("?"),
+                p["allocations"],
+                p["allocated_bytes"],
+                p["freed_bytes"],
+                p["issues"]
+            );
+        }
         for t in m["heapprofd"]["outcome"]["targets"]
             .as_array()
             .into_iter()

@@ -10,8 +10,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use vitalsd::{
     bpf::{
-        AccountingConfig, CaptureSizing, CaptureTransportChoice, FaultSourceChoice, MapLimits,
-        PinMode,
+        denied::AccountingChoice, exited_entries, AccountingConfig, CaptureSizing,
+        CaptureTransportChoice, FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
     },
     capture::CaptureOptions,
     config::{parse_duration, Config},
@@ -110,12 +110,20 @@ struct RecordArgs {
     /// Fault source: auto (tracepoint where present), tracepoint, perf, off.
     #[arg(long, default_value = "auto")]
     fault_source: FaultSourceChoice,
+    /// auto: eBPF, or /proc only when BPF is denied; bpf: eBPF or fail;
+    /// proc: /proc only.
+    #[arg(long, default_value = "auto")]
+    accounting: AccountingChoice,
     /// Bound of the per-thread maps (entries).
     #[arg(long, default_value_t = MapLimits::default().max_tasks)]
     max_tasks: u32,
     /// Bound of the per-process fault map (entries).
     #[arg(long, default_value_t = MapLimits::default().max_processes)]
     max_processes: u32,
+    /// Thread exits a second the exited-task map absorbs between two
+    /// samples; with --interval it sizes that map.
+    #[arg(long, default_value_t = DEFAULT_EXITS_PER_SECOND)]
+    exits_per_second: u32,
     /// Do not account runqueue wait (saves the sched_wakeup programs).
     #[arg(long)]
     no_runq_wait: bool,
@@ -344,8 +352,10 @@ fn record_options(args: RecordArgs) -> RecordOptions {
         out,
         interval,
         fault_source,
+        accounting,
         max_tasks,
         max_processes,
+        exits_per_second,
         no_runq_wait,
         classic_tracepoints,
         top: _,
@@ -369,11 +379,12 @@ fn record_options(args: RecordArgs) -> RecordOptions {
         out,
         interval,
         accounting: AccountingConfig {
+            choice: accounting,
             fault_source,
             limits: MapLimits {
                 max_tasks,
                 max_processes,
-                ..MapLimits::default()
+                max_exited: exited_entries(exits_per_second, interval),
             },
             runq_wait: !no_runq_wait,
             force_classic_tracepoints: classic_tracepoints,
@@ -421,6 +432,9 @@ fn heap(args: HeapArgs) -> Result<()> {
     let stop = signal_flags()?.stop;
     let report = runner.run(&request, &out, &stop).context("vitalsd heap")?;
     print_heap_report(&report, &out);
+    if let Some(problem) = report.status.problem() {
+        anyhow::bail!("heap profile failed: {problem}");
+    }
     if !report.success() {
         anyhow::bail!("heap profile incomplete (see above)");
     }
@@ -475,10 +489,13 @@ fn heap_runner(args: &HeapArgs) -> Result<SessionRunner> {
     ))
 }
 
-/// The session's status, each process's profile, why a target has none,
-/// and where the trace and its metadata are.
+/// The session's status, what each process's profile caught, why a target
+/// has none, and where the trace and its metadata are.
 fn print_heap_report(report: &SessionReport, out: &Path) {
-    println!("session: {:?}", report.status);
+    match report.status.problem() {
+        None => println!("session: completed"),
+        Some(p) => println!("session: {p}"),
+    }
     match &report.outcome {
         None => println!(
             "no trace: {}",
@@ -486,12 +503,19 @@ fn print_heap_report(report: &SessionReport, out: &Path) {
         ),
         Some(o) => {
             for p in &o.processes {
+                // Allocations and bytes, not records: one HeapSample stands
+                // for every sampled allocation at its callstack.
                 println!(
-                    "pid {} {}: {} dump(s), {} sample(s), interval {:?} B, issues {:?}",
+                    "pid {} {}: {} sampled allocation(s), {} allocated, {} freed, {} unreleased; \
+                     {} callstack(s) in {} dump(s), interval {:?} B, issues {:?}",
                     p.pid,
                     p.name.as_deref().unwrap_or("?"),
+                    p.allocations,
+                    bytes(p.allocated_bytes),
+                    bytes(p.freed_bytes),
+                    bytes(p.unreleased_bytes()),
+                    p.callstacks,
                     p.dumps,
-                    p.samples,
                     p.sampling_interval_bytes,
                     p.issues
                 );
@@ -506,11 +530,20 @@ fn print_heap_report(report: &SessionReport, out: &Path) {
             }
         }
     }
-    println!(
-        "trace {} metadata {}",
-        out.display(),
-        heapprofd::metadata_path(out).display()
-    );
+    if out.exists() {
+        println!(
+            "trace {} metadata {}",
+            out.display(),
+            heapprofd::metadata_path(out).display()
+        );
+    } else {
+        println!("nothing stored");
+    }
+}
+
+/// Bytes exactly, and in MiB for reading.
+fn bytes(b: u64) -> String {
+    format!("{b} B ({:.1} MiB)", b as f64 / (1024.0 * 1024.0))
 }
 
 /// `vitalsd scan`: procfs scans for `cargo xtask bench scan`.

@@ -124,7 +124,7 @@ impl Accounting {
             }
         }
         if flags & capture::FLAG_SCHED != 0 {
-            let name = waking_program(self.layout);
+            let name = waking_program(self.waking_layout);
             let ebpf = self.ebpf.as_mut().ok_or(BpfError::CaptureNotConfigured)?;
             let prog: &mut TracePoint = program(ebpf, name)?;
             let link = prog
@@ -151,7 +151,7 @@ impl Accounting {
     pub fn capture_pause(&mut self) -> Result<(), BpfError> {
         let res = self.set_capture(CaptureControl::default());
         if let Some(link) = self.waking_link.take() {
-            let name = waking_program(self.layout);
+            let name = waking_program(self.waking_layout);
             if let Some(Ok(prog)) = self
                 .ebpf
                 .as_mut()
@@ -234,7 +234,7 @@ pub(super) fn capture_map_sizes(
     ]
 }
 
-/// The sched_waking program of the classic programs' `layout`.
+/// The sched_waking program in `layout`.
 fn waking_program(layout: TracepointLayout) -> &'static str {
     match layout {
         TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,

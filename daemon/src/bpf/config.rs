@@ -3,7 +3,7 @@
 //! (`CaptureSizing`), where programs come from (`PinMode`), and the fault
 //! source asked for (`FaultSourceChoice`) and in use (`FaultSource`).
 
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Duration};
 
 use vitals_common::FaultCounters;
 
@@ -92,13 +92,38 @@ impl Default for MapLimits {
         Self {
             max_tasks: 16384,
             max_processes: 8192,
-            max_exited: 4096,
+            max_exited: exited_entries(DEFAULT_EXITS_PER_SECOND, Duration::from_secs(1)),
         }
     }
 }
 
+/// Thread exits per second the EXITED map absorbs between two reads by
+/// default. A busy host (a build, an app launch storm) frees thousands of
+/// tasks a second; this is what the map held before it was sized by
+/// rate (4096 at the 1 s interval).
+pub const DEFAULT_EXITS_PER_SECOND: u32 = 2048;
+/// Smallest EXITED: a few bursts' worth even for a tiny rate.
+pub const MIN_EXITED: u32 = 16;
+/// Largest EXITED: about 130 bytes an entry (key, value, hash element),
+/// preallocated, so 16 MiB of kernel memory.
+pub const MAX_EXITED: u32 = 1 << 17;
+
+/// EXITED's bound for `exits_per_second` read every `interval`: the
+/// exits of one interval, twice over (a read can come late by up to an
+/// interval when the daemon stalls), clamped to [`MIN_EXITED`,
+/// `MAX_EXITED`]. Records that find the map full are lost and counted
+/// (`drop_reason::EXITED_MAP_FULL`); user space then folds those threads
+/// from their last counters (`totals`).
+pub fn exited_entries(exits_per_second: u32, interval: Duration) -> u32 {
+    let want = (f64::from(exits_per_second) * interval.as_secs_f64() * 2.0).ceil();
+    want.clamp(f64::from(MIN_EXITED), f64::from(MAX_EXITED)) as u32
+}
+
 #[derive(Debug, Clone)]
 pub struct AccountingConfig {
+    /// eBPF, /proc only, or eBPF falling back to /proc only when BPF is
+    /// denied (`denied::load`; `Accounting::load` itself always loads).
+    pub choice: super::denied::AccountingChoice,
     pub fault_source: FaultSourceChoice,
     pub limits: MapLimits,
     /// Account runqueue wait. Needs the sched_wakeup programs, which cost
@@ -172,6 +197,7 @@ impl Default for CaptureSizing {
 impl Default for AccountingConfig {
     fn default() -> Self {
         Self {
+            choice: Default::default(),
             fault_source: FaultSourceChoice::default(),
             limits: MapLimits::default(),
             runq_wait: true,
@@ -183,5 +209,20 @@ impl Default for AccountingConfig {
             pins: PinMode::Load,
             assume_no_ringbuf: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exited_is_sized_by_rate_and_interval_within_bounds() {
+        let s = Duration::from_secs(1);
+        assert_eq!(MapLimits::default().max_exited, 4096);
+        assert_eq!(exited_entries(2048, 10 * s), 40960);
+        assert_eq!(exited_entries(100, Duration::from_millis(250)), 50);
+        assert_eq!(exited_entries(1, s), MIN_EXITED);
+        assert_eq!(exited_entries(1_000_000, 3600 * s), MAX_EXITED);
     }
 }

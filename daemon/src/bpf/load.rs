@@ -57,6 +57,7 @@ impl Accounting {
         let settings = LoadSettings::choose(cfg, &features, pin_to.is_some())?;
         let mut ebpf = settings.load(cfg, &offsets)?;
         let layout = offsets.layout(&tracefs, cfg.force_portable_layout)?;
+        let waking_layout = offsets.waking_layout(cfg.force_portable_layout);
         let sched_programs = attach_sched(
             &mut ebpf,
             cfg.runq_wait,
@@ -93,7 +94,7 @@ impl Accounting {
         );
         let ring = load_capture_tier(
             &mut ebpf,
-            layout,
+            waking_layout,
             cfg.capture,
             settings.transport,
             settings.page,
@@ -106,6 +107,7 @@ impl Accounting {
             features,
             limits: cfg.limits,
             layout,
+            waking_layout,
             sched_programs,
             runq_wait: cfg.runq_wait,
             capture_sizing: cfg.capture,
@@ -203,9 +205,13 @@ impl FieldOffsets {
         Ok(Self { sched, capture })
     }
 
-    /// `Fixed` where every field sits where `fixed_layout` says (and
-    /// sched_wakeup_new's pid where sched_wakeup's does), unless a test
-    /// forces the portable programs.
+    /// `Fixed` where every field the always-on programs read sits where
+    /// `fixed_layout` says (sched_switch, including the fields it copies
+    /// into capture records, and sched_wakeup(_new)'s pid), unless a test
+    /// forces the portable programs. sched_waking is judged apart
+    /// (`waking_layout`): it is capture-only, and before Linux 5.14 its
+    /// template still had `success` at 32, pushing `target_cpu` to 36,
+    /// which must not cost the always-on programs their fast layout.
     fn layout(
         &self,
         tracefs: &Tracefs,
@@ -217,14 +223,32 @@ impl FieldOffsets {
             && self.sched[2].1 == fixed_layout::SWITCH_NEXT_PID
             && self.sched[3].1 == fixed_layout::WAKEUP_PID
             && wakeup_new.offset_of("pid", 4)? == fixed_layout::WAKEUP_PID
-            && self.capture.iter().all(|(_, off, fixed)| off == fixed);
+            && self.capture[..SWITCH_CAPTURE_FIELDS]
+                .iter()
+                .all(|(_, off, fixed)| off == fixed);
         Ok(if fixed_matches && !force_portable {
             TracepointLayout::Fixed
         } else {
             TracepointLayout::Portable
         })
     }
+
+    /// The layout of the capture-only sched_waking program.
+    fn waking_layout(&self, force_portable: bool) -> TracepointLayout {
+        let fixed_matches = self.capture[SWITCH_CAPTURE_FIELDS..]
+            .iter()
+            .all(|(_, off, fixed)| off == fixed);
+        if fixed_matches && !force_portable {
+            TracepointLayout::Fixed
+        } else {
+            TracepointLayout::Portable
+        }
+    }
 }
+
+/// `FieldOffsets::capture` lists sched_switch's fields first, then
+/// sched_waking's.
+const SWITCH_CAPTURE_FIELDS: usize = 3;
 
 /// What the load sets in the object besides the field offsets, chosen
 /// from the config and the kernel before anything is loaded.

@@ -21,6 +21,7 @@ pub mod batch;
 pub mod btf;
 mod capture_maps;
 mod config;
+pub mod denied;
 mod features;
 mod load;
 mod pins;
@@ -41,7 +42,8 @@ pub use self::capture_maps::{
     perf_pages_per_cpu, CaptureOutput, CaptureTransport, CaptureTransportChoice,
 };
 pub use self::config::{
-    AccountingConfig, CaptureSizing, FaultSource, FaultSourceChoice, MapLimits, PinMode,
+    exited_entries, AccountingConfig, CaptureSizing, FaultSource, FaultSourceChoice, MapLimits,
+    PinMode, DEFAULT_EXITS_PER_SECOND, MAX_EXITED, MIN_EXITED,
 };
 pub use self::features::{
     markdown_table, Feature, FeatureRow, Features, SchedPrograms, TracepointLayout,
@@ -129,6 +131,8 @@ pub struct Accounting {
     features: Features,
     limits: MapLimits,
     layout: TracepointLayout,
+    /// The capture-only sched_waking program's layout, judged apart.
+    waking_layout: TracepointLayout,
     sched_programs: SchedPrograms,
     runq_wait: bool,
     capture_sizing: Option<CaptureSizing>,
@@ -154,10 +158,15 @@ impl Accounting {
         self.runq_wait
     }
 
-    /// The classic programs' layout (sched_waking during captures, and the
-    /// scheduler programs when `sched_programs` is `Classic`).
+    /// The classic always-on programs' layout (the scheduler programs
+    /// when `sched_programs` is `Classic`).
     pub fn layout(&self) -> TracepointLayout {
         self.layout
+    }
+
+    /// The layout of sched_waking, attached during captures.
+    pub fn waking_layout(&self) -> TracepointLayout {
+        self.waking_layout
     }
 
     pub fn sched_programs(&self) -> SchedPrograms {

@@ -106,6 +106,9 @@ impl Accounting {
             features,
             limits: cfg.limits,
             layout,
+            // Pinned captures are not driven yet; when they are, the
+            // pinned sched_waking's layout is judged like load.rs does.
+            waking_layout: layout,
             sched_programs: SchedPrograms::Classic,
             runq_wait,
             capture_sizing: None,

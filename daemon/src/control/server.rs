@@ -89,6 +89,8 @@ pub struct DaemonState {
     pub samples: u64,
     pub interval_ms: u64,
     pub fault_source: String,
+    /// "ebpf", or "proc-only (bpf denied: …)" / "proc-only (asked for …)".
+    pub accounting: String,
     pub capabilities: String,
     pub local_busy_pct: Option<f64>,
     pub loadavg: Option<[f32; 3]>,
@@ -108,7 +110,8 @@ pub struct DaemonState {
     /// The Perfetto producer's counters (reconnects, sessions, drops);
     /// empty when it is not running.
     pub producer: BTreeMap<String, u64>,
-    /// Its last error (a session's bad data source config).
+    /// Its last error (a session's bad data source config), or why it
+    /// is not running (not started: /proc-only, or registering failed).
     pub producer_error: Option<String>,
     pub config_path: String,
     #[serde(skip)]
@@ -548,6 +551,7 @@ pub fn dump_text(shared: &Shared) -> String {
         "version {} up since {} ms (unix), {} samples at {} ms, faults from {}, capabilities {}",
         st.version, st.started_unix_ms, st.samples, st.interval_ms, st.fault_source, st.capabilities
     );
+    let _ = writeln!(s, "accounting: {}", st.accounting);
     let _ = writeln!(
         s,
         "cpu local busy {:.1}%  loadavg {:?}",

@@ -8,6 +8,15 @@
 //! guardrail stopped it), disconnected (the client went away, usually the
 //! process exited), client_error, and stats.unwinding_errors. Dumps carry only
 //! pids, so names come from the ProcessTree that linux.process_stats emits.
+//!
+//! What a profile caught is in its HeapSamples, one per callstack: the
+//! sampled allocations (alloc_count) and the bytes they stand for
+//! (self_allocated, heapprofd's estimate of all bytes allocated there), and
+//! the same for frees. Every dump repeats the totals since profiling began,
+//! so only the last dump of each heap is counted (trace_processor's
+//! heap_profile_allocation turns successive dumps into deltas, so its sums
+//! agree). One dump may be split over several ProfilePackets (`continued`);
+//! its parts share the dump's timestamp and are added up.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -68,10 +77,18 @@ pub struct ProcessOutcome {
     /// Normalised cmdline from the trace's ProcessTree, if it had one.
     pub name: Option<String>,
     pub heaps: Vec<String>,
-    /// ProcessHeapSamples records seen (one per heap per dump).
+    /// Dumps seen (per heap; one dump split over packets counts once).
     pub dumps: u32,
-    /// Callstack sample records in the dumps.
-    pub samples: u64,
+    /// Distinct callstacks in the last dump of each heap.
+    pub callstacks: u64,
+    /// Sampled allocations in the profile (last dump of each heap): the
+    /// allocations heapprofd caught, not every malloc of the process.
+    pub allocations: u64,
+    /// Bytes allocated as heapprofd estimates them from its samples.
+    pub allocated_bytes: u64,
+    /// Sampled frees, and the bytes they stand for.
+    pub frees: u64,
+    pub freed_bytes: u64,
     pub from_startup: bool,
     pub issues: Vec<Issue>,
     pub client_error: Option<String>,
@@ -85,6 +102,11 @@ pub struct ProcessOutcome {
 }
 
 impl ProcessOutcome {
+    /// Allocated and not freed by the end of the profile (estimate).
+    pub fn unreleased_bytes(&self) -> u64 {
+        self.allocated_bytes.saturating_sub(self.freed_bytes)
+    }
+
     /// A usable profile: something was recorded and nothing cut it short.
     /// Unwinding errors alone leave a usable (partly truncated) profile.
     pub fn usable(&self) -> bool {
@@ -165,11 +187,42 @@ fn packets(bytes: &[u8]) -> (Vec<TracePacket>, u64) {
     (out, 0)
 }
 
+/// Which dump of a heap a ProcessHeapSamples belongs to: its timestamp, or,
+/// for a writer that sets none, its position (each record its own dump).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum DumpKey {
+    At(u64),
+    Untimed(u32),
+}
+
+/// One heap's totals in one dump (cumulative since profiling began).
+#[derive(Debug, Default, Clone, Copy)]
+struct DumpTotals {
+    callstacks: u64,
+    allocations: u64,
+    allocated_bytes: u64,
+    frees: u64,
+    freed_bytes: u64,
+}
+
+impl DumpTotals {
+    fn add(&mut self, d: &ProcessHeapSamples) {
+        self.callstacks += d.samples.len() as u64;
+        for s in &d.samples {
+            self.allocations += s.alloc_count();
+            self.allocated_bytes += s.self_allocated();
+            self.frees += s.free_count();
+            self.freed_bytes += s.self_freed();
+        }
+    }
+}
+
 #[derive(Default)]
 struct Acc {
     heaps: BTreeSet<String>,
-    dumps: u32,
-    samples: u64,
+    /// Per (heap, dump): that dump's totals.
+    dumps: BTreeMap<(String, DumpKey), DumpTotals>,
+    untimed: u32,
     from_startup: bool,
     issues: BTreeSet<Issue>,
     client_error: Option<String>,
@@ -181,8 +234,15 @@ struct Acc {
 
 impl Acc {
     fn add(&mut self, d: &ProcessHeapSamples) {
-        self.dumps += 1;
-        self.samples += d.samples.len() as u64;
+        let key = match d.timestamp {
+            Some(ts) => DumpKey::At(ts),
+            None => {
+                self.untimed += 1;
+                DumpKey::Untimed(self.untimed)
+            }
+        };
+        let heap = d.heap_name.clone().unwrap_or_default();
+        self.dumps.entry((heap, key)).or_default().add(d);
         if let Some(h) = &d.heap_name {
             self.heaps.insert(h.clone());
         }
@@ -223,6 +283,46 @@ impl Acc {
         }
         if d.orig_sampling_interval_bytes.is_some() {
             self.orig_sampling_interval_bytes = d.orig_sampling_interval_bytes;
+        }
+    }
+
+    /// The last dump of every heap, added up: the profile's totals.
+    fn totals(&self) -> DumpTotals {
+        let mut last: BTreeMap<&str, DumpTotals> = BTreeMap::new();
+        // Keys are ordered by heap, then dump: the last one written wins.
+        for ((heap, _), t) in &self.dumps {
+            last.insert(heap, *t);
+        }
+        let mut sum = DumpTotals::default();
+        for t in last.values() {
+            sum.callstacks += t.callstacks;
+            sum.allocations += t.allocations;
+            sum.allocated_bytes += t.allocated_bytes;
+            sum.frees += t.frees;
+            sum.freed_bytes += t.freed_bytes;
+        }
+        sum
+    }
+
+    fn into_outcome(self, pid: u64, name: Option<String>) -> ProcessOutcome {
+        let t = self.totals();
+        ProcessOutcome {
+            pid,
+            name,
+            heaps: self.heaps.into_iter().collect(),
+            dumps: self.dumps.len() as u32,
+            callstacks: t.callstacks,
+            allocations: t.allocations,
+            allocated_bytes: t.allocated_bytes,
+            frees: t.frees,
+            freed_bytes: t.freed_bytes,
+            from_startup: self.from_startup,
+            issues: self.issues.into_iter().collect(),
+            client_error: self.client_error,
+            unwinding_errors: self.unwinding_errors,
+            heap_samples: self.heap_samples,
+            sampling_interval_bytes: self.sampling_interval_bytes,
+            orig_sampling_interval_bytes: self.orig_sampling_interval_bytes,
         }
     }
 }
@@ -266,20 +366,7 @@ pub fn outcome_from_bytes(bytes: &[u8], request: &HeapProfileRequest) -> TraceOu
     }
     let processes: Vec<ProcessOutcome> = by_pid
         .into_iter()
-        .map(|(pid, a)| ProcessOutcome {
-            pid,
-            name: names.get(&pid).cloned(),
-            heaps: a.heaps.into_iter().collect(),
-            dumps: a.dumps,
-            samples: a.samples,
-            from_startup: a.from_startup,
-            issues: a.issues.into_iter().collect(),
-            client_error: a.client_error,
-            unwinding_errors: a.unwinding_errors,
-            heap_samples: a.heap_samples,
-            sampling_interval_bytes: a.sampling_interval_bytes,
-            orig_sampling_interval_bytes: a.orig_sampling_interval_bytes,
-        })
+        .map(|(pid, a)| a.into_outcome(pid, names.get(&pid).cloned()))
         .collect();
 
     let single_target = request.process_names.len() + request.pids.len() == 1;

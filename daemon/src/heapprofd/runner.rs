@@ -125,8 +125,15 @@ pub enum RunError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum SessionStatus {
-    /// Exit status 0 within the deadline.
+    /// Exit status 0 within the deadline, with a trace.
     Completed,
+    /// traced refused the session: the real client then logs "Service
+    /// error: <why>" (a unique_session_name in use, a config traced
+    /// rejects) and exits 0 without writing a trace.
+    Refused { reason: String },
+    /// The client could not reach traced's consumer socket: the tracing
+    /// service is not running (or the socket is not ours to use).
+    TracedUnreachable { stderr_tail: String },
     /// Non-zero exit or killed by a signal we did not send.
     Failed {
         exit_code: Option<i32>,
@@ -154,6 +161,57 @@ pub struct SessionReport {
     /// None when the client left no readable trace.
     pub outcome: Option<TraceOutcome>,
     pub outcome_error: Option<String>,
+}
+
+impl SessionStatus {
+    /// Why the session produced no profile at the client level, in words;
+    /// None when the client completed.
+    pub fn problem(&self) -> Option<String> {
+        match self {
+            SessionStatus::Completed => None,
+            SessionStatus::Refused { reason } => {
+                Some(format!("traced refused the session: {reason}"))
+            }
+            SessionStatus::TracedUnreachable { stderr_tail } => Some(format!(
+                "traced is not running: the perfetto client could not connect to it ({})",
+                last_line(stderr_tail)
+            )),
+            SessionStatus::Failed {
+                exit_code,
+                signal,
+                stderr_tail,
+            } => Some(match (exit_code, signal) {
+                (Some(c), _) => format!(
+                    "the perfetto client exited with {c}: {}",
+                    last_line(stderr_tail)
+                ),
+                (None, s) => format!("the perfetto client was killed by signal {s:?}"),
+            }),
+            SessionStatus::TimedOut { killed } => Some(format!(
+                "the perfetto client passed its deadline and was stopped{}",
+                if *killed { " with SIGKILL" } else { "" }
+            )),
+            SessionStatus::Cancelled { .. } => Some("the session was cancelled".into()),
+        }
+    }
+}
+
+/// The last non-empty line of a client's stderr, without perfetto's
+/// "[time] file.cc:line " log prefix.
+fn last_line(stderr: &str) -> String {
+    let line = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("no message")
+        .trim();
+    match line
+        .find(".cc:")
+        .and_then(|i| line[i..].find(' ').map(|j| i + j))
+    {
+        Some(end) if line.starts_with('[') => line[end..].trim().to_owned(),
+        _ => line.to_owned(),
+    }
 }
 
 impl SessionReport {
@@ -296,18 +354,23 @@ impl SessionRunner {
         let ended = self.wait(&mut child, request, cancel)?;
         let ended_at = SystemTime::now();
         let stderr_tail = stderr.join().unwrap_or_default();
-        let status = session_status(bin, ended, stderr_tail);
         // We created the file before the client ran; one that wrote nothing
-        // (failed, or killed before its read-back) left no trace at all.
-        if std::fs::metadata(out).is_ok_and(|m| m.len() == 0) {
+        // (failed, refused, or killed before its read-back) left no trace.
+        let wrote = std::fs::metadata(out).is_ok_and(|m| m.len() > 0);
+        if !wrote {
             let _ = std::fs::remove_file(out);
         }
+        let status = session_status(bin, ended, stderr_tail, wrote);
 
-        let (outcome, outcome_error) = match read_outcome(out, request) {
-            Ok(o) => (Some(o), None),
-            Err(e) => {
-                log::warn!("{e}");
-                (None, Some(e.to_string()))
+        let (outcome, outcome_error) = if !wrote {
+            (None, Some("the perfetto client wrote no trace".to_owned()))
+        } else {
+            match read_outcome(out, request) {
+                Ok(o) => (Some(o), None),
+                Err(e) => {
+                    log::warn!("{e}");
+                    (None, Some(e.to_string()))
+                }
             }
         };
         let report = SessionReport {
@@ -322,7 +385,11 @@ impl SessionRunner {
             outcome,
             outcome_error,
         };
-        write_metadata(out, &report)?;
+        // A sidecar describes a trace; with none, nothing is stored and the
+        // report (returned, logged) is all there is.
+        if wrote {
+            write_metadata(out, &report)?;
+        }
         Ok(report)
     }
 
@@ -429,11 +496,39 @@ fn log_client_uid() -> u32 {
     uid
 }
 
+/// What the real client prints when traced's consumer socket does not
+/// answer (perfetto_cmd.cc), and before the reason traced gives for
+/// refusing a session. The exec'd client has no other channel for these;
+/// on Android it may log to logcat only, so the exit status and the
+/// missing trace decide, and the text only refines the status.
+const UNREACHABLE_MARK: &str = "Could not connect to the traced socket";
+const SERVICE_ERROR_MARK: &str = "Service error: ";
+
 /// How the client ended, as stored; a failed exit is logged with its
-/// stderr.
-fn session_status(bin: &Path, ended: Ended, stderr_tail: String) -> SessionStatus {
+/// stderr. `wrote`: the client left a non-empty trace.
+fn session_status(bin: &Path, ended: Ended, stderr_tail: String, wrote: bool) -> SessionStatus {
     match ended {
-        Ended::Exited(s) if s.success() => SessionStatus::Completed,
+        Ended::Exited(s) if s.success() && wrote => SessionStatus::Completed,
+        Ended::Exited(s) if s.success() => {
+            let reason = stderr_tail
+                .lines()
+                .rev()
+                .find_map(|l| l.split_once(SERVICE_ERROR_MARK).map(|(_, r)| r.trim()))
+                .unwrap_or(
+                    "the client exited 0 without a trace (on Android see logcat, tag perfetto)",
+                )
+                .to_owned();
+            log::warn!("traced refused the heapprofd session: {reason}");
+            SessionStatus::Refused { reason }
+        }
+        Ended::Exited(_) if stderr_tail.contains(UNREACHABLE_MARK) => {
+            log::warn!(
+                "{} could not reach traced: {}",
+                bin.display(),
+                stderr_tail.trim_end()
+            );
+            SessionStatus::TracedUnreachable { stderr_tail }
+        }
         Ended::Exited(s) => {
             use std::os::unix::process::ExitStatusExt;
             log::warn!(

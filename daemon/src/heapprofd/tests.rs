@@ -10,7 +10,10 @@ use prost::Message;
 
 use super::*;
 use crate::perfetto::protos::{
-    self, profile_packet::ProcessHeapSamples, trace_packet::Data, TracePacket,
+    self,
+    profile_packet::{HeapSample, ProcessHeapSamples},
+    trace_packet::Data,
+    TracePacket,
 };
 
 fn req(names: &[&str]) -> HeapProfileRequest {
@@ -366,8 +369,9 @@ fn outcome_flags_per_process() {
     assert_eq!(o.torn_tail_bytes, 0);
     let sf = &o.processes[0];
     assert_eq!((sf.pid, sf.name.as_deref()), (10, Some("surfaceflinger")));
+    // Two untimed dumps; the totals are the last one's, not their sum.
     assert_eq!(sf.dumps, 2);
-    assert_eq!(sf.samples, 6);
+    assert_eq!(sf.callstacks, 3);
     assert_eq!(sf.unwinding_errors, 7);
     assert_eq!(sf.heap_samples, 12);
     assert_eq!(
@@ -473,4 +477,49 @@ fn metadata_lands_beside_the_trace() {
     assert_eq!(p, dir.path().join("heap.pftrace.meta.json"));
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
     assert_eq!(v["a"], 1);
+}
+
+fn sample(callstack: u64, allocs: u64, alloc_b: u64, frees: u64, freed_b: u64) -> HeapSample {
+    HeapSample {
+        callstack_id: Some(callstack),
+        alloc_count: Some(allocs),
+        self_allocated: Some(alloc_b),
+        free_count: Some(frees),
+        self_freed: Some(freed_b),
+        ..Default::default()
+    }
+}
+
+/// The totals are allocations and bytes of the last dump of each heap: a
+/// dump repeats everything since profiling began, and a dump split over
+/// packets (same timestamp) is one dump whose parts add up.
+#[test]
+fn totals_come_from_the_last_dump_of_each_heap() {
+    let r = req(&["surfaceflinger"]);
+    let at = |ts: u64, heap_name: &str, samples: Vec<HeapSample>| ProcessHeapSamples {
+        timestamp: Some(ts),
+        heap_name: Some(heap_name.into()),
+        samples,
+        ..heap(10)
+    };
+    let bytes = trace(vec![
+        tree(&[(10, "surfaceflinger")]),
+        // First dump at t=100: superseded by the second.
+        dump(at(100, "libc.malloc", vec![sample(1, 5, 5000, 1, 1000)])),
+        // Second dump at t=200, split over two packets.
+        dump(at(200, "libc.malloc", vec![sample(1, 7, 7000, 2, 2000)])),
+        dump(at(200, "libc.malloc", vec![sample(2, 3, 12288, 0, 0)])),
+        // Another heap, one dump.
+        dump(at(150, "custom", vec![sample(3, 4, 400, 4, 400)])),
+    ]);
+    let o = outcome::outcome_from_bytes(&bytes, &r);
+    let p = &o.processes[0];
+    assert_eq!(p.dumps, 3);
+    assert_eq!(p.callstacks, 2 + 1);
+    assert_eq!(p.allocations, 7 + 3 + 4);
+    assert_eq!(p.allocated_bytes, 7000 + 12288 + 400);
+    assert_eq!(p.frees, 2 + 4);
+    assert_eq!(p.freed_bytes, 2000 + 400);
+    assert_eq!(p.unreleased_bytes(), 7000 + 12288 - 2000);
+    assert_eq!(p.heaps, vec!["custom".to_string(), "libc.malloc".into()]);
 }

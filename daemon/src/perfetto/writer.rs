@@ -53,6 +53,8 @@ pub struct TraceWriter<W: Write> {
     counter_tracks: HashMap<(Option<ProcessKey>, String), TrackUuid>,
     /// Uuids of counter tracks whose descriptors are in the file.
     counter_uuids: HashSet<TrackUuid>,
+    /// Global tracks of `write_instant` notes, by name.
+    note_tracks: HashMap<String, TrackUuid>,
     /// Every uuid handed out, to detect (astronomically unlikely) collisions.
     issued: HashSet<TrackUuid>,
     /// Sequences that have had their first packet (see `emit_on`).
@@ -80,6 +82,7 @@ impl<W: Write> TraceWriter<W> {
             process_tracks: HashMap::new(),
             counter_tracks: HashMap::new(),
             counter_uuids: HashSet::new(),
+            note_tracks: HashMap::new(),
             issued: HashSet::new(),
             started: HashSet::new(),
             for_service: false,
@@ -227,6 +230,48 @@ impl<W: Write> TraceWriter<W> {
         self.emit_counter_descriptor(uuid, None, spec)?;
         self.counter_tracks.insert((None, spec.name.clone()), uuid);
         Ok(uuid)
+    }
+
+    /// A note at `ts_boot_ns`: an instant TrackEvent named `name` on the
+    /// global track `track_name` (made on first use), which
+    /// trace_processor lists in its `slice` table.
+    pub fn write_instant(
+        &mut self,
+        ts_boot_ns: u64,
+        track_name: &str,
+        name: &str,
+    ) -> Result<(), PerfettoError> {
+        let uuid = match self.note_tracks.get(track_name) {
+            Some(&uuid) => uuid,
+            None => {
+                let uuid = self.fresh_uuid(track_uuid::global_counter_track(&format!(
+                    "note:{track_name}"
+                )));
+                self.emit(TracePacket {
+                    data: Some(trace_packet::Data::TrackDescriptor(TrackDescriptor {
+                        uuid: Some(uuid),
+                        static_or_dynamic_name: Some(track_descriptor::StaticOrDynamicName::Name(
+                            track_name.into(),
+                        )),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                })?;
+                self.issued.insert(uuid);
+                self.note_tracks.insert(track_name.into(), uuid);
+                uuid
+            }
+        };
+        self.emit(TracePacket {
+            timestamp: Some(ts_boot_ns),
+            data: Some(trace_packet::Data::TrackEvent(TrackEvent {
+                r#type: Some(track_event::Type::Instant as i32),
+                track_uuid: Some(uuid),
+                name_field: Some(track_event::NameField::Name(name.into())),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })
     }
 
     /// One counter value: a TrackEvent of `TYPE_COUNTER` on `track`, at

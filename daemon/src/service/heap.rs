@@ -196,13 +196,14 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
                 }
             } else {
                 store.abort(pending);
-                format!(
-                    "heap profile: no trace ({})",
+                // Refused, traced down, client failed: say which.
+                let why = report.status.problem().unwrap_or_else(|| {
                     report
                         .outcome_error
-                        .as_deref()
-                        .unwrap_or("client wrote nothing")
-                )
+                        .clone()
+                        .unwrap_or_else(|| "client wrote nothing".into())
+                });
+                format!("heap profile not stored: {why}")
             }
         }
         Ok(Err(e)) => {

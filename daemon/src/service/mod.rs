@@ -40,6 +40,7 @@ use tick::ReadErrors;
 
 use crate::{
     bpf::{
+        denied,
         totals::{ProcessCounters, Totals},
         Accounting, AccountingConfig, BpfError, MapLimits,
     },
@@ -183,6 +184,8 @@ struct Service {
     /// The Perfetto data source (feature `producer`); before the eBPF
     /// programs it reads in drop order.
     producer: producer::MaybeProducer,
+    /// Why the configured producer is not running (status's producer_error).
+    producer_off: Option<String>,
     /// eBPF per-window deltas dropped because a counter went backwards.
     bpf_delta_drops: DropCounters,
     /// eBPF counters of the previous sample, for per-window deltas.
@@ -204,7 +207,8 @@ struct Service {
     /// Requests the control socket's thread hands to the main loop.
     commands: mpsc::Receiver<Command>,
     store: Arc<Mutex<Store>>,
-    accounting: Accounting,
+    /// None: /proc-only (BPF denied, or asked for); see `DaemonState::accounting`.
+    accounting: Option<Accounting>,
     /// The flock on `<store>/.lock`, held for the daemon's life.
     _store_lock: std::fs::File,
     /// What a capture's own `Accounting` starts from.
@@ -245,9 +249,14 @@ pub fn run(config_path: PathBuf, cfg: Config, signals: Signals) -> Result<(), Se
 /// The always-on programs, as the config asks for them.
 fn accounting_config(cfg: &Config) -> AccountingConfig {
     AccountingConfig {
+        choice: cfg.sampling.accounting,
         fault_source: cfg.sampling.fault_source,
         limits: MapLimits {
             max_tasks: cfg.sampling.max_tasks,
+            max_exited: crate::bpf::exited_entries(
+                cfg.sampling.exits_per_second,
+                cfg.sampling.interval.0,
+            ),
             ..MapLimits::default()
         },
         runq_wait: cfg.sampling.runq_wait,
@@ -270,8 +279,20 @@ impl Service {
         let accounting_cfg = accounting_config(&cfg);
         let store_lock = try_lock_store(&cfg.store.dir)?
             .ok_or_else(|| ServiceError::StoreBusy(cfg.store.dir.clone()))?;
-        let accounting = Accounting::load(&accounting_cfg)?;
-        let producer = producer::start(&cfg, &accounting);
+        let (accounting, proc_only) = match denied::load(&accounting_cfg)? {
+            Ok(acc) => (Some(acc), None),
+            Err(why) => {
+                crate::record::log_proc_only(&why, "running");
+                (None, Some(why))
+            }
+        };
+        let fault_source = match &accounting {
+            Some(acc) => acc.fault_source().describe().to_owned(),
+            None => "none from eBPF (proc-only: minflt/majflt from /proc/<pid>/stat)".to_owned(),
+        };
+        let accounting_mode = crate::record::accounting_mode(proc_only.as_ref());
+        let (producer, producer_off) =
+            producer::start(&cfg, accounting.as_ref(), proc_only.as_ref());
         let mut store = Store::open(&cfg.store.dir, limits(&cfg))?;
         configure_store(&mut store, &cfg);
         let store = Arc::new(Mutex::new(store));
@@ -279,7 +300,7 @@ impl Service {
         let kept = privileges::drop_to(DAEMON_CAPS)?;
         let capabilities = privileges::describe(&kept);
         log::info!(
-            "vitalsd running; capabilities {capabilities}; store {}",
+            "vitalsd running; accounting {accounting_mode}; capabilities {capabilities}; store {}",
             cfg.store.dir.display()
         );
 
@@ -289,7 +310,8 @@ impl Service {
                 version: env!("CARGO_PKG_VERSION"),
                 started_unix_ms: store::now_unix_ms(),
                 interval_ms: cfg.sampling.interval.0.as_millis() as u64,
-                fault_source: accounting.fault_source().describe().into(),
+                fault_source,
+                accounting: accounting_mode,
                 capabilities,
                 config_path: config_path.display().to_string(),
                 config_toml: cfg.to_toml(),
@@ -307,6 +329,7 @@ impl Service {
         // Written in the order `run` once created these as locals.
         Ok(Self {
             producer,
+            producer_off,
             sampler: Sampler::new(
                 &cfg.sampling.proc_root,
                 SampleOptions {

@@ -12,29 +12,50 @@ pub(super) type MaybeProducer = Option<crate::producer::Producer>;
 #[cfg(not(feature = "producer"))]
 pub(super) type MaybeProducer = Option<std::convert::Infallible>;
 
-/// Registers the data source if the config asks for it. A producer that
-/// cannot start costs the daemon nothing else: logged, and it runs on.
+/// Registers the data source if the config asks for it; the second value
+/// says why a configured producer is not running. A producer that cannot
+/// start costs the daemon nothing else: logged, and it runs on. /proc-only
+/// (`accounting` None) it does not start: everything the data source
+/// writes is eBPF counters, so it would register a source that never has
+/// data.
 #[cfg(feature = "producer")]
 pub(super) fn start(
     cfg: &crate::config::Config,
-    accounting: &crate::bpf::Accounting,
-) -> MaybeProducer {
+    accounting: Option<&crate::bpf::Accounting>,
+    proc_only: Option<&crate::bpf::denied::ProcOnly>,
+) -> (MaybeProducer, Option<String>) {
     if !cfg.producer.enabled {
-        return None;
+        return (None, None);
     }
-    crate::producer::Producer::start(crate::producer::ProducerOptions {
+    let Some(accounting) = accounting else {
+        let why = match proc_only {
+            Some(why) => format!("not started: accounting is {why}"),
+            None => "not started: no eBPF accounting".to_owned(),
+        };
+        log::warn!("perfetto producer {why}: its data source has only eBPF counters");
+        return (None, Some(why));
+    };
+    match crate::producer::Producer::start(crate::producer::ProducerOptions {
         data_source: cfg.producer.data_source.clone(),
         fault_source: accounting.fault_source(),
         runq_wait: accounting.runq_wait(),
         sampling_interval: cfg.sampling.interval.0,
-    })
-    .inspect_err(|e| log::error!("perfetto producer not started: {e}"))
-    .ok()
+    }) {
+        Ok(p) => (Some(p), None),
+        Err(e) => {
+            log::error!("perfetto producer not started: {e}");
+            (None, Some(format!("not started: {e}")))
+        }
+    }
 }
 
 #[cfg(not(feature = "producer"))]
-pub(super) fn start(_: &crate::config::Config, _: &crate::bpf::Accounting) -> MaybeProducer {
-    None
+pub(super) fn start(
+    _: &crate::config::Config,
+    _: Option<&crate::bpf::Accounting>,
+    _: Option<&crate::bpf::denied::ProcOnly>,
+) -> (MaybeProducer, Option<String>) {
+    (None, None)
 }
 
 impl Service {
@@ -79,7 +100,7 @@ impl Service {
                 p.stats().counters(),
                 p.stats().last_error.lock().unwrap().clone(),
             ),
-            None => Default::default(),
+            None => (Default::default(), self.producer_off.clone()),
         }
     }
 
@@ -88,6 +109,6 @@ impl Service {
         &self,
     ) -> (std::collections::BTreeMap<String, u64>, Option<String>) {
         debug_assert!(self.producer.is_none());
-        Default::default()
+        (Default::default(), self.producer_off.clone())
     }
 }

@@ -67,6 +67,7 @@ impl Service {
         log::info!("config reloaded from {}", self.config_path.display());
         if new.sampling.fault_source != cfg.sampling.fault_source
             || new.sampling.max_tasks != cfg.sampling.max_tasks
+            || new.sampling.exits_per_second != cfg.sampling.exits_per_second
             || new.sampling.runq_wait != cfg.sampling.runq_wait
             || new.sampling.classic_tracepoints != cfg.sampling.classic_tracepoints
             || new.store.dir != cfg.store.dir

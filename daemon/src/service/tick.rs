@@ -80,11 +80,15 @@ impl Service {
 
     /// This window's eBPF deltas by tgid, every process's cumulative
     /// counters and when (CLOCK_BOOTTIME) they were read; empty when the
-    /// maps could not be read.
+    /// maps could not be read, or there are none (/proc-only).
     pub(super) fn read_bpf(&mut self) -> (HashMap<u32, BpfDelta>, Vec<ProcessCounters>, u64) {
         let mut bpf_window: HashMap<u32, BpfDelta> = HashMap::new();
         let mut rows = Vec::new();
-        let snap = self.accounting.read();
+        // /proc-only: no eBPF maps, so no deltas and no rows.
+        let Some(accounting) = self.accounting.as_mut() else {
+            return (bpf_window, rows, ClockPair::now().boottime_ns);
+        };
+        let snap = accounting.read();
         let ts_boot_ns = ClockPair::now().boottime_ns;
         match snap {
             // Folding drains the EXITED map and keeps the drop counters current.
@@ -159,15 +163,22 @@ impl Service {
             ("bpf_map_reads".to_string(), self.read_errors.bpf),
             ("procfs_scans".to_string(), self.read_errors.procfs),
         ]);
-        st.bpf_drops = vitals_common::drop_reason::NAMES
-            .iter()
-            .zip(self.totals.drops)
-            .map(|(n, v)| (n.to_string(), v))
-            .collect();
-        st.bpf_drops.insert(
-            "negative_deltas".into(),
-            self.bpf_delta_drops.negative_deltas,
-        );
+        // /proc-only: no eBPF drop counters, rather than zeros.
+        if self.accounting.is_some() {
+            st.bpf_drops = vitals_common::drop_reason::NAMES
+                .iter()
+                .zip(self.totals.drops)
+                .map(|(n, v)| (n.to_string(), v))
+                .collect();
+            st.bpf_drops.insert(
+                "negative_deltas".into(),
+                self.bpf_delta_drops.negative_deltas,
+            );
+            // Threads seen alive whose exit record never came (EXITED
+            // full): folded into their process from their last counters.
+            st.bpf_drops
+                .insert("lost_exits".into(), self.totals.lost_exits);
+        }
         (st.producer, st.producer_error) = self.producer_status();
         st.triggers_fired = self.engine.fired_total;
         st.triggers_skipped = self

@@ -38,6 +38,12 @@ pub struct TaskCounters {
     /// Thread group id, learnt from the task's own context.
     pub tgid: u32,
     pub _pad: u32,
+    /// bpf_ktime_get_ns() when this value was inserted: which task, of
+    /// all that held this tid, the counters belong to. The key is deleted
+    /// when the task is freed, even when its exit record is lost (EXITED
+    /// full), so a task reusing the tid gets a new stamp and user space
+    /// can tell the two apart instead of merging their counters.
+    pub born_ns: u64,
 }
 
 /// The state each CPU keeps between two sched_switch events.

@@ -11,13 +11,18 @@
 //!   runner opened: on Android perfetto may only write it), exits 0;
 //! - `overrun`: the same with buffer_overran set;
 //! - `no-profile`: config and ProcessTree but no ProfilePacket, exits 0;
-//! - `exit1`: prints an error like the real client's, exits 1;
+//! - `refused`: what the real client does when traced refuses the session
+//!   (here: its unique_session_name is in use): logs "Service error: ..."
+//!   and exits 0 without writing anything;
+//! - `exit1`: prints the real client's error for an unreachable traced,
+//!   exits 1;
 //! - `hang`: waits for SIGTERM, then writes the success trace and exits 0,
 //!   as the real client stops the session and flushes on SIGTERM;
 //! - `hang-hard`: ignores SIGTERM and sleeps (needs SIGKILL).
 //!
 //! FAKE_PERFETTO_CONFIG_OUT, if set, receives the raw stdin bytes. Named
-//! targets get pids from 4242 up.
+//! targets get pids from 4242 up. Like the real heapprofd, a dump carries
+//! a timestamp and one HeapSample per callstack with cumulative counts.
 
 use std::{
     io::{Read, Write},
@@ -124,18 +129,26 @@ fn write_trace(cfg: &TraceConfig, mode: &str) {
                 sampling_interval_bytes: interval,
                 orig_sampling_interval_bytes: interval,
                 buffer_overran: (mode == "overrun").then_some(true),
+                timestamp: Some(1_000_000_000),
                 samples: vec![
                     protos::profile_packet::HeapSample {
                         callstack_id: Some(1),
-                        self_allocated: Some(4096),
+                        self_allocated: Some(3 * 4096),
+                        alloc_count: Some(3),
+                        self_freed: Some(4096),
+                        free_count: Some(1),
+                        ..Default::default()
+                    },
+                    protos::profile_packet::HeapSample {
+                        callstack_id: Some(2),
+                        self_allocated: Some(64 * 1024),
                         alloc_count: Some(1),
                         ..Default::default()
-                    };
-                    2
+                    },
                 ],
                 stats: Some(protos::profile_packet::ProcessStats {
                     unwinding_errors: Some(0),
-                    heap_samples: Some(2),
+                    heap_samples: Some(4),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -169,8 +182,18 @@ fn main() {
             std::thread::sleep(Duration::from_millis(cfg.duration_ms().into()));
             write_trace(&cfg, &mode);
         }
+        "refused" => {
+            eprintln!(
+                "[1.000]    perfetto_cmd.cc:1262 Service error: A trace with this unique \
+                 session name ({}) already exists",
+                cfg.unique_session_name()
+            );
+        }
         "exit1" => {
-            eprintln!("[perfetto_cmd] Could not connect to traced (fake)");
+            eprintln!(
+                "[1.000]    perfetto_cmd.cc:1216 Could not connect to the traced socket \
+                 /dev/socket/traced_consumer. Ensure traced is running or use tracebox."
+            );
             exit(1);
         }
         "hang" => {

@@ -83,73 +83,86 @@ fn vitals_touch_pages(pages: usize) {
     }
 }
 
+/// Allocates and frees through libc's malloc until `stop` is set: the
+/// function a heap profile of the `heap-churn` mode must attribute its
+/// allocations to (not inlined, so it is a frame of its own). Calls libc
+/// directly, not Rust's allocator, so the stack names this function and
+/// every block goes through the malloc that heapprofd's preload library
+/// intercepts. Keeps every 8th block alive, so the profile also shows
+/// unreleased memory, and spins between rounds so it uses a steady share
+/// of a CPU. Returns the bytes it allocated.
+#[inline(never)]
+fn vitals_heap_churn(stop: &std::sync::atomic::AtomicBool) -> u64 {
+    let mut kept = Vec::new();
+    let mut total = 0u64;
+    let mut round = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut blocks = [std::ptr::null_mut::<libc::c_void>(); 16];
+        for (i, b) in blocks.iter_mut().enumerate() {
+            let size = 64 + 32 * i;
+            *b = std::hint::black_box(unsafe { libc::malloc(size) });
+            assert!(!b.is_null());
+            total += size as u64;
+        }
+        for (i, b) in blocks.into_iter().enumerate() {
+            if i == 0 && round.is_multiple_of(8) {
+                kept.push(b as usize);
+            } else {
+                unsafe { libc::free(b) };
+            }
+        }
+        round += 1;
+        // About 4.5 MB/s, some 1,000 samples a second at the default 4 KiB
+        // interval: thousands in a few seconds, few enough that heapprofd's
+        // unwinder keeps up on a loaded machine (at 36 MB/s its ring could
+        // overrun). The spin makes it ~20 % of a CPU: vitalsd's CPU share
+        // comes from 10 ms ticks, and a rule on it needs every 250 ms
+        // sample to show some (the malloc calls alone are ~2 %, mostly 0).
+        spin_for(Duration::from_micros(250));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for b in kept {
+        unsafe { libc::free(b as *mut libc::c_void) };
+    }
+    total
+}
+
+/// `heap-churn`: mallocs and frees in vitals_heap_churn on a thread from
+/// the start ("ready" once it runs) until stdin closes. For heapprofd
+/// tests: start it with the preload library and an argv[0] of the name the
+/// session asks for.
+fn heap_churn(argv0: &str) {
+    name_after_argv0(argv0);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let stop = stop.clone();
+        std::thread::spawn(move || vitals_heap_churn(&stop))
+    };
+    say("ready");
+    wait_eof();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.join().unwrap();
+}
+
+/// Sets the comm to argv[0]'s basename (cut to the kernel's 15 bytes):
+/// heapprofd matches a process by argv[0], vitalsd's rules and heap
+/// allowlists by comm, and on Android the two agree, so here as well.
+fn name_after_argv0(argv0: &str) {
+    let base = std::path::Path::new(argv0)
+        .file_name()
+        .map(|b| b.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let comm: String = base.chars().take(15).collect();
+    let c = std::ffi::CString::new(comm).unwrap();
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    assert_eq!(unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr()) }, 0);
+}
+
 /// This thread's (voluntary, involuntary) context switches so far.
 fn thread_switches() -> (i64, i64) {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) }, 0);
     (ru.ru_nvcsw, ru.ru_nivcsw)
-}
-
-/// `struct clone_args` of clone3(2) up to `set_tid_size` (CLONE_ARGS_SIZE_VER1).
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-}
-
-/// Starts `exe` with `argv` as a child whose pid is `pid`: clone3 with
-/// set_tid (Linux 5.5, CAP_SYS_ADMIN), retried while the old holder of the
-/// pid is still being released (EEXIST). Returns the child's pid.
-fn spawn_with_pid(pid: u32, exe: &std::path::Path, argv: &[&str]) -> i32 {
-    use std::{ffi::CString, os::unix::ffi::OsStrExt};
-    // Everything the child needs is allocated before the clone: between
-    // clone and execv it only calls async-signal-safe functions.
-    let path = CString::new(exe.as_os_str().as_bytes()).unwrap();
-    let argv: Vec<CString> = argv.iter().map(|a| CString::new(*a).unwrap()).collect();
-    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    ptrs.push(std::ptr::null());
-    let want = pid as libc::pid_t;
-    for _ in 0..1000 {
-        let args = CloneArgs {
-            exit_signal: libc::SIGCHLD as u64,
-            set_tid: &want as *const libc::pid_t as u64,
-            set_tid_size: 1,
-            ..Default::default()
-        };
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_clone3,
-                &args as *const CloneArgs,
-                std::mem::size_of::<CloneArgs>(),
-            )
-        };
-        if r == 0 {
-            unsafe {
-                libc::execv(path.as_ptr(), ptrs.as_ptr());
-                libc::_exit(127);
-            }
-        }
-        if r > 0 {
-            return r as i32;
-        }
-        let e = std::io::Error::last_os_error();
-        assert_eq!(
-            e.raw_os_error(),
-            Some(libc::EEXIST),
-            "clone3 with pid {pid}: {e}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    panic!("pid {pid} stayed taken");
 }
 
 fn pin_to(cpu: usize) {
@@ -344,16 +357,20 @@ fn main() {
             assert!(a.wait().unwrap().success());
             say(&format!("a {pid}"));
             wait_line();
-            let b = spawn_with_pid(pid, &me, &["vitals-reuse-b", "spin-exit", &ms_b]);
-            let mut status = 0;
-            assert_eq!(unsafe { libc::waitpid(b, &mut status, 0) }, b);
-            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
-            say(&format!("b {b}"));
+            let b = vitals_tests::pid::spawn_with_pid_retrying(
+                pid,
+                &me,
+                &["vitals-reuse-b", "spin-exit", &ms_b],
+            );
+            let b_pid = b.pid();
+            b.wait_success();
+            say(&format!("b {b_pid}"));
             say("done");
             wait_eof();
         }
+        Some("heap-churn") => heap_churn(&args[0]),
         _ => {
-            eprintln!("usage: vitals-workload spin|pinned-spin|spin-exit|touch|sleep|threads|pingpong|children|reuse-pid ...");
+            eprintln!("usage: vitals-workload spin|pinned-spin|spin-exit|touch|sleep|threads|pingpong|children|reuse-pid|heap-churn ...");
             std::process::exit(2);
         }
     }

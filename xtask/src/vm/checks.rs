@@ -17,7 +17,7 @@ use super::{binaries::Binaries, Arch};
 use crate::util::workspace_root;
 
 /// The test files of the matrix (tests/tests/<file>.rs).
-pub const TEST_FILES: &[&str] = &["accounting", "capture", "pins", "record"];
+pub const TEST_FILES: &[&str] = &["accounting", "capture", "pins", "record", "reuse"];
 
 /// The CI subset, per the issue: load and attach, on-CPU time, faults,
 /// voluntary switches, an exited child, the sched capture, pins.

@@ -12,12 +12,17 @@ use std::{
 
 use thiserror::Error;
 
+mod summary;
+
+pub use self::summary::{RecordSummary, SummaryRow};
+
 use crate::{
     bpf::{
+        denied::{self, ProcOnly},
         totals::{ProcessCounters, Totals},
         Accounting, AccountingConfig, BpfError, FaultSource,
     },
-    capture::{Capture, CaptureError, CaptureOptions, CaptureStats},
+    capture::{Capture, CaptureError, CaptureOptions},
     clock::ClockPair,
     export,
     perfetto::{PerfettoError, ProcessKey, SystemFacts, TraceWriter},
@@ -42,6 +47,9 @@ pub enum RecordError {
     Procfs(#[from] SamplerError),
     #[error(transparent)]
     Capture(#[from] CaptureError),
+    /// A capture records kernel events, which only the eBPF programs see.
+    #[error("a capture needs eBPF, but accounting is {0}")]
+    CaptureNeedsBpf(ProcOnly),
     #[error("creating trace file {path}: {source}")]
     Create {
         path: PathBuf,
@@ -68,38 +76,6 @@ pub struct RecordOptions {
     pub max_bytes: Option<u64>,
 }
 
-/// One process's figures over the recording.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SummaryRow {
-    pub pid: u32,
-    pub name: String,
-    pub oncpu_ns: u64,
-    /// oncpu_ns / wall time of the recording (CLOCK_MONOTONIC); may exceed 100%.
-    pub core_equivalent_pct: f64,
-    pub voluntary_switches: u64,
-    pub involuntary_switches: u64,
-    /// None when runqueue wait was not accounted (--no-runq-wait).
-    pub runq_wait_ns: Option<u64>,
-    pub faults: u64,
-    pub ended: bool,
-}
-
-#[derive(Debug, Clone)]
-pub struct RecordSummary {
-    pub trace_path: PathBuf,
-    pub fault_source: FaultSource,
-    pub wall_monotonic_ns: u64,
-    pub rows: Vec<SummaryRow>,
-    pub drops: Vec<(&'static str, u64)>,
-    pub capabilities_after_attach: Option<String>,
-    pub packets_written: u64,
-    pub bytes_written: u64,
-    pub samples: u64,
-    pub capture: Option<CaptureStats>,
-    /// The recording stopped early because the trace reached `max_bytes`.
-    pub cut_at_max_bytes: bool,
-}
-
 /// Runs until `duration` passes or `stop` is set; whoever sets `stop`
 /// should unpark the calling thread so it notices at once.
 pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, RecordError> {
@@ -124,7 +100,9 @@ pub fn record_with(
 
 /// What `attach` leaves for the rest of the recording.
 struct Attached {
-    accounting: Accounting,
+    /// None: /proc-only, for the reason in `proc_only`.
+    accounting: Option<Accounting>,
+    proc_only: Option<ProcOnly>,
     file: File,
     capture: Option<Capture>,
     capabilities_after_attach: Option<String>,
@@ -134,8 +112,14 @@ struct Attached {
 /// order it needs them: load and attach, create the trace file, start the
 /// capture; then drop to the steady-state capabilities.
 fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
-    let mut accounting =
-        Accounting::load(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))?;
+    let (mut accounting, proc_only) =
+        match denied::load(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))? {
+            Ok(acc) => (Some(acc), None),
+            Err(why) => {
+                log_proc_only(&why, "recording");
+                (None, Some(why))
+            }
+        };
     // Before the capability drop: afterwards root may no longer be able to
     // create it (no CAP_DAC_OVERRIDE). After the load, so a failed load
     // leaves no empty trace behind.
@@ -144,14 +128,13 @@ fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
         source,
     })?;
     // Before the capability drop: starting a capture attaches sched_waking.
-    let capture = if opts.capture.any() {
-        Some(Capture::start(
-            &mut accounting,
-            &opts.capture,
-            &opts.proc_root,
-        )?)
-    } else {
-        None
+    let capture = match (&mut accounting, &proc_only) {
+        _ if !opts.capture.any() => None,
+        (Some(acc), _) => Some(Capture::start(acc, &opts.capture, &opts.proc_root)?),
+        (None, why) => {
+            let why = why.clone().unwrap_or(ProcOnly::Asked);
+            return Err(RecordError::CaptureNeedsBpf(why));
+        }
     };
     let capabilities_after_attach = if opts.drop_privileges {
         // Symbolising another process's stack reads its /proc/<pid>/maps,
@@ -167,6 +150,7 @@ fn attach(opts: &RecordOptions) -> Result<Attached, RecordError> {
     };
     Ok(Attached {
         accounting,
+        proc_only,
         file,
         capture,
         capabilities_after_attach,
@@ -207,7 +191,9 @@ struct Recording {
     fault_source: FaultSource,
     capabilities_after_attach: Option<String>,
     capture: Option<Capture>,
-    accounting: Accounting,
+    /// None: /proc-only (`proc_only` says why).
+    accounting: Option<Accounting>,
+    proc_only: Option<ProcOnly>,
     samples: u64,
     cut_at_max_bytes: bool,
 }
@@ -222,14 +208,21 @@ impl Recording {
     ) -> Result<Self, RecordError> {
         let Attached {
             accounting,
+            proc_only,
             file,
             capture,
             capabilities_after_attach,
         } = attached;
-        let fault_source = accounting.fault_source();
-        let runq_wait = accounting.runq_wait();
-        let tracks =
-            ProcessCounterTracks::new(process_counters(fault_source, runq_wait, "recording start"));
+        let fault_source = accounting
+            .as_ref()
+            .map_or(FaultSource::None, Accounting::fault_source);
+        let runq_wait = accounting.as_ref().is_some_and(Accounting::runq_wait);
+        // /proc-only: no eBPF tracks at all, so nothing reads as a zero.
+        let counters = match &accounting {
+            Some(_) => process_counters(fault_source, runq_wait, "recording start"),
+            None => Vec::new(),
+        };
+        let tracks = ProcessCounterTracks::new(counters);
 
         let mut writer = TraceWriter::new(BufWriter::new(file));
         let start = ClockPair::now();
@@ -269,11 +262,17 @@ impl Recording {
         let mut initial: Vec<&ProcessIdentity> = known.values().flatten().collect();
         initial.sort_by_key(|p| p.pid);
         writer.write_process_tree(start.boottime_ns, &tree_entries(initial))?;
+        writer.write_instant(
+            start.boottime_ns,
+            "vitalsd",
+            &accounting_note(proc_only.as_ref(), fault_source),
+        )?;
         prelude(&mut writer)?;
         writer.flush()?;
 
         Ok(Self {
             accounting,
+            proc_only,
             capture,
             capabilities_after_attach,
             fault_source,
@@ -332,23 +331,39 @@ impl Recording {
     /// One sample: the BPF totals and procfs, the capture's records since
     /// the last tick, and every process's counters that changed.
     fn tick(&mut self) -> Result<(), RecordError> {
-        let snap = self.accounting.read()?;
+        let snap = match self.accounting.as_mut() {
+            Some(acc) => Some(acc.read()?),
+            None => None,
+        };
         let clocks = ClockPair::now();
         self.samples += 1;
-        let rows = self.totals.update(&snap);
+        let rows = snap
+            .as_ref()
+            .map(|snap| self.totals.update(snap))
+            .unwrap_or_default();
         self.sampler.sample_into(&mut self.sample)?;
         export::write_sample(&mut self.writer, clocks.boottime_ns, &self.sample, self.hz)?;
         if let Some(window) = self.tracker.update(&self.sample) {
             export::write_window(&mut self.writer, clocks.boottime_ns, &window)?;
         }
-        if let Some(c) = self.capture.as_mut() {
-            c.flush(&self.accounting, &mut self.writer, clocks.boottime_ns)?;
+        if let Some(snap) = &snap {
+            export::write_bpf_drops(&mut self.writer, clocks.boottime_ns, &snap.drops)?;
+        }
+        if let (Some(c), Some(acc)) = (self.capture.as_mut(), self.accounting.as_ref()) {
+            c.flush(acc, &mut self.writer, clocks.boottime_ns)?;
         }
         // Known instances first: one that ends moves out of `known`, so
-        // a new instance of its pid in this tick is a new process.
-        let (old, new): (Vec<ProcessCounters>, Vec<ProcessCounters>) = rows
-            .into_iter()
-            .partition(|r| self.known.contains_key(&r.tgid));
+        // a new instance of its pid in this tick (a live row after the
+        // ended one) is a new process.
+        let mut ending = HashSet::new();
+        let (old, new): (Vec<ProcessCounters>, Vec<ProcessCounters>) =
+            rows.into_iter().partition(|r| {
+                let known = self.known.contains_key(&r.tgid) && !ending.contains(&r.tgid);
+                if known && r.ended {
+                    ending.insert(r.tgid);
+                }
+                known
+            });
         self.write_counters(&old, clocks.boottime_ns)?;
         let (new, entries) = self.name_new_processes(new);
         self.write_counters(&new, clocks.boottime_ns)?;
@@ -445,13 +460,11 @@ impl Recording {
     /// Stops the capture (draining and writing what is left), then the
     /// summary: every process seen, by on-CPU time.
     fn finish(mut self, opts: &RecordOptions) -> Result<RecordSummary, RecordError> {
-        let capture_stats = match self.capture.take() {
-            Some(c) => Some(c.stop(
-                &mut self.accounting,
-                &mut self.writer,
-                ClockPair::now().boottime_ns,
-            )?),
-            None => None,
+        let capture_stats = match (self.capture.take(), self.accounting.as_mut()) {
+            (Some(c), Some(acc)) => {
+                Some(c.stop(acc, &mut self.writer, ClockPair::now().boottime_ns)?)
+            }
+            _ => None,
         };
         let end = ClockPair::now();
         let wall = end
@@ -459,15 +472,20 @@ impl Recording {
             .saturating_sub(self.start.monotonic_ns)
             .max(1);
         let rows = self.summary_rows(wall);
-        let drops = vitals_common::drop_reason::NAMES
-            .iter()
-            .zip(self.totals.drops)
-            .map(|(n, v)| (*n, v))
-            .collect();
+        // /proc-only: no eBPF drop counters, rather than zeros.
+        let drops = match self.accounting {
+            Some(_) => vitals_common::drop_reason::NAMES
+                .iter()
+                .zip(self.totals.drops)
+                .map(|(n, v)| (*n, v))
+                .collect(),
+            None => Vec::new(),
+        };
         let packets_written = self.writer.packets_written();
         let bytes_written = self.writer.bytes_written();
         self.writer.flush()?;
         Ok(RecordSummary {
+            accounting: accounting_mode(self.proc_only.as_ref()),
             trace_path: opts.out.clone(),
             fault_source: self.fault_source,
             wall_monotonic_ns: wall,
@@ -511,65 +529,34 @@ impl Recording {
     }
 }
 
-impl RecordSummary {
-    /// The top table: `limit` rows (0 = all), then drops.
-    pub fn render(&self, limit: usize) -> String {
-        use std::fmt::Write;
-        let mut s = String::new();
-        let wall_s = self.wall_monotonic_ns as f64 / 1e9;
-        let _ = writeln!(
-            s,
-            "vitalsd record: {:.2} s, {} samples, faults from {}",
-            wall_s,
-            self.samples,
-            self.fault_source.describe()
-        );
-        let _ = writeln!(
-            s,
-            "{:>7} {:<20} {:>12} {:>9} {:>9} {:>9} {:>11} {:>9}",
-            "PID", "PROCESS", "ONCPU_MS", "CORE_EQ%", "VOL_SW", "INVOL_SW", "RUNQ_MS", "FAULTS"
-        );
-        let n = if limit == 0 {
-            self.rows.len()
-        } else {
-            limit.min(self.rows.len())
-        };
-        for r in &self.rows[..n] {
-            let mut name: String = r.name.chars().take(20).collect();
-            if r.ended {
-                name = format!("{}*", name.chars().take(19).collect::<String>());
-            }
-            let _ = writeln!(
-                s,
-                "{:>7} {:<20} {:>12.3} {:>9.1} {:>9} {:>9} {:>11} {:>9}",
-                r.pid,
-                name,
-                r.oncpu_ns as f64 / 1e6,
-                r.core_equivalent_pct,
-                r.voluntary_switches,
-                r.involuntary_switches,
-                r.runq_wait_ns
-                    .map(|ns| format!("{:.3}", ns as f64 / 1e6))
-                    .unwrap_or_else(|| "-".into()),
-                r.faults
-            );
-        }
-        let _ = writeln!(s, "(* = exited during the recording; CORE_EQ% = on-CPU time / wall time, may exceed 100%)");
-        let drops: Vec<String> = self.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
-        let _ = writeln!(s, "map drops: {}", drops.join(" "));
-        if let Some(c) = &self.capabilities_after_attach {
-            let _ = writeln!(s, "capabilities after attach: {c}");
-        }
-        if let Some(c) = &self.capture {
-            let _ = writeln!(s, "{}", c.render());
-        }
-        let _ = writeln!(
-            s,
-            "trace: {} ({} packets, {} bytes)",
-            self.trace_path.display(),
-            self.packets_written,
-            self.bytes_written
-        );
-        s
+/// "ebpf", or "proc-only (bpf denied: …)": the mode as status and the
+/// summary state it.
+pub fn accounting_mode(proc_only: Option<&ProcOnly>) -> String {
+    match proc_only {
+        None => "ebpf".into(),
+        Some(why) => why.to_string(),
+    }
+}
+
+/// The trace's note of the accounting mode and, /proc-only, of what the
+/// trace lacks.
+fn accounting_note(proc_only: Option<&ProcOnly>, fault_source: FaultSource) -> String {
+    match proc_only {
+        None => format!("accounting: ebpf; faults from {}", fault_source.name()),
+        Some(why) => format!(
+            "accounting: {why}; unavailable: {}; from /proc only: system CPU, load, pressure, per-process CPU time and minflt/majflt",
+            denied::PROC_ONLY_MISSING
+        ),
+    }
+}
+
+/// The one line saying BPF is off and why.
+pub fn log_proc_only(why: &ProcOnly, what: &str) {
+    match why {
+        ProcOnly::Asked => log::info!("{what} /proc-only, as configured (accounting = proc)"),
+        ProcOnly::Denied(denied) => log::warn!(
+            "BPF denied: {denied}; {what} /proc-only, without {}",
+            denied::PROC_ONLY_MISSING
+        ),
     }
 }
