@@ -88,6 +88,10 @@ pub const ANDROID_PATHS: &[(&str, &str)] = &[
         "/system/bin/vitalsd",
         "the daemon's own executable (init exec)",
     ),
+    (
+        "/dev/socket/traced_producer",
+        "producer (the Perfetto SDK connects; producer::connection watches the connection)",
+    ),
 ];
 
 /// How an AOSP platform policy labels paths vitalsd reads, written as the
@@ -120,6 +124,11 @@ pub const AOSP_LABELS: &[(&str, &str, &str)] = &[
         "vendor_configs_file",
     ),
     ("file_contexts", "/system/bin/perfetto", "perfetto_exec"),
+    (
+        "file_contexts",
+        "/dev/socket/traced_producer",
+        "traced_producer_socket",
+    ),
 ];
 
 /// Paths labelled per process rather than by a file rule: /proc/<pid> gets
@@ -168,6 +177,14 @@ pub const SOURCE_SCAN_EXEMPT: &[(&str, &str)] = &[
         "/sys/kernel/debug/tracing",
         "Linux-only fallback: Android mounts tracefs on /sys/kernel/tracing, which is tried \
          first, and does not mount debugfs on user builds",
+    ),
+    (
+        "/run/perfetto",
+        "Linux-only: producer::connection mirrors perfetto's GetProducerSocket() default",
+    ),
+    (
+        "/run/perfetto/traced-producer.sock",
+        "Linux-only default of the traced producer socket (Android: /dev/socket/traced_producer)",
     ),
     (
         "/run/vitalsd/vitalsd.sock",

@@ -150,8 +150,30 @@ pub struct Config {
     pub budget: Budget,
     pub conditions: Conditions,
     pub heapprofd: HeapprofdSettings,
+    pub producer: ProducerSettings,
     #[serde(rename = "rule")]
     pub rules: Vec<Rule>,
+}
+
+/// `vitalsd run` as a producer of the system tracing service (traced), in
+/// builds with the `producer` feature; see docs/android.md.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProducerSettings {
+    /// Register the data source. With no session listing it, the daemon
+    /// only keeps an idle connection to traced.
+    pub enabled: bool,
+    /// The data source name trace configs list.
+    pub data_source: String,
+}
+
+impl Default for ProducerSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            data_source: "linux.vitals".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -422,6 +444,7 @@ impl Default for Config {
             budget: Budget::default(),
             conditions: Conditions::default(),
             heapprofd: HeapprofdSettings::default(),
+            producer: ProducerSettings::default(),
             rules: vec![Rule {
                 name: "system-cpu-busy".into(),
                 metric: Metric::SystemCpuBusyPct,

@@ -16,7 +16,10 @@ pub mod heapprofd;
 pub mod history;
 pub mod perfetto;
 pub mod privileges;
+pub mod process_tracks;
 pub mod procfs;
+#[cfg(feature = "producer")]
+pub mod producer;
 pub mod record;
 pub mod service;
 pub mod snapshot;

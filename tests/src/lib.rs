@@ -8,6 +8,7 @@ pub mod kernel_clock;
 pub mod perfetto_service;
 pub mod pid;
 pub mod trace_processor;
+pub mod traced;
 
 use std::{
     io::{BufRead, BufReader, Write},

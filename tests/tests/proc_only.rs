@@ -141,6 +141,15 @@ fn run_without_bpf_capabilities_is_proc_only() {
     );
     // No eBPF drop counters at all, rather than zeros.
     assert_eq!(st["bpf_drops"], serde_json::json!({}), "{st}");
+    // No Perfetto producer (its data source is eBPF counters only); built
+    // with it (feature `producer`), status says why it did not start.
+    assert_eq!(st["producer"], serde_json::json!({}), "{st}");
+    if let Some(e) = st["producer_error"].as_str() {
+        assert!(
+            e.starts_with("not started: accounting is proc-only (bpf denied: "),
+            "{e}"
+        );
+    }
     let row = st["top"]
         .as_array()
         .unwrap()
@@ -156,7 +165,7 @@ fn run_without_bpf_capabilities_is_proc_only() {
     let text = d.vitalsctl(&["status"]);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
-        text.contains(&format!("accounting: {mode}")),
+        text.contains(&format!("accounting: {mode}")) && text.contains("\nperfetto producer {}"),
         "vitalsctl status:\n{text}"
     );
     w.expect("done");

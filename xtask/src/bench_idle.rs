@@ -1,7 +1,9 @@
 //! `cargo xtask bench idle`: what leaving vitalsd on costs. vitalsd run
 //! (1 s sampling, default rules) side by side with the tools a user would
-//! leave running instead, `top -b -d 1` and `pidstat -u -r 1`, all over
-//! the same window: CPU (utime+stime from /proc/<pid>/stat) as % of one
+//! leave running instead, `top -b -d 1` and `pidstat -u -r 1`, and with a
+//! second vitalsd run whose Perfetto producer is off (the first one is
+//! connected to a traced of its own with no session: the producer's idle
+//! cost is the difference), all over the same window: CPU (utime+stime from /proc/<pid>/stat) as % of one
 //! core, and RSS (VmRSS at the end, VmHWM peak). Then, in a separate phase
 //! because the stats themselves cost, the kernel-side time of vitalsd's
 //! eBPF programs (kernel.bpf_stats_enabled), which its process CPU excludes.
@@ -17,17 +19,17 @@ use anyhow::{bail, Context, Result};
 
 use crate::util::{bpf_progs, set_bpf_stats, workspace_root};
 
-struct Cost {
-    cpu_ticks: u64,
-    rss_kb: u64,
-    hwm_kb: u64,
+pub(crate) struct Cost {
+    pub cpu_ticks: u64,
+    pub rss_kb: u64,
+    pub hwm_kb: u64,
 }
 
-fn clk_tck() -> f64 {
+pub(crate) fn clk_tck() -> f64 {
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
 }
 
-fn cost(pid: u32) -> Result<Cost> {
+pub(crate) fn cost(pid: u32) -> Result<Cost> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading stat")?;
     let rest = &stat[stat.rfind(')').context("stat")? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -49,12 +51,19 @@ fn cost(pid: u32) -> Result<Cost> {
     })
 }
 
-fn start_vitalsd(dir: &Path) -> Result<Child> {
+/// `vitalsd run` (release) with its store and socket in `dir`, `extra`
+/// appended to its config and `env` in its environment.
+pub(crate) fn start_vitalsd(
+    dir: &Path,
+    extra: &str,
+    env: &[(&'static str, std::path::PathBuf)],
+) -> Result<Child> {
+    std::fs::create_dir_all(dir)?;
     let cfg = dir.join("vitalsd.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[store]\ndir = \"{}\"\n[control]\nsocket = \"{}\"\n",
+            "[store]\ndir = \"{}\"\n[control]\nsocket = \"{}\"\n{extra}\n",
             dir.join("store").display(),
             dir.join("vitalsd.sock").display()
         ),
@@ -62,6 +71,7 @@ fn start_vitalsd(dir: &Path) -> Result<Child> {
     let child = Command::new(workspace_root().join("target/release/vitalsd"))
         .args(["run", "--config"])
         .arg(&cfg)
+        .envs(env.iter().cloned())
         .stderr(Stdio::null())
         .spawn()
         .context("starting vitalsd run")?;
@@ -87,11 +97,18 @@ fn bpf_run_time_ns(ids: &HashSet<u64>) -> Result<u64> {
 pub fn run(seconds: u64) -> Result<()> {
     let dir = tempfile_dir()?;
     let before: HashSet<u64> = bpf_progs()?.into_keys().collect();
-    let mut vitalsd = start_vitalsd(&dir)?;
+    let traced = crate::traced::Traced::start(&dir.join("traced"), false)?;
+    let mut vitalsd = start_vitalsd(&dir.join("with"), "", &traced.env())?;
+    traced.wait_for("linux.vitals", Duration::from_secs(20))?;
     let ours: HashSet<u64> = bpf_progs()?
         .into_keys()
         .filter(|id| !before.contains(id))
         .collect();
+    let mut without = start_vitalsd(
+        &dir.join("without"),
+        "[producer]\nenabled = false",
+        &traced.env(),
+    )?;
     // Let start-up (load, first scans) settle before measuring.
     std::thread::sleep(Duration::from_secs(2));
     let n = (seconds + 5).to_string();
@@ -108,6 +125,7 @@ pub fn run(seconds: u64) -> Result<()> {
     std::thread::sleep(Duration::from_secs(2));
     let tools = [
         ("vitalsd run", vitalsd.id()),
+        ("  no producer", without.id()),
         ("top -b -d 1", top.id()),
         ("pidstat -u -r 1", pidstat.id()),
     ];
@@ -143,10 +161,17 @@ pub fn run(seconds: u64) -> Result<()> {
     }
     println!(
         "vitalsd / top: CPU {:.2}x, RSS {:.2}x;  vitalsd / pidstat: CPU {:.2}x, RSS {:.2}x",
-        pct[0] / pct[1].max(1e-9),
-        rss[0] / rss[1].max(1e-9),
         pct[0] / pct[2].max(1e-9),
-        rss[0] / rss[2].max(1e-9)
+        rss[0] / rss[2].max(1e-9),
+        pct[0] / pct[3].max(1e-9),
+        rss[0] / rss[3].max(1e-9)
+    );
+    println!(
+        "Perfetto producer, connected, no session: CPU {:+.3} points of one core ({:.2}x), RSS {:+.1} MiB (CPU is counted in USER_HZ ticks: {:.3} points is one tick over this window)",
+        pct[0] - pct[1],
+        pct[0] / pct[1].max(1e-9),
+        rss[0] - rss[1],
+        100.0 / clk_tck() / wall
     );
     println!(
         "targets: CPU < 0.5% of one core ({}), RSS < 20 MiB ({})",
@@ -154,13 +179,24 @@ pub fn run(seconds: u64) -> Result<()> {
         if rss[0] < 20.0 { "met" } else { "MISSED" }
     );
 
-    // Kernel side: vitalsd's eBPF programs, with stats on for 10 s.
+    let kernel = kernel_side(&ours);
+    for d in [&mut vitalsd, &mut without] {
+        unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
+        let _ = d.wait();
+    }
+    drop(traced);
+    let _ = std::fs::remove_dir_all(&dir);
+    kernel
+}
+
+/// Kernel side: the first vitalsd's eBPF programs, with stats on for 10 s.
+fn kernel_side(ours: &HashSet<u64>) -> Result<()> {
     set_bpf_stats(true)?;
     let t = Instant::now();
     let measured = (|| -> Result<(u64, u64)> {
-        let r0 = bpf_run_time_ns(&ours)?;
+        let r0 = bpf_run_time_ns(ours)?;
         std::thread::sleep(Duration::from_secs(10));
-        Ok((r0, bpf_run_time_ns(&ours)?))
+        Ok((r0, bpf_run_time_ns(ours)?))
     })();
     let secs = t.elapsed().as_secs_f64();
     set_bpf_stats(false)?;
@@ -171,9 +207,6 @@ pub fn run(seconds: u64) -> Result<()> {
         ours.len(),
         secs
     );
-    unsafe { libc::kill(vitalsd.id() as i32, libc::SIGTERM) };
-    let _ = vitalsd.wait();
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -26,7 +26,8 @@ const PROCESSES: usize = 1000;
 const THREADS: usize = 5000;
 const RUNS: usize = 5;
 
-struct SleepChildren(Vec<Child>);
+/// `sleep 3600` children, killed and reaped on drop.
+pub(crate) struct SleepChildren(pub Vec<Child>);
 
 impl Drop for SleepChildren {
     fn drop(&mut self) {
@@ -56,9 +57,10 @@ impl Drop for ParkedThreads {
     }
 }
 
-fn spawn_load() -> Result<(SleepChildren, ParkedThreads)> {
-    let mut children = SleepChildren(Vec::with_capacity(PROCESSES));
-    for _ in 0..PROCESSES {
+/// `n` sleeping child processes.
+pub(crate) fn sleepers(n: usize) -> Result<SleepChildren> {
+    let mut children = SleepChildren(Vec::with_capacity(n));
+    for _ in 0..n {
         children.0.push(
             Command::new("sleep")
                 .arg("3600")
@@ -67,6 +69,11 @@ fn spawn_load() -> Result<(SleepChildren, ParkedThreads)> {
                 .context("spawning sleep")?,
         );
     }
+    Ok(children)
+}
+
+fn spawn_load() -> Result<(SleepChildren, ParkedThreads)> {
+    let children = sleepers(PROCESSES)?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads = ParkedThreads {
         stop: stop.clone(),

@@ -9,11 +9,13 @@ mod android_check;
 mod bench_capture;
 mod bench_idle;
 mod bench_overhead;
+mod bench_producer;
 mod bench_scan;
 mod dist;
 mod leftovers;
 mod setup;
 mod suites;
+mod traced;
 mod util;
 mod vm;
 
@@ -111,6 +113,12 @@ enum Bench {
         #[arg(long, default_value_t = 60)]
         seconds: u64,
     },
+    /// With 1000 processes: CPU of traced_probes' linux.process_stats (1 s, runtime)
+    /// against vitalsd's linux.vitals data source (1 s), in one session.
+    Producer {
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
     /// Capture tier under perf bench sched pipe: bytes per switch, ring-buffer loss.
     Capture {
         /// Capture transport: `ringbuf` or `perf` (per-CPU perf event array).
@@ -159,6 +167,7 @@ fn main() -> Result<()> {
                 Bench::Idle { seconds } => bench_idle::run(seconds),
                 Bench::Scan => bench_scan::run(&workspace_root().join("target/release/vitalsd")),
                 Bench::Capture { transport } => bench_capture::run(&transport),
+                Bench::Producer { seconds } => bench_producer::run(seconds),
             }
         }
     }

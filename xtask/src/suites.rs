@@ -82,6 +82,8 @@ pub const TEST_FILE_NEEDS: &[(&str, Tool)] = &[
     ("reuse", Tool::TraceProcessor),
     ("proc_only", Tool::TraceProcessor),
     ("perfetto_service", Tool::PerfettoService),
+    // vitalsd's data source in sessions of the real traced.
+    ("producer", Tool::PerfettoService),
 ];
 
 /// The directory `shared/` sits in beside a checkout (CI copies it next to

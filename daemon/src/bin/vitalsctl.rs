@@ -118,7 +118,7 @@ fn status(c: &mut Client, json: bool) -> Result<()> {
     show(json, c.call(&Request::Status {})?, |v| {
         let st = &v["store"];
         format!(
-            "vitalsd {}: {} samples every {} ms, faults from {}\naccounting: {}\ncapabilities: {}\ncpu busy {}  loadavg {}\ntriggers fired {}, skipped {}\nbpf drops {}\nprocfs drops {}\nstore {}: {} captures, {} bytes; newest {}\n{}",
+            "vitalsd {}: {} samples every {} ms, faults from {}\naccounting: {}\ncapabilities: {}\ncpu busy {}  loadavg {}\ntriggers fired {}, skipped {}\nbpf drops {}\nprocfs drops {}\nperfetto producer {}{}\nstore {}: {} captures, {} bytes; newest {}\n{}",
             v["version"].as_str().unwrap_or("?"),
             v["samples"],
             v["interval_ms"],
@@ -131,6 +131,8 @@ fn status(c: &mut Client, json: bool) -> Result<()> {
             v["triggers_skipped"],
             v["bpf_drops"],
             v["procfs_drops"],
+            v["producer"],
+            v["producer_error"].as_str().map(|e| format!(" (last error: {e})")).unwrap_or_default(),
             st["dir"].as_str().unwrap_or("?"),
             st["captures"],
             st["bytes"],

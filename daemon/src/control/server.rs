@@ -107,6 +107,12 @@ pub struct DaemonState {
     pub sample_errors: BTreeMap<String, u64>,
     pub procfs_drops: BTreeMap<String, u64>,
     pub history_samples: usize,
+    /// The Perfetto producer's counters (reconnects, sessions, drops);
+    /// empty when it is not running.
+    pub producer: BTreeMap<String, u64>,
+    /// Its last error (a session's bad data source config), or why it
+    /// is not running (not started: /proc-only, or registering failed).
+    pub producer_error: Option<String>,
     pub config_path: String,
     #[serde(skip)]
     pub config_toml: String,

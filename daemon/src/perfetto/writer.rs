@@ -59,6 +59,8 @@ pub struct TraceWriter<W: Write> {
     issued: HashSet<TrackUuid>,
     /// Sequences that have had their first packet (see `emit_on`).
     started: HashSet<u32>,
+    /// Packets for a tracing service's shared memory (see [`TraceWriter::for_service`]).
+    for_service: bool,
 }
 
 impl<W: Write> TraceWriter<W> {
@@ -83,7 +85,27 @@ impl<W: Write> TraceWriter<W> {
             note_tracks: HashMap::new(),
             issued: HashSet::new(),
             started: HashSet::new(),
+            for_service: false,
         }
+    }
+
+    /// A writer of packets that a producer hands to traced (through the
+    /// Perfetto SDK) rather than of a trace file. Unlike a file:
+    /// - no `trusted_packet_sequence_id`: traced stamps it from the writer's
+    ///   id and its PacketStreamValidator rejects producer packets that set
+    ///   it;
+    /// - no `first_packet_on_sequence`: the SDK's TraceWriterImpl sets it on
+    ///   the first packet of its sequence;
+    /// - the first packet still carries SEQ_INCREMENTAL_STATE_CLEARED (one
+    ///   writer per incremental-state generation, so after every clear the
+    ///   track descriptors are written again), and every TrackEvent carries
+    ///   SEQ_NEEDS_INCREMENTAL_STATE: its `track_uuid` refers to a
+    ///   descriptor of this generation, so trace_processor must drop it if
+    ///   the generation's start was lost (ring buffer overwritten).
+    pub fn for_service(out: W) -> Self {
+        let mut w = Self::new(out);
+        w.for_service = true;
+        w
     }
 
     /// ClockSnapshot with BOOTTIME and MONOTONIC read back to back.
@@ -423,6 +445,12 @@ impl<W: Write> TraceWriter<W> {
             .map_err(|source| PerfettoError::Flush { source })
     }
 
+    /// The underlying writer, e.g. to take the encoded packets out of a
+    /// `Vec<u8>`.
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.out
+    }
+
     /// The underlying writer, not flushed: call [`TraceWriter::flush`] first
     /// if `W` buffers.
     pub fn into_inner(self) -> W {
@@ -524,6 +552,9 @@ impl<W: Write> TraceWriter<W> {
             return Err(PerfettoError::Poisoned);
         }
         let kind = packet_kind(&packet);
+        if self.for_service {
+            return self.emit_for_service(kind, packet);
+        }
         packet.trusted_packet_sequence_id = Some(sequence_id);
         if self.started.insert(sequence_id) {
             // trace_processor treats a sequence's incremental state as invalid
@@ -536,6 +567,31 @@ impl<W: Write> TraceWriter<W> {
             packet.first_packet_on_sequence = Some(true);
         }
 
+        self.encode_and_write(kind, packet)
+    }
+
+    /// `emit_on` for [`TraceWriter::for_service`]: the sequence is the SDK's.
+    fn emit_for_service(
+        &mut self,
+        kind: &'static str,
+        mut packet: TracePacket,
+    ) -> Result<(), PerfettoError> {
+        let mut flags = packet.sequence_flags.unwrap_or(0);
+        if self.started.insert(self.sequence_id) {
+            flags |= trace_packet::SequenceFlags::SeqIncrementalStateCleared as u32;
+        }
+        if matches!(packet.data, Some(trace_packet::Data::TrackEvent(_))) {
+            flags |= trace_packet::SequenceFlags::SeqNeedsIncrementalState as u32;
+        }
+        packet.sequence_flags = (flags != 0).then_some(flags);
+        self.encode_and_write(kind, packet)
+    }
+
+    fn encode_and_write(
+        &mut self,
+        kind: &'static str,
+        packet: TracePacket,
+    ) -> Result<(), PerfettoError> {
         self.buf.clear();
         self.buf.push(TRACE_PACKET_TAG);
         packet

@@ -12,11 +12,9 @@ use std::{
 
 use thiserror::Error;
 
-mod identity;
 mod summary;
 mod tier;
 
-use self::identity::{tree_entries, ProcessIdentity};
 pub use self::summary::{RecordSummary, SummaryRow};
 use self::tier::Tier;
 
@@ -29,11 +27,9 @@ use crate::{
     capture::{CaptureError, CaptureOptions},
     clock::ClockPair,
     export,
-    perfetto::{
-        CounterSpec, CounterUnit, CounterValue, PerfettoError, ProcessKey, SystemFacts,
-        TraceWriter, TrackUuid,
-    },
+    perfetto::{PerfettoError, ProcessKey, SystemFacts, TraceWriter},
     privileges::{self, PrivilegeError},
+    process_tracks::{process_counters, tree_entries, ProcessCounterTracks, ProcessIdentity},
     procfs::sampler::{ProcessSample, Sample, SampleOptions, Sampler, SamplerError},
     system::{self, SystemError},
     tracker::Tracker,
@@ -80,81 +76,6 @@ pub struct RecordOptions {
     /// sample, so it may pass the cap by one interval's packets; the store
     /// cuts a committed capture at its own limit). None: no cap.
     pub max_bytes: Option<u64>,
-}
-
-/// One per-process counter track: its descriptor and where its value comes from.
-struct ProcessCounter {
-    spec: CounterSpec,
-    value: fn(&ProcessCounters) -> u64,
-}
-
-fn spec(name: &str, unit: CounterUnit, description: &str) -> CounterSpec {
-    CounterSpec {
-        name: name.into(),
-        unit,
-        description: Some(description.into()),
-    }
-}
-
-/// The per-process counters of this recording; runqueue wait only when it
-/// is measured, so an absent track never reads as zero wait.
-fn process_counters(fault_source: FaultSource, runq_wait: bool) -> Vec<ProcessCounter> {
-    let mut v = vec![ProcessCounter {
-        spec: spec(
-            "oncpu_ns",
-            CounterUnit::TimeNs,
-            "on-CPU time since recording start (eBPF sched_switch)",
-        ),
-        value: |r| r.oncpu_ns,
-    }];
-    if runq_wait {
-        v.push(ProcessCounter {
-            spec: spec(
-                "runq_wait_ns",
-                CounterUnit::TimeNs,
-                "runnable-but-not-running time since recording start",
-            ),
-            value: |r| r.runq_wait_ns,
-        });
-    }
-    v.push(ProcessCounter {
-        spec: spec(
-            "voluntary_switches",
-            CounterUnit::Count,
-            "switch-outs while blocked",
-        ),
-        value: |r| r.voluntary_switches,
-    });
-    v.push(ProcessCounter {
-        spec: spec(
-            "involuntary_switches",
-            CounterUnit::Count,
-            "switch-outs while runnable (preempted)",
-        ),
-        value: |r| r.involuntary_switches,
-    });
-    let faults: fn(&ProcessCounters) -> u64 = match fault_source {
-        FaultSource::Tracepoint => |r| r.faults.entries,
-        FaultSource::PerfEvent => |r| r.faults.minflt + r.faults.majflt,
-        FaultSource::None => return v,
-    };
-    v.push(ProcessCounter {
-        spec: spec(
-            &format!("faults_{}", fault_source.name()),
-            CounterUnit::Count,
-            fault_source.describe(),
-        ),
-        value: faults,
-    });
-    v
-}
-
-/// A process's counter tracks, parallel to `process_counters()`.
-struct ProcessTracks {
-    key: ProcessKey,
-    uuids: Vec<TrackUuid>,
-    /// Last values written, so unchanged counters cost nothing.
-    last: Vec<i64>,
 }
 
 /// Runs until `duration` passes or `stop` is set; whoever sets `stop`
@@ -265,7 +186,7 @@ struct Recording {
     /// Ended instances per pid: tells apart the track keys of instances
     /// of one pid that have no starttime.
     ended_per_pid: HashMap<u32, u64>,
-    tracks: HashMap<u32, ProcessTracks>,
+    tracks: ProcessCounterTracks,
     totals: Totals,
     /// The live process instance of each pid with counters in the trace
     /// (None: counted but never named); an instance whose row ends moves
@@ -280,7 +201,6 @@ struct Recording {
     hz: u64,
     start: ClockPair,
     writer: FileTraceWriter,
-    counters: Vec<ProcessCounter>,
     runq_wait: bool,
     fault_source: FaultSource,
     capabilities_after_attach: Option<String>,
@@ -308,10 +228,11 @@ impl Recording {
         let (fault_source, runq_wait) = tier.fault_source_and_runq_wait();
         // /proc-only: no eBPF tracks at all, so nothing reads as a zero.
         let counters = if tier.has_bpf() {
-            process_counters(fault_source, runq_wait)
+            process_counters(fault_source, runq_wait, "recording start")
         } else {
             Vec::new()
         };
+        let tracks = ProcessCounterTracks::new(counters);
 
         let mut writer = TraceWriter::new(BufWriter::new(file));
         let start = ClockPair::now();
@@ -365,7 +286,6 @@ impl Recording {
             capabilities_after_attach,
             fault_source,
             runq_wait,
-            counters,
             writer,
             start,
             hz,
@@ -375,7 +295,7 @@ impl Recording {
             known,
             waiting: HashSet::new(),
             totals: Totals::new(),
-            tracks: HashMap::new(),
+            tracks,
             final_rows: HashMap::new(),
             ended: Vec::new(),
             ended_per_pid: HashMap::new(),
@@ -524,32 +444,12 @@ impl Recording {
                 },
             };
             let name = id.as_ref().map_or("", |i| i.name());
-            let t = match self.tracks.get_mut(&r.tgid) {
-                Some(t) if t.key.starttime_ticks == key.starttime_ticks => t,
-                _ => {
-                    let mut uuids = Vec::with_capacity(self.counters.len());
-                    for c in &self.counters {
-                        uuids.push(self.writer.process_counter_track(key, name, &c.spec)?);
-                    }
-                    let last = vec![-1; uuids.len()];
-                    self.tracks
-                        .insert(r.tgid, ProcessTracks { key, uuids, last });
-                    self.tracks.get_mut(&r.tgid).unwrap()
-                }
-            };
-            for (i, c) in self.counters.iter().enumerate() {
-                let v = (c.value)(r) as i64;
-                // Unchanged counters cost nothing in the trace.
-                if v != t.last[i] {
-                    self.writer
-                        .write_counter(ts_boot_ns, t.uuids[i], CounterValue::Int(v))?;
-                    t.last[i] = v;
-                }
-            }
+            self.tracks
+                .write(&mut self.writer, key, name, r, ts_boot_ns)?;
             if r.ended {
                 // Its last counters are written: the instance is over, and
                 // the pid's next user is a new process.
-                self.tracks.remove(&r.tgid);
+                self.tracks.forget(r.tgid);
                 self.final_rows.remove(&r.tgid);
                 let id = self.known.remove(&r.tgid).flatten();
                 *self.ended_per_pid.entry(r.tgid).or_default() += 1;

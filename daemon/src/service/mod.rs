@@ -14,6 +14,7 @@
 
 mod captures;
 mod heap;
+mod producer;
 mod requests;
 mod rules;
 mod signals;
@@ -180,6 +181,11 @@ fn push_trigger(st: &mut DaemonState, t: &TriggerInfo, unix_ms: u64, outcome: St
 /// first, then the control state, the store, the always-on eBPF programs,
 /// and the store lock last of all.
 struct Service {
+    /// The Perfetto data source (feature `producer`); before the eBPF
+    /// programs it reads in drop order.
+    producer: producer::MaybeProducer,
+    /// Why the configured producer is not running (status's producer_error).
+    producer_off: Option<String>,
     /// eBPF per-window deltas dropped because a counter went backwards.
     bpf_delta_drops: DropCounters,
     /// eBPF counters of the previous sample, for per-window deltas.
@@ -291,6 +297,8 @@ impl Service {
             None => "none from eBPF (proc-only: minflt/majflt from /proc/<pid>/stat)".to_owned(),
         };
         let accounting_mode = crate::record::accounting_mode(proc_only.as_ref());
+        let (producer, producer_off) =
+            producer::start(&cfg, accounting.as_ref(), proc_only.as_ref());
         let mut store = Store::open(&cfg.store.dir, limits(&cfg))?;
         configure_store(&mut store, &cfg);
         let store = Arc::new(Mutex::new(store));
@@ -326,6 +334,8 @@ impl Service {
         let hz = system::clock_ticks_per_second()?;
         // Written in the order `run` once created these as locals.
         Ok(Self {
+            producer,
+            producer_off,
             sampler: Sampler::new(
                 &cfg.sampling.proc_root,
                 SampleOptions {

@@ -10,6 +10,8 @@ use std::{
 
 use super::Service;
 use crate::{
+    bpf::totals::ProcessCounters,
+    clock::ClockPair,
     control::server::{TopEbpf, TopRow},
     history,
     tracker::{bpf_deltas, BpfDelta, Window},
@@ -60,7 +62,7 @@ impl Service {
     /// A failed read costs this sample, never the daemon: counted and
     /// logged (once per streak), and the next tick tries again.
     pub(super) fn sample(&mut self) -> Sampled {
-        let bpf_window = self.read_bpf();
+        let (bpf_window, rows, ts_boot_ns) = self.read_bpf();
         let window = self.read_procfs();
         let mut top = Vec::new();
         if let Some(w) = &window {
@@ -72,19 +74,26 @@ impl Service {
             ));
             top = top_rows(w, &bpf_window);
         }
+        self.feed_producer(ts_boot_ns, rows, window.is_some());
         Sampled { window, top }
     }
 
-    /// This window's eBPF deltas by tgid; empty when the maps could not be read.
-    pub(super) fn read_bpf(&mut self) -> HashMap<u32, BpfDelta> {
+    /// This window's eBPF deltas by tgid, every process's cumulative
+    /// counters and when (CLOCK_BOOTTIME) they were read; empty when the
+    /// maps could not be read, or there are none (/proc-only).
+    pub(super) fn read_bpf(&mut self) -> (HashMap<u32, BpfDelta>, Vec<ProcessCounters>, u64) {
         let mut bpf_window: HashMap<u32, BpfDelta> = HashMap::new();
+        let mut rows = Vec::new();
+        // /proc-only: no eBPF maps, so no deltas and no rows.
         let Some(accounting) = self.accounting.as_ref() else {
-            return bpf_window;
+            return (bpf_window, rows, ClockPair::now().boottime_ns);
         };
-        match accounting.read() {
+        let snap = accounting.read();
+        let ts_boot_ns = ClockPair::now().boottime_ns;
+        match snap {
             // Folding drains the EXITED map and keeps the drop counters current.
             Ok(snap) => {
-                let rows = self.totals.update(&snap);
+                rows = self.totals.update(&snap);
                 bpf_window = bpf_deltas(&mut self.bpf_prev, &rows, &mut self.bpf_delta_drops)
                     .into_iter()
                     .map(|d| (d.tgid, d))
@@ -99,7 +108,7 @@ impl Service {
                 }
             }
         }
-        bpf_window
+        (bpf_window, rows, ts_boot_ns)
     }
 
     /// This window from procfs; None when the scan failed.
@@ -170,6 +179,7 @@ impl Service {
             st.bpf_drops
                 .insert("lost_exits".into(), self.totals.lost_exits);
         }
+        (st.producer, st.producer_error) = self.producer_status();
         st.triggers_fired = self.engine.fired_total;
         st.triggers_skipped = self
             .engine

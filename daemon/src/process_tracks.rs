@@ -1,0 +1,260 @@
+//! Per-process eBPF counters as Perfetto counter tracks, and the process
+//! identities that name them: one encoding shared by `vitalsd record` (a
+//! trace file) and the producer (a data source of traced), so both write
+//! the same tracks with the same names, units and uuids.
+
+use std::{collections::HashMap, io::Write, sync::Arc};
+
+use crate::{
+    bpf::{totals::ProcessCounters, FaultSource},
+    perfetto::{
+        CounterSpec, CounterUnit, CounterValue, PerfettoError, ProcessKey, ProcessTreeEntry,
+        TraceWriter, TrackUuid,
+    },
+    procfs::{
+        cmdline::{argv, name_from_cmdline},
+        sampler::ProcessSample,
+    },
+};
+
+/// What a per-process counter measures; a data source config picks by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CounterKind {
+    OnCpu,
+    RunqWait,
+    Switches,
+    Faults,
+}
+
+impl CounterKind {
+    pub const ALL: [CounterKind; 4] = [
+        CounterKind::OnCpu,
+        CounterKind::RunqWait,
+        CounterKind::Switches,
+        CounterKind::Faults,
+    ];
+
+    /// The name a data source config uses for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CounterKind::OnCpu => "oncpu",
+            CounterKind::RunqWait => "runq_wait",
+            CounterKind::Switches => "switches",
+            CounterKind::Faults => "faults",
+        }
+    }
+}
+
+/// One per-process counter track: its descriptor and where its value comes from.
+pub struct ProcessCounter {
+    pub kind: CounterKind,
+    pub spec: CounterSpec,
+    pub value: fn(&ProcessCounters) -> u64,
+}
+
+fn spec(name: &str, unit: CounterUnit, description: &str) -> CounterSpec {
+    CounterSpec {
+        name: name.into(),
+        unit,
+        description: Some(description.into()),
+    }
+}
+
+/// The per-process counters; runqueue wait only when it is measured, so
+/// an absent track never reads as zero wait. `since` says where the
+/// cumulative values start ("recording start", "vitalsd start").
+pub fn process_counters(
+    fault_source: FaultSource,
+    runq_wait: bool,
+    since: &str,
+) -> Vec<ProcessCounter> {
+    let mut v = vec![ProcessCounter {
+        kind: CounterKind::OnCpu,
+        spec: spec(
+            "oncpu_ns",
+            CounterUnit::TimeNs,
+            &format!("on-CPU time since {since} (eBPF sched_switch)"),
+        ),
+        value: |r| r.oncpu_ns,
+    }];
+    if runq_wait {
+        v.push(ProcessCounter {
+            kind: CounterKind::RunqWait,
+            spec: spec(
+                "runq_wait_ns",
+                CounterUnit::TimeNs,
+                &format!("runnable-but-not-running time since {since}"),
+            ),
+            value: |r| r.runq_wait_ns,
+        });
+    }
+    v.push(ProcessCounter {
+        kind: CounterKind::Switches,
+        spec: spec(
+            "voluntary_switches",
+            CounterUnit::Count,
+            "switch-outs while blocked",
+        ),
+        value: |r| r.voluntary_switches,
+    });
+    v.push(ProcessCounter {
+        kind: CounterKind::Switches,
+        spec: spec(
+            "involuntary_switches",
+            CounterUnit::Count,
+            "switch-outs while runnable (preempted)",
+        ),
+        value: |r| r.involuntary_switches,
+    });
+    let faults: fn(&ProcessCounters) -> u64 = match fault_source {
+        FaultSource::Tracepoint => |r| r.faults.entries,
+        FaultSource::PerfEvent => |r| r.faults.minflt + r.faults.majflt,
+        FaultSource::None => return v,
+    };
+    v.push(ProcessCounter {
+        kind: CounterKind::Faults,
+        spec: spec(
+            &format!("faults_{}", fault_source.name()),
+            CounterUnit::Count,
+            fault_source.describe(),
+        ),
+        value: faults,
+    });
+    v
+}
+
+/// A process's counter tracks, parallel to the counters.
+struct Tracks {
+    key: ProcessKey,
+    uuids: Vec<TrackUuid>,
+    /// Last values written, so unchanged counters cost nothing.
+    last: Vec<i64>,
+}
+
+/// The counter tracks of every process written so far, by tgid.
+pub struct ProcessCounterTracks {
+    counters: Vec<ProcessCounter>,
+    tracks: HashMap<u32, Tracks>,
+}
+
+impl ProcessCounterTracks {
+    pub fn new(counters: Vec<ProcessCounter>) -> Self {
+        Self {
+            counters,
+            tracks: HashMap::new(),
+        }
+    }
+
+    /// Writes `row`'s counters that changed since the last call for this
+    /// process; its tracks are created on its first row, and anew when
+    /// `key` (pid, starttime) differs from the tracks' (a reused pid).
+    pub fn write<W: Write>(
+        &mut self,
+        w: &mut TraceWriter<W>,
+        key: ProcessKey,
+        name: &str,
+        row: &ProcessCounters,
+        ts_boot_ns: u64,
+    ) -> Result<(), PerfettoError> {
+        let t = match self.tracks.get_mut(&row.tgid) {
+            Some(t) if t.key == key => t,
+            _ => {
+                let mut uuids = Vec::with_capacity(self.counters.len());
+                for c in &self.counters {
+                    uuids.push(w.process_counter_track(key, name, &c.spec)?);
+                }
+                let last = vec![-1; uuids.len()];
+                self.tracks.insert(row.tgid, Tracks { key, uuids, last });
+                self.tracks.get_mut(&row.tgid).expect("just inserted")
+            }
+        };
+        for (i, c) in self.counters.iter().enumerate() {
+            let v = (c.value)(row) as i64;
+            // Unchanged counters cost nothing in the trace.
+            if v != t.last[i] {
+                w.write_counter(ts_boot_ns, t.uuids[i], CounterValue::Int(v))?;
+                t.last[i] = v;
+            }
+        }
+        Ok(())
+    }
+
+    /// The process instance is over; the pid's next user gets new tracks.
+    pub fn forget(&mut self, tgid: u32) {
+        self.tracks.remove(&tgid);
+    }
+
+    /// Whether `tgid` has tracks.
+    pub fn has(&self, tgid: u32) -> bool {
+        self.tracks.contains_key(&tgid)
+    }
+}
+
+/// Who a process instance is, from a procfs scan or an exit record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    /// /proc/<pid>/stat field 22; with pid it identifies the instance.
+    pub starttime_ticks: u64,
+    /// NUL-separated argv (procfs::cmdline); empty for kernel threads.
+    pub cmdline: Arc<str>,
+}
+
+impl ProcessIdentity {
+    pub fn of(p: &ProcessSample) -> Self {
+        Self {
+            pid: p.stat.pid as u32,
+            ppid: p.stat.ppid.max(0) as u32,
+            comm: p.stat.comm.to_string_lossy(),
+            starttime_ticks: p.stat.starttime_ticks,
+            cmdline: p.cmdline.clone().unwrap_or_else(|| Arc::from("")),
+        }
+    }
+
+    /// A process that was gone before it could be read, named by the comm
+    /// its leader's free record carries.
+    pub fn from_comm(pid: u32, comm: String) -> Self {
+        Self {
+            pid,
+            ppid: 0,
+            comm,
+            starttime_ticks: 0,
+            cmdline: Arc::from(""),
+        }
+    }
+
+    /// argv[0]'s basename (Android app processes set argv[0] to the
+    /// package name), else comm.
+    pub fn name(&self) -> &str {
+        match name_from_cmdline(&self.cmdline) {
+            "" => &self.comm,
+            n => n,
+        }
+    }
+}
+
+/// ProcessTree entries: argv, or `[comm]` with `cmdline_is_comm` for
+/// kernel threads and processes whose argv was unreadable.
+pub fn tree_entries<'a>(
+    ids: impl IntoIterator<Item = &'a ProcessIdentity>,
+) -> Vec<ProcessTreeEntry> {
+    ids.into_iter()
+        .map(|p| {
+            let argv: Vec<String> = argv(&p.cmdline).map(str::to_owned).collect();
+            ProcessTreeEntry {
+                pid: p.pid as i32,
+                ppid: p.ppid as i32,
+                cmdline_is_comm: argv.is_empty(),
+                cmdline: if argv.is_empty() {
+                    vec![p.comm.clone()]
+                } else {
+                    argv
+                },
+                uid: None,
+                threads: Vec::new(),
+            }
+        })
+        .collect()
+}
