@@ -33,6 +33,9 @@ const APT_PACKAGES: &[&str] = &[
     "libsepol-dev",
     "checkpolicy",
     "m4",
+    // perfetto-sdk-sys (the daemon's default `producer` feature) compiles
+    // the Perfetto C SDK with the cc crate: a C++ compiler.
+    "g++",
     // cargo xtask vm-test: QEMU for both guest arches (TCG), the arm64
     // cross linker with its C library, the guests' busybox, and the
     // decompressors of Debian's kernel modules.
