@@ -547,6 +547,11 @@ fn running_task_check(mut acc: Accounting) {
     nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu0)
         .expect("pinning the reader to CPU 0");
     let excluded_at_start = cpu_excluded_ticks(1);
+    // The kernel's figures are on CPU 1's sched clock, vitalsd's on
+    // CLOCK_MONOTONIC: both bounds convert vitalsd's with the rate of one
+    // to the other over the spinner's whole life (1.0 on hardware; see
+    // kernel_clock).
+    let clocks_start = kernel_clock::read_clocks_on(1);
     let mut w = Workload::spawn(&["pinned-spin", "1", "1500"]);
     w.expect("ready");
     w.go();
@@ -565,11 +570,6 @@ fn running_task_check(mut acc: Accounting) {
     // in a loaded TCG guest the spinner ran 57 ms more between the read and
     // the kernel's next update). A reader that ignored CPU_STATE falls
     // below the figure read before, by the slice it missed.
-    // The kernel's figures are on its sched clock, vitalsd's on
-    // CLOCK_MONOTONIC: both bounds convert vitalsd's with the rate of one
-    // to the other over the whole window (1.0 on hardware; see
-    // kernel_clock).
-    let clocks_start = kernel_clock::read_clocks();
     let mut reads = Vec::new();
     for _ in 0..5 {
         let before_ns = schedstat(w.pid()).0 as f64;
@@ -588,7 +588,7 @@ fn running_task_check(mut acc: Accounting) {
         ));
         std::thread::sleep(Duration::from_millis(100));
     }
-    let rate = kernel_clock::sched_per_monotonic(clocks_start, kernel_clock::read_clocks());
+    let rate = kernel_clock::sched_per_monotonic(clocks_start, kernel_clock::read_clocks_on(1));
     eprintln!("sched clock ns per CLOCK_MONOTONIC ns: {rate}");
     let mut caught_running = 0;
     for (before_ns, bpf_ns, inflight_ns, after_ns, excluded) in reads {
