@@ -116,6 +116,21 @@ impl Workload {
         got.trim().to_owned()
     }
 
+    /// `pingpong n`: two threads passing a byte over pipes n times; returns
+    /// the workload (waiting for `go`) and its two tids.
+    pub fn spawn_ping_pong(n: u64) -> (Self, Vec<i64>) {
+        let mut w = Self::spawn(&["pingpong", &n.to_string()]);
+        let line = w.read_line();
+        let tids: Vec<i64> = line
+            .strip_prefix("tids ")
+            .unwrap_or_else(|| panic!("workload said {line:?}"))
+            .split_whitespace()
+            .map(|t| t.parse().unwrap())
+            .collect();
+        assert_eq!(tids.len(), 2, "workload said {line:?}");
+        (w, tids)
+    }
+
     /// Lets a workload waiting for a line go on.
     pub fn go(&mut self) {
         let s = self.stdin.as_mut().unwrap();
@@ -197,6 +212,20 @@ impl Drop for DelayAcct {
     fn drop(&mut self) {
         let _ = std::fs::write(DELAYACCT, self.before.trim());
     }
+}
+
+/// Drop counter `name` from the `map drops: k=v ...` line that `vitalsd
+/// record` prints.
+pub fn map_drop(table: &str, name: &str) -> u64 {
+    table
+        .lines()
+        .find_map(|l| l.strip_prefix("map drops: "))
+        .and_then(|l| {
+            l.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in the map drops line:\n{table}"))
 }
 
 /// The running kernel's (major, minor), from uname(2): the tests' own

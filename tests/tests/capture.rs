@@ -78,15 +78,8 @@ fn ping_pong_switches((transport, reported): (&str, &str)) {
             transport,
         ],
     );
-    let mut w = Workload::spawn(&["pingpong", &N.to_string()]);
-    let line = w.read_line();
-    let tids: HashSet<i64> = line
-        .strip_prefix("tids ")
-        .unwrap_or_else(|| panic!("workload said {line:?}"))
-        .split_whitespace()
-        .map(|t| t.parse().unwrap())
-        .collect();
-    assert_eq!(tids.len(), 2);
+    let (mut w, tids) = Workload::spawn_ping_pong(N);
+    let tids: HashSet<i64> = tids.into_iter().collect();
     w.go();
     w.expect("done");
     let pid = w.pid() as i64;
@@ -344,8 +337,7 @@ fn tiny_buffer_loses_events((transport, reported): (&str, &str)) -> String {
             transport,
         ],
     );
-    let mut w = Workload::spawn(&["pingpong", "20000"]);
-    let _tids = w.read_line();
+    let (mut w, _tids) = Workload::spawn_ping_pong(20000);
     w.go();
     w.expect("done");
     let table = rec.wait();
@@ -446,8 +438,7 @@ fn lib_capture(
         ..CaptureOptions::default()
     };
     let cap = Capture::start(&mut acc, &opts, Path::new("/proc")).unwrap();
-    let mut w = Workload::spawn(&["pingpong", "500"]);
-    let _ = w.read_line();
+    let (mut w, _tids) = Workload::spawn_ping_pong(500);
     w.go();
     w.expect("done");
     w.finish();

@@ -152,15 +152,7 @@ fn tiny_map_bound_counts_drops_and_recording_completes() {
     w.expect("done");
     let table = rec.wait();
     w.finish();
-    let drops: u64 = table
-        .lines()
-        .find_map(|l| l.strip_prefix("map drops: "))
-        .and_then(|l| {
-            l.split_whitespace()
-                .find_map(|kv| kv.strip_prefix("task_map_full="))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no task_map_full in:\n{table}"));
+    let drops = map_drop(&table, "task_map_full");
     assert!(drops > 0, "{table}");
     decode_trace(&trace);
 }

@@ -374,16 +374,7 @@ fn exited_overflow_is_in_the_summary_and_the_trace() {
     assert_eq!(reaped, CHILDREN);
     assert!(burst < Duration::from_secs(5), "the burst took {burst:?}");
     let table = rec.wait();
-    let printed: u64 = table
-        .lines()
-        .find_map(|l| l.strip_prefix("map drops: "))
-        .and_then(|l| {
-            l.split_whitespace()
-                .find_map(|kv| kv.strip_prefix("exited_map_full="))
-        })
-        .unwrap_or_else(|| panic!("no exited_map_full in:\n{table}"))
-        .parse()
-        .unwrap();
+    let printed = map_drop(&table, "exited_map_full");
     let rows = trace_processor().query(
         &trace,
         "select max(c.value) as v, count(*) as n from counter c \

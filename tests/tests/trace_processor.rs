@@ -534,20 +534,6 @@ struct PingPong {
     switches: HashMap<i64, (i64, i64)>,
 }
 
-/// Spawns `pingpong n` and returns it with its tids, before `go`.
-fn spawn_ping_pong(n: u64) -> (Workload, Vec<i64>) {
-    let mut w = Workload::spawn(&["pingpong", &n.to_string()]);
-    let line = w.read_line();
-    let tids: Vec<i64> = line
-        .strip_prefix("tids ")
-        .unwrap_or_else(|| panic!("workload said {line:?}"))
-        .split_whitespace()
-        .map(|t| t.parse().unwrap())
-        .collect();
-    assert_eq!(tids.len(), 2);
-    (w, tids)
-}
-
 /// After `go`: waits for `done` and reads the threads' switch counts.
 fn finish_ping_pong(w: &mut Workload, tids: Vec<i64>) -> PingPong {
     w.expect("done");
@@ -763,7 +749,7 @@ fn sched_capture_imports_as_a_cpu_timeline_with_the_kernels_thread_states() {
         &record_args(&trace, &["--duration", "4s", "--sched"]),
         "capture started",
     );
-    let (mut w, tids) = spawn_ping_pong(N);
+    let (mut w, tids) = Workload::spawn_ping_pong(N);
     w.go();
     let pp = finish_ping_pong(&mut w, tids);
     let table = rec.wait();
@@ -783,7 +769,7 @@ fn sched_capture_imports_as_a_cpu_timeline_with_the_kernels_thread_states() {
     print_ui_view(&t, "record --sched", Some(pp.pid));
     assert_import_errors(&t, "record --sched", &[]);
     check_threads(&t, Threads::Sched);
-    check_ping_pong(&t, &pp, N, switch_missed(&table));
+    check_ping_pong(&t, &pp, N, map_drop(&table, "switch_missed") as i64);
     check_counters_equal_table(&t, &table, pp.pid);
     // Every switch is a slice, but the first on each CPU: CompactSched
     // leaves its prev implicit, so trace_processor starts the timeline
@@ -868,7 +854,7 @@ fn service_capture_and_its_export_import_like_a_recording() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let (mut pp, tids) = spawn_ping_pong(N);
+    let (mut pp, tids) = Workload::spawn_ping_pong(N);
     let mut touch = Workload::spawn(&["touch", "4000"]);
     touch.expect("ready");
     pp.go();
@@ -975,7 +961,7 @@ fn threads_whose_tgid_was_never_seen_are_not_attached_to_pid_0() {
     );
     // Short-lived children, each seen switching in, while a ping-pong
     // floods the ring buffer.
-    let (mut pp, tids) = spawn_ping_pong(20000);
+    let (mut pp, tids) = Workload::spawn_ping_pong(20000);
     let mut kids = Workload::spawn(&["children", "300", "2"]);
     kids.expect("ready");
     pp.go();
@@ -1185,17 +1171,4 @@ fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
         unnamed_in_trace.len(),
         &unnamed_in_trace[..unnamed_in_trace.len().min(5)],
     );
-}
-
-/// `switch_missed=N` from the recording's printed `map drops:` line.
-fn switch_missed(table: &str) -> i64 {
-    table
-        .lines()
-        .find(|l| l.starts_with("map drops:"))
-        .and_then(|l| {
-            l.split_whitespace()
-                .find_map(|f| f.strip_prefix("switch_missed="))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no switch_missed in the map drops line:\n{table}"))
 }
