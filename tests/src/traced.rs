@@ -4,55 +4,15 @@
 //! and killed on drop, even when the test panics.
 
 use std::{
-    os::unix::process::CommandExt,
     path::{Path, PathBuf},
-    process::{Child, Command, Output},
+    process::{Command, Output},
     time::{Duration, Instant},
 };
 
-use crate::require_root;
-
-/// traced, traced_probes and perfetto from `VITALS_PERFETTO_DIR` (which
-/// `cargo xtask test` sets), else `../shared/tools/perfetto` beside the
-/// repository. Missing: the calling test fails (never skips).
-pub fn perfetto_dir() -> PathBuf {
-    let dir = std::env::var_os("VITALS_PERFETTO_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::workspace_root().join("../shared/tools/perfetto"));
-    for tool in ["traced", "traced_probes", "perfetto"] {
-        assert!(
-            dir.join(tool).is_file(),
-            "{} missing: set VITALS_PERFETTO_DIR to Perfetto's built tools (`cargo xtask test` does)",
-            dir.join(tool).display()
-        );
-    }
-    dir
-}
-
-/// One process of the service, killed with its group on drop.
-struct Group(Child);
-
-impl Group {
-    fn spawn(cmd: &mut Command) -> Self {
-        Self(
-            cmd.process_group(0)
-                .spawn()
-                .expect("spawning a Perfetto tool"),
-        )
-    }
-
-    fn kill(&mut self) {
-        // SAFETY: signalling the process group we created (pgid = pid).
-        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+use crate::{
+    perfetto_service::{perfetto_dir, Group},
+    require_root,
+};
 
 /// traced (+ traced_probes) on sockets of their own.
 pub struct Traced {
@@ -117,9 +77,8 @@ impl Traced {
 
     /// Kills traced (SIGKILL: a crash, no goodbye to producers).
     pub fn kill_traced(&mut self) {
-        if let Some(mut g) = self.traced.take() {
-            g.kill();
-        }
+        // Dropping the group SIGKILLs it and reaps traced.
+        drop(self.traced.take());
         let _ = std::fs::remove_file(self.producer_socket());
         let _ = std::fs::remove_file(self.consumer_socket());
     }
