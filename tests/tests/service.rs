@@ -557,7 +557,12 @@ fn a_full_disk_costs_at_most_that_capture_and_the_daemon_keeps_going() {
         "the full disk must show in the outcome: {outcome}"
     );
     if outcome.contains("cut short") {
-        // Kept: what reached the disk, cut at a whole packet, decodes.
+        // Kept and listed (even if the disk then refused `index.json`):
+        // what reached the disk, cut at a whole packet, decodes.
+        assert!(
+            d.list().iter().any(|m| m["id"] == id.as_str()),
+            "a capture cut short by the full disk must stay listed: {st}"
+        );
         decode_trace(&store.join(format!("{id}.pftrace")));
     } else {
         assert!(

@@ -113,6 +113,10 @@ pub struct StoreCounters {
     pub age_restarts: u64,
     /// Files removed from `heapprofd/` (at start, or stale).
     pub heapprofd_files_removed: u64,
+    /// `index.json` rewrites that failed (full disk): the captures stay
+    /// stored and listed, since `<id>.json` is the source of truth; the
+    /// index is rewritten at the next change or upkeep.
+    pub index_write_failures: u64,
 }
 
 /// What commit's slow part found, done ahead by [`Pending::seal`].
@@ -168,6 +172,8 @@ pub struct Store {
     clock: Box<dyn StoreClock>,
     jumps: clock::JumpWatch,
     spill: spill::Spill,
+    /// `index.json` is behind the captures (its last rewrite failed).
+    index_stale: bool,
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -201,9 +207,16 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         .mode(FILE_MODE)
         .open(&tmp)
         .map_err(io("create", &tmp))?;
-    f.write_all(bytes).map_err(io("write", &tmp))?;
-    f.sync_all().map_err(io("fsync", &tmp))?;
-    fs::rename(&tmp, path).map_err(io("rename", &tmp))
+    let written = f
+        .write_all(bytes)
+        .map_err(io("write", &tmp))
+        .and_then(|()| f.sync_all().map_err(io("fsync", &tmp)))
+        .and_then(|()| fs::rename(&tmp, path).map_err(io("rename", &tmp)));
+    if written.is_err() {
+        // A half-written file would hold on to the space a full disk lacks.
+        let _ = fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// `<id>.json`'s content.
@@ -247,6 +260,7 @@ impl Store {
             clock,
             jumps: clock::JumpWatch::default(),
             spill: spill::Spill::default(),
+            index_stale: false,
         };
         store.repair()?;
         Ok(store)
@@ -258,6 +272,22 @@ impl Store {
 
     fn meta_path(&self, id: &str) -> PathBuf {
         self.dir.join(format!("{id}.json"))
+    }
+
+    /// Rewrites `index.json`; a failure is logged and counted, never the
+    /// caller's: the change it follows is already durable in `<id>.json`
+    /// files, and [`Store::maintain`] retries.
+    fn refresh_index(&mut self) {
+        match self.write_index() {
+            Ok(()) => self.index_stale = false,
+            Err(e) => {
+                if !self.index_stale {
+                    log::warn!("store: index not rewritten, retried at upkeep: {e}");
+                }
+                self.counters.index_write_failures += 1;
+                self.index_stale = true;
+            }
+        }
     }
 
     fn write_index(&self) -> Result<(), StoreError> {
@@ -375,7 +405,7 @@ impl Store {
         }
         self.insert(meta.clone(), stamp);
         self.enforce_limits(Some(&meta.id));
-        self.write_index()?;
+        self.refresh_index();
         Ok(meta)
     }
 
@@ -452,8 +482,8 @@ impl Store {
     /// Periodic upkeep: ages (minding clock jumps), count and quota, stale
     /// files in `heapprofd/`.
     pub fn maintain(&mut self) -> Result<(), StoreError> {
-        if self.enforce_limits(None) {
-            self.write_index()?;
+        if self.enforce_limits(None) || self.index_stale {
+            self.refresh_index();
         }
         Ok(())
     }
@@ -486,7 +516,8 @@ impl Store {
             self.captures.remove(i);
             self.stamps.remove(i);
         }
-        self.write_index()
+        self.refresh_index();
+        Ok(())
     }
 
     /// Bytes of the stored traces.

@@ -163,7 +163,8 @@ impl Store {
             .spill
             .scan(&self.heapprofd_dir(), now.boottime_ms, true);
         self.counters.heapprofd_files_removed += removed;
-        self.write_index()
+        self.refresh_index();
+        Ok(())
     }
 
     /// Keeps the whole packets of an interrupted recording as a capture;

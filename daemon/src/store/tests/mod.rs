@@ -155,6 +155,40 @@ fn commit_lists_with_mode_0640_and_index() {
     assert_eq!(index, vec![m]);
 }
 
+/// `index.json` is a convenience: when only its rewrite fails (a full disk),
+/// the capture is still committed and listed, the failure is counted, and
+/// upkeep brings the index up to date once it can be written.
+#[test]
+fn an_index_that_cannot_be_written_costs_no_capture() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = Store::open(d.path(), LIMITS).unwrap();
+    // A directory where the index's temporary file goes: only that write
+    // fails, as it would on a disk that filled up after the trace's rename.
+    let blocker = d.path().join("index.json.tmp");
+    fs::create_dir(&blocker).unwrap();
+    let m = add(&mut s, "cpu", &packets(3, 10));
+    assert_eq!(ids(&s), vec![m.id.clone()]);
+    assert!(d.path().join(format!("{}.json", m.id)).exists());
+    assert_eq!(s.counters.index_write_failures, 1);
+    assert_eq!(s.counters.write_failures, 0);
+    let index: Vec<CaptureMeta> =
+        serde_json::from_slice(&fs::read(d.path().join(INDEX)).unwrap()).unwrap();
+    assert!(
+        index.is_empty(),
+        "the index written at open, before the capture"
+    );
+
+    fs::remove_dir(&blocker).unwrap();
+    s.maintain().unwrap();
+    let index: Vec<CaptureMeta> =
+        serde_json::from_slice(&fs::read(d.path().join(INDEX)).unwrap()).unwrap();
+    assert_eq!(index, vec![m.clone()]);
+    // And a reopened store lists it from `<id>.json` either way.
+    drop(s);
+    let s = Store::open(d.path(), LIMITS).unwrap();
+    assert_eq!(ids(&s), vec![m.id]);
+}
+
 #[test]
 fn partial_last_packet_is_cut() {
     let d = tempfile::tempdir().unwrap();
