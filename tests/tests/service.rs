@@ -749,3 +749,79 @@ fn idle_connections_cannot_starve_the_control_socket() {
     );
     drop(idle);
 }
+
+/// KiB of `pid`'s address space mapped from BPF maps (smaps
+/// `anon_inode:bpf-map` entries): only the capture ring buffer is ever
+/// mapped, data pages twice (the kernel maps them back to back so a record
+/// that wraps reads contiguously).
+fn bpf_map_mapped_kb(pid: i32) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut kb = 0;
+    let mut in_map = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            in_map = line.ends_with("anon_inode:bpf-map");
+        } else if in_map {
+            if let Some(v) = line.strip_prefix("Size:") {
+                kb += v
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap();
+            }
+        }
+    }
+    kb
+}
+
+/// The capture ring buffer (8 MiB by default) is mapped into the daemon
+/// only while a capture runs: mapped for the daemon's life it was 16 MiB
+/// of the idle daemon's RSS (issue #14). Records still flow through it,
+/// capture after capture, each mapping anew.
+#[test]
+fn the_capture_ring_is_mapped_only_while_a_capture_runs() {
+    let d = Daemon::start("");
+    d.wait_status("a sample", Duration::from_secs(10), |st| {
+        st["samples"].as_u64().unwrap_or(0) > 0
+    });
+    assert_eq!(
+        bpf_map_mapped_kb(d.pid()),
+        0,
+        "the idle daemon maps a BPF map"
+    );
+    for round in 0..2 {
+        let v = d.call(&Request::Capture {
+            duration_s: 2.0,
+            sched: true,
+            faults: false,
+        });
+        let id = v["id"].as_str().unwrap().to_owned();
+        let mut most_kb = 0;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !d.list().iter().any(|m| m["id"] == id.as_str()) {
+            most_kb = most_kb.max(bpf_map_mapped_kb(d.pid()));
+            assert!(
+                Instant::now() < deadline,
+                "capture {id} never stored\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            most_kb >= 8 << 10,
+            "capture {round}: the ring buffer was never mapped ({most_kb} KiB at most)"
+        );
+        assert_eq!(
+            bpf_map_mapped_kb(d.pid()),
+            0,
+            "capture {round}: the ring buffer stays mapped after the capture"
+        );
+        let t = decode_trace(&d.store().join(format!("{id}.pftrace")));
+        assert!(
+            t["ftrace_event_bundles"].as_u64().unwrap() > 0,
+            "capture {round}: no sched bundles: {t}"
+        );
+    }
+}

@@ -5,7 +5,7 @@
 //! counters and user stacks, and the copy of the object without
 //! BPF_MAP_TYPE_RINGBUF for kernels before 5.8.
 
-use std::path::Path;
+use std::{os::fd::AsFd, path::Path};
 
 use aya::{
     maps::{
@@ -96,6 +96,58 @@ pub enum CaptureOutput {
     Perf(Vec<(u32, PerfEventArrayBuffer<MapData>)>),
 }
 
+/// The capture transport between captures.
+pub(crate) enum IdleTransport {
+    /// The ring buffer's map, not mapped into this process: a capture maps
+    /// it through a duplicate of its fd and unmaps it at the end. Mapped
+    /// for the daemon's life, its data pages (mapped twice, for records
+    /// that wrap around) cost the idle daemon 16 MiB of RSS with the
+    /// default 4 MiB ring (issue #14); the kernel's pages stay allocated
+    /// either way, and the records in them stay put between mappings.
+    Ring(MapData),
+    /// Perf buffers stay mapped: opening one is a perf_event_open, which
+    /// needs CAP_PERFMON, and a daemon that dropped it must still capture.
+    Perf(Vec<(u32, PerfEventArrayBuffer<MapData>)>),
+}
+
+impl IdleTransport {
+    /// The output a capture drains; `Perf` is left empty until handed back.
+    fn lend(&mut self) -> Result<CaptureOutput, BpfError> {
+        match self {
+            Self::Ring(data) => {
+                let fd = data
+                    .fd()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| BpfError::Map {
+                        name: names::CAPTURE_EVENTS,
+                        source: MapError::SyscallError(aya::sys::SyscallError {
+                            call: "dup",
+                            io_error: e,
+                        }),
+                    })?;
+                let dup = MapData::from_fd(fd).map_err(map_err(names::CAPTURE_EVENTS))?;
+                let ring = RingBuf::try_from(aya::maps::Map::RingBuf(dup))
+                    .map_err(map_err(names::CAPTURE_EVENTS))?;
+                Ok(CaptureOutput::Ring(ring))
+            }
+            Self::Perf(bufs) => Ok(CaptureOutput::Perf(std::mem::take(bufs))),
+        }
+    }
+
+    /// Takes `out` back: a ring buffer's mapping is dropped (unmapped), perf
+    /// buffers are kept for the next capture.
+    fn give_back(&mut self, out: CaptureOutput) {
+        match (self, out) {
+            (Self::Perf(bufs), CaptureOutput::Perf(lent)) => *bufs = lent,
+            (_, CaptureOutput::Ring(mapping)) => drop(mapping),
+            (Self::Ring(_), CaptureOutput::Perf(_)) => {
+                log::warn!("capture handed back perf buffers to a ring-buffer transport")
+            }
+        }
+    }
+}
+
 impl Accounting {
     /// Starts emitting capture records: attaches sched_waking (with
     /// `capture::FLAG_SCHED`) and sets the CAPTURE flag. Returns the ring
@@ -109,7 +161,7 @@ impl Accounting {
         if self.capture_sizing.is_none() {
             return Err(BpfError::CaptureNotConfigured);
         }
-        if self.ring.is_none() {
+        if self.capture_lent {
             return Err(BpfError::CaptureRunning);
         }
         // Stacks of an earlier capture are stale; ids are reused by hash.
@@ -121,15 +173,23 @@ impl Accounting {
                 let _ = stacks.remove(&id);
             }
         }
-        let ring = self.ring.take().ok_or(BpfError::CaptureRunning)?;
+        let ring = self
+            .ring
+            .as_mut()
+            .ok_or(BpfError::CaptureNotConfigured)?
+            .lend()?;
+        self.capture_lent = true;
         if flags & capture::FLAG_SCHED != 0 {
-            let (name, prog) = self.waking_prog()?;
-            match prog.attach("sched", "sched_waking") {
+            let attached = self.waking_prog().and_then(|(name, prog)| {
+                prog.attach("sched", "sched_waking")
+                    .map_err(attach_err(name, "tracepoint sched/sched_waking"))
+            });
+            match attached {
                 Ok(link) => self.waking_link = Some(link),
                 Err(e) => {
-                    // The ring buffer stays here for the next capture.
-                    self.ring = Some(ring);
-                    return Err(attach_err(name, "tracepoint sched/sched_waking")(e));
+                    // The transport stays here for the next capture.
+                    self.give_back(ring);
+                    return Err(e);
                 }
             }
         }
@@ -142,10 +202,29 @@ impl Accounting {
 
     /// Clears the CAPTURE flag and detaches sched_waking. Records already
     /// in `ring` stay readable; drain it before or after handing it back.
-    pub fn capture_stop(&mut self, ring: CaptureOutput) -> Result<(), BpfError> {
+    /// `None`: the output was lost (its drain thread panicked). A ring
+    /// buffer is mapped anew by the next capture; lost perf buffers end
+    /// captures until the daemon restarts, which the log says.
+    pub fn capture_stop(&mut self, ring: Option<CaptureOutput>) -> Result<(), BpfError> {
         let res = self.capture_pause();
-        self.ring = Some(ring);
+        match ring {
+            Some(out) => self.give_back(out),
+            None => {
+                if matches!(self.ring, Some(IdleTransport::Perf(_))) {
+                    log::error!("capture: the perf buffers were lost with their drain thread; no more captures until restart");
+                    self.ring = None;
+                }
+                self.capture_lent = false;
+            }
+        }
         res
+    }
+
+    fn give_back(&mut self, out: CaptureOutput) {
+        if let Some(idle) = self.ring.as_mut() {
+            idle.give_back(out);
+        }
+        self.capture_lent = false;
     }
 
     /// Clears the CAPTURE flag and detaches sched_waking; idempotent.
@@ -263,7 +342,7 @@ pub(super) fn load_capture_tier(
     transport: CaptureTransport,
     page: u32,
     pin_to: Option<&Path>,
-) -> Result<Option<CaptureOutput>, BpfError> {
+) -> Result<Option<IdleTransport>, BpfError> {
     let Some(sizing) = sizing else {
         return Ok(None);
     };
@@ -288,16 +367,16 @@ fn take_capture_output(
     transport: CaptureTransport,
     sizing: CaptureSizing,
     page: u32,
-) -> Result<CaptureOutput, BpfError> {
+) -> Result<IdleTransport, BpfError> {
     match transport {
-        CaptureTransport::RingBuf => {
-            let map = ebpf
-                .take_map(names::CAPTURE_EVENTS)
-                .ok_or(BpfError::Missing(names::CAPTURE_EVENTS))?;
-            Ok(CaptureOutput::Ring(
-                RingBuf::try_from(map).map_err(map_err(names::CAPTURE_EVENTS))?,
-            ))
-        }
+        CaptureTransport::RingBuf => match ebpf.take_map(names::CAPTURE_EVENTS) {
+            Some(aya::maps::Map::RingBuf(data)) => Ok(IdleTransport::Ring(data)),
+            Some(_) => Err(BpfError::Unsupported(format!(
+                "{} is not a ring buffer",
+                names::CAPTURE_EVENTS
+            ))),
+            None => Err(BpfError::Missing(names::CAPTURE_EVENTS)),
+        },
         CaptureTransport::PerfArray => {
             let map = ebpf
                 .take_map(names::CAPTURE_PERF)
@@ -316,7 +395,7 @@ fn take_capture_output(
                     })?;
                 bufs.push((cpu, buf));
             }
-            Ok(CaptureOutput::Perf(bufs))
+            Ok(IdleTransport::Perf(bufs))
         }
     }
 }

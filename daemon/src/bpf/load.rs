@@ -114,6 +114,7 @@ impl Accounting {
             capture_sizing: cfg.capture,
             transport: settings.transport,
             ring,
+            capture_lent: false,
             pinned_waking: None,
             waking_link: None,
             map_read: MapRead::Batch,

@@ -40,6 +40,7 @@ use aya::{
 };
 use thiserror::Error;
 
+use self::capture_maps::IdleTransport;
 pub use self::capture_maps::{
     perf_pages_per_cpu, CaptureOutput, CaptureTransport, CaptureTransportChoice,
 };
@@ -141,8 +142,10 @@ pub struct Accounting {
     capture_sizing: Option<CaptureSizing>,
     /// Where capture records go (meaningful only with `capture_sizing`).
     transport: CaptureTransport,
-    /// The transport's buffers, while no capture holds them.
-    ring: Option<CaptureOutput>,
+    /// The transport between captures (None: no capture tier).
+    ring: Option<IdleTransport>,
+    /// A capture holds the transport's output (`capture_start` lent it).
+    capture_lent: bool,
     /// The pinned sched_waking program (attached from pins; None: `ebpf`'s).
     pinned_waking: Option<aya::programs::TracePoint>,
     /// sched_waking link while a capture with FLAG_SCHED runs.

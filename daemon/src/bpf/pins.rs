@@ -17,11 +17,11 @@ use vitals_common::names;
 
 use super::{
     attach_err,
-    capture_maps::waking_program,
+    capture_maps::{waking_program, IdleTransport},
     features::{log_missing, Feature},
     map_err,
     tracefs::Tracefs,
-    Accounting, AccountingConfig, BpfError, CaptureOutput, CaptureSizing, CaptureTransport,
+    Accounting, AccountingConfig, BpfError, CaptureSizing, CaptureTransport,
     CaptureTransportChoice, FaultSource, FaultSourceChoice, Features, MapRead, SchedPrograms,
     TracepointLayout,
 };
@@ -142,6 +142,7 @@ impl Accounting {
             capture_sizing,
             transport: CaptureTransport::RingBuf,
             ring,
+            capture_lent: false,
             pinned_waking,
             waking_link: None,
             map_read: MapRead::Batch,
@@ -159,7 +160,7 @@ const CAPTURE_MAPS: [&str; 3] = [names::CAPTURE, names::CAPTURE_LOST, names::CAP
 /// bpfloader's object, which needs 5.8, folds it to the ring buffer.
 struct PinnedCapture {
     maps: HashMap<&'static str, aya::maps::Map>,
-    ring: CaptureOutput,
+    ring: IdleTransport,
     waking: TracePoint,
     /// The layout of the pinned sched_waking (`waking`).
     waking_layout: TracepointLayout,
@@ -200,11 +201,9 @@ impl PinnedCapture {
                 .map_or(0, |m| entries(&m)),
             transport: CaptureTransportChoice::RingBuf,
         };
-        let ring = aya::maps::RingBuf::try_from(aya::maps::Map::RingBuf(data))
-            .map_err(|e| format!("{}: {e}", names::CAPTURE_EVENTS))?;
         Ok(Self {
             maps,
-            ring: CaptureOutput::Ring(ring),
+            ring: IdleTransport::Ring(data),
             waking,
             waking_layout,
             sizing,

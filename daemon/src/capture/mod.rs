@@ -170,7 +170,13 @@ impl Capture {
         let ring = acc.capture_start(opts.flags(), opts.fault_period)?;
         let drainer = match Drainer::start(ring, opts.poll) {
             Ok(d) => d,
-            Err(e) => return Err(CaptureError::Thread(e)),
+            Err(e) => {
+                // The flag is off again and the transport no longer lent.
+                if let Err(e) = acc.capture_stop(None) {
+                    log::warn!("ending a capture that could not start: {e}");
+                }
+                return Err(CaptureError::Thread(e));
+            }
         };
         let transport = acc.capture_transport();
         log::info!(
@@ -493,9 +499,7 @@ impl Capture {
             for b in batches {
                 self.absorb(b);
             }
-            if let Some(ring) = ring {
-                acc.capture_stop(ring)?;
-            }
+            acc.capture_stop(ring)?;
         }
         let lost = self.merge_lost(acc.capture_lost()?);
         self.write_pending(acc, writer, ts_boot_ns, &lost, true)?;
@@ -509,7 +513,7 @@ impl Capture {
         if let Err(e) = acc.capture_pause() {
             log::warn!("aborting the capture: {e}");
         }
-        if let Some((Some(ring), _)) = self.drainer.take().map(Drainer::stop) {
+        if let Some((ring, _)) = self.drainer.take().map(Drainer::stop) {
             if let Err(e) = acc.capture_stop(ring) {
                 log::warn!("aborting the capture: {e}");
             }
