@@ -577,7 +577,17 @@ fn running_task_check(mut acc: Accounting) {
         let after_ns = schedstat_updated_after(w.pid()) as f64;
         let done_ns = snap.tasks.get(&w.pid()).map_or(0, |t| t.oncpu_ns);
         let inflight_ns = snap.inflight_ns.get(&w.pid()).copied().unwrap_or(0);
-        eprintln!("spinner: {done_ns} ns in finished slices + {inflight_ns} ns in flight; kernel {before_ns} before, {after_ns} after");
+        // What each CPU ran at the read, and switches the programs missed
+        // (trace_call_bpf skips a classic tracepoint's programs while
+        // bpf_prog_active is raised on that CPU): a missed switch-in shows
+        // as another tid in flight and a slice that starts too early.
+        let diag = format!(
+            "spinner {}: {done_ns} ns in finished slices + {inflight_ns} ns in flight;              kernel {before_ns} before, {after_ns} after; in flight {:?}; switch_missed {}",
+            w.pid(),
+            snap.inflight_ns,
+            snap.drops[drop_reason::SWITCH_MISSED as usize]
+        );
+        eprintln!("{diag}");
         let excluded = cpu_excluded_ticks(1).saturating_sub(excluded_at_start);
         reads.push((
             before_ns,
@@ -585,20 +595,25 @@ fn running_task_check(mut acc: Accounting) {
             inflight_ns,
             after_ns,
             excluded,
+            diag,
         ));
         std::thread::sleep(Duration::from_millis(100));
     }
     let rate = kernel_clock::sched_per_monotonic(clocks_start, kernel_clock::read_clocks_on(1));
     eprintln!("sched clock ns per CLOCK_MONOTONIC ns: {rate}");
     let mut caught_running = 0;
-    for (before_ns, bpf_ns, inflight_ns, after_ns, excluded) in reads {
-        let bpf_ns = bpf_ns as f64 * rate;
+    let all_reads: Vec<&str> = reads.iter().map(|r| r.5.as_str()).collect();
+    let all_reads = all_reads.join("\n");
+    for (before_ns, bpf_ns, inflight_ns, after_ns, excluded, diag) in &reads {
+        let (before_ns, inflight_ns, after_ns, excluded) =
+            (*before_ns, *inflight_ns, *after_ns, *excluded);
+        let bpf_ns = *bpf_ns as f64 * rate;
         assert!(before_ns > 0.4e9, "the spinner ran only {before_ns} ns");
         // 1 ms of slack each way for the two clocks (bpf_ktime_get_ns and
         // the runqueue clock).
         assert!(
             bpf_ns + 1e6 >= before_ns,
-            "eBPF {bpf_ns} ns (in sched clock ns) is below the kernel's {before_ns} ns read before it"
+            "eBPF {bpf_ns} ns (in sched clock ns) is below the kernel's {before_ns} ns read before it\n{diag}"
         );
         // Above it by at most the time the kernel gave CPU 1 to interrupts
         // or the hypervisor meanwhile: vitalsd's slices are
@@ -617,13 +632,13 @@ fn running_task_check(mut acc: Accounting) {
         assert!(
             bpf_ns <= after_ns + 1e6 + excluded_ns,
             "eBPF {bpf_ns} ns (in sched clock ns) exceeds the kernel's {after_ns} ns updated \
-             after it (+ {excluded_ns} ns of irq, softirq and steal time on CPU 1)"
+             after it (+ {excluded_ns} ns of irq, softirq and steal time on CPU 1)\n{diag}"
         );
         caught_running += usize::from(inflight_ns > 0);
     }
     assert!(
         caught_running > 0,
-        "no read saw the spinner's in-flight slice"
+        "no read saw the spinner's in-flight slice (sched clock rate {rate}):\n{all_reads}"
     );
     w.expect("done");
     w.finish();
