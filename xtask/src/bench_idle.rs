@@ -23,6 +23,10 @@ pub(crate) struct Cost {
     pub cpu_ticks: u64,
     pub rss_kb: u64,
     pub hwm_kb: u64,
+    /// RSS split: anonymous memory (heap, stacks, mapped buffers) and
+    /// file pages (mostly the binary's own code, shared with other copies).
+    pub anon_kb: u64,
+    pub file_kb: u64,
 }
 
 pub(crate) fn clk_tck() -> f64 {
@@ -48,7 +52,36 @@ pub(crate) fn cost(pid: u32) -> Result<Cost> {
         cpu_ticks,
         rss_kb: kb("VmRSS:"),
         hwm_kb: kb("VmHWM:"),
+        anon_kb: kb("RssAnon:"),
+        file_kb: kb("RssFile:"),
     })
+}
+
+/// Kernel memory of the BPF maps `pid` holds open, in KiB: the `memlock`
+/// the kernel reports in each map fd's fdinfo. Not in any RSS (the capture
+/// ring buffer is in it whether mapped or not).
+fn bpf_map_kernel_kb(pid: u32) -> Result<u64> {
+    let mut bytes = 0u64;
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).context("reading fds")? {
+        let e = e?;
+        let is_map = std::fs::read_link(e.path())
+            .map(|t| t.to_string_lossy() == "anon_inode:bpf-map")
+            .unwrap_or(false);
+        if !is_map {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            e.file_name().to_string_lossy()
+        ))
+        .unwrap_or_default();
+        bytes += info
+            .lines()
+            .find_map(|l| l.strip_prefix("memlock:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(bytes / 1024)
 }
 
 /// `vitalsd run` (release) with its store and socket in `dir`, `extra`
@@ -141,8 +174,8 @@ pub fn run(seconds: u64) -> Result<()> {
     let _ = pidstat.wait();
 
     println!(
-        "\n{:<18} {:>12} {:>10} {:>10}",
-        "TOOL", "CPU % 1 CORE", "RSS MiB", "PEAK MiB"
+        "\n{:<18} {:>12} {:>10} {:>10} {:>10} {:>10}",
+        "TOOL", "CPU % 1 CORE", "RSS MiB", "ANON MiB", "FILE MiB", "PEAK MiB"
     );
     let mut pct = Vec::new();
     let mut rss = Vec::new();
@@ -151,12 +184,15 @@ pub fn run(seconds: u64) -> Result<()> {
         let p = cpu_s * 100.0 / wall;
         pct.push(p);
         rss.push(end[i].rss_kb as f64 / 1024.0);
+        let mib = |kb: u64| kb as f64 / 1024.0;
         println!(
-            "{:<18} {:>12.3} {:>10.1} {:>10.1}",
+            "{:<18} {:>12.3} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
             name,
             p,
-            end[i].rss_kb as f64 / 1024.0,
-            end[i].hwm_kb as f64 / 1024.0
+            mib(end[i].rss_kb),
+            mib(end[i].anon_kb),
+            mib(end[i].file_kb),
+            mib(end[i].hwm_kb)
         );
     }
     println!(
@@ -172,6 +208,10 @@ pub fn run(seconds: u64) -> Result<()> {
         pct[0] / pct[1].max(1e-9),
         rss[0] - rss[1],
         100.0 / clk_tck() / wall
+    );
+    println!(
+        "vitalsd's BPF maps in kernel memory (fdinfo memlock, in no RSS): {:.1} MiB",
+        bpf_map_kernel_kb(vitalsd.id())? as f64 / 1024.0
     );
     println!(
         "targets: CPU < 0.5% of one core ({}), RSS < 20 MiB ({})",

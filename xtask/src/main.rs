@@ -53,6 +53,11 @@ enum Cmd {
         /// Fail when any suite cannot run for a missing tool (CI passes this).
         #[arg(long)]
         require_all: bool,
+        /// Then the kernel matrix's guests (`vm-test`'s CI subset on every
+        /// guest kernel; the host cell is what the suites above just ran).
+        /// CI passes this.
+        #[arg(long)]
+        vm: bool,
     },
     /// Setup, then the kernel integration tests in QEMU guests on Debian's
     /// kernels (x86_64 5.10/6.1/6.12, arm64 5.10/6.1) and on this host:
@@ -142,7 +147,7 @@ fn main() -> Result<()> {
                     .arg(&out),
             )
         }
-        Cmd::Test { require_all } => test(require_all),
+        Cmd::Test { require_all, vm } => test(require_all, vm),
         Cmd::VmTest(opts) => {
             setup::all()?;
             vm::run(opts)
@@ -177,7 +182,7 @@ fn build_release() -> Result<()> {
     run(cargo().args(["build", "--release", "-p", "vitalsd", "--bins"]))
 }
 
-fn test(require_all: bool) -> Result<()> {
+fn test(require_all: bool, vm: bool) -> Result<()> {
     setup::all()?;
     // Unit, property and schema tests of every default member.
     run(cargo().args([
@@ -243,7 +248,15 @@ fn test(require_all: bool) -> Result<()> {
             not_run.len()
         );
     }
-    Ok(())
+    if vm {
+        vm::run(vm::Opts::guests())
+    } else {
+        eprintln!(
+            "xtask test: the kernel matrix (QEMU guests on 5.10, 6.1 and 6.12, x86_64 and \
+             arm64) was not run: `cargo xtask test --vm` or `cargo xtask vm-test` runs it"
+        );
+        Ok(())
+    }
 }
 
 /// The kernel integration test targets: tests/tests/*.rs, by file stem.

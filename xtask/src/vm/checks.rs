@@ -223,6 +223,14 @@ impl Plan {
         })
     }
 
+    /// Keeps the tests whose names contain `part` (all with None).
+    pub fn only(mut self, part: Option<&str>) -> Self {
+        if let Some(part) = part {
+            self.tests.retain(|t| t.name.contains(part));
+        }
+        self
+    }
+
     fn tests_for(&self, arch: Arch) -> impl Iterator<Item = &TestCheck> {
         self.tests
             .iter()

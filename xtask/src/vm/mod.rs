@@ -157,6 +157,23 @@ pub struct Opts {
     /// checks fail (default: 900, or 3600 with --full).
     #[arg(long)]
     timeout: Option<u64>,
+    /// Only the tests whose names contain this (the daemon's own checks
+    /// still run): for chasing one check across boots.
+    #[arg(long)]
+    only: Option<String>,
+}
+
+impl Opts {
+    /// Every guest cell, the CI subset (`cargo xtask test --vm`).
+    pub fn guests() -> Self {
+        Self {
+            arches: Vec::new(),
+            kernels: KERNELS.iter().map(|(k, _, _)| k.to_string()).collect(),
+            full: false,
+            timeout: None,
+            only: None,
+        }
+    }
 }
 
 /// What one cell produced.
@@ -181,7 +198,7 @@ pub fn run(opts: Opts) -> Result<()> {
     // The x86_64 binaries serve the host cell and the x86_64 guests, and
     // list the tests for --full.
     let x86 = binaries::build(Arch::X86_64)?;
-    let plan = Plan::new(opts.full, &x86)?;
+    let plan = Plan::new(opts.full, &x86)?.only(opts.only.as_deref());
     let arm64 = if cells.iter().any(|c| c.arch() == Arch::Arm64) {
         Some(binaries::build(Arch::Arm64)?)
     } else {
