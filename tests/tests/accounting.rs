@@ -537,6 +537,23 @@ fn schedstat_updated_after(pid: u32) -> u64 {
     }
 }
 
+/// One read of the running-task check.
+struct SpinnerRead {
+    /// The kernel's sum_exec_runtime read before the maps, and as updated
+    /// after them.
+    before_ns: f64,
+    after_ns: f64,
+    /// vitalsd's on-CPU time (finished slices + in flight), its slice in
+    /// flight, and its runqueue wait (finished + the one that ended at the
+    /// running slice's switch-in).
+    oncpu_ns: u64,
+    inflight_ns: u64,
+    wait_ns: u64,
+    /// Ticks of irq, softirq and steal time on CPU 1 since the start.
+    excluded_ticks: u64,
+    diag: String,
+}
+
 fn running_task_check(mut acc: Accounting) {
     // This test's thread reads from CPU 0, so it never preempts the
     // spinner on CPU 1 it wants to catch running (on a busy 2-CPU host
@@ -575,45 +592,64 @@ fn running_task_check(mut acc: Accounting) {
         let before_ns = schedstat(w.pid()).0 as f64;
         let snap = acc.read().expect("reading maps");
         let after_ns = schedstat_updated_after(w.pid()) as f64;
-        let done_ns = snap.tasks.get(&w.pid()).map_or(0, |t| t.oncpu_ns);
-        let inflight_ns = snap.inflight_ns.get(&w.pid()).copied().unwrap_or(0);
+        let pid = w.pid();
+        let done = snap.tasks.get(&pid).copied().unwrap_or_default();
+        let inflight_ns = snap.inflight_ns.get(&pid).copied().unwrap_or(0);
+        let wait_ns = done.runq_wait_ns + snap.inflight_wait_ns.get(&pid).copied().unwrap_or(0);
         // What each CPU ran at the read, and switches the programs missed
         // (trace_call_bpf skips a classic tracepoint's programs while
         // bpf_prog_active is raised on that CPU): a missed switch-in shows
         // as another tid in flight and a slice that starts too early.
         let diag = format!(
-            "spinner {}: {done_ns} ns in finished slices + {inflight_ns} ns in flight;              kernel {before_ns} before, {after_ns} after; in flight {:?}; switch_missed {}",
-            w.pid(),
+            "spinner {pid}: {} ns in finished slices + {inflight_ns} ns in flight, \
+             {wait_ns} ns of runqueue wait; kernel {before_ns} before, {after_ns} after; \
+             in flight {:?}; switch_missed {}",
+            done.oncpu_ns,
             snap.inflight_ns,
             snap.drops[drop_reason::SWITCH_MISSED as usize]
         );
         eprintln!("{diag}");
-        let excluded = cpu_excluded_ticks(1).saturating_sub(excluded_at_start);
-        reads.push((
+        reads.push(SpinnerRead {
             before_ns,
-            done_ns + inflight_ns,
-            inflight_ns,
             after_ns,
-            excluded,
+            oncpu_ns: done.oncpu_ns + inflight_ns,
+            inflight_ns,
+            wait_ns,
+            excluded_ticks: cpu_excluded_ticks(1).saturating_sub(excluded_at_start),
             diag,
-        ));
+        });
         std::thread::sleep(Duration::from_millis(100));
     }
     let rate = kernel_clock::sched_per_monotonic(clocks_start, kernel_clock::read_clocks_on(1));
     eprintln!("sched clock ns per CLOCK_MONOTONIC ns: {rate}");
-    let mut caught_running = 0;
-    let all_reads: Vec<&str> = reads.iter().map(|r| r.5.as_str()).collect();
+    let all_reads: Vec<&str> = reads.iter().map(|r| r.diag.as_str()).collect();
     let all_reads = all_reads.join("\n");
-    for (before_ns, bpf_ns, inflight_ns, after_ns, excluded, diag) in &reads {
-        let (before_ns, inflight_ns, after_ns, excluded) =
-            (*before_ns, *inflight_ns, *after_ns, *excluded);
-        let bpf_ns = *bpf_ns as f64 * rate;
+    for r in &reads {
+        let bpf_ns = r.oncpu_ns as f64 * rate;
+        let wait_ns = r.wait_ns as f64 * rate;
+        let (before_ns, after_ns, diag) = (r.before_ns, r.after_ns, &r.diag);
         assert!(before_ns > 0.4e9, "the spinner ran only {before_ns} ns");
-        // 1 ms of slack each way for the two clocks (bpf_ktime_get_ns and
-        // the runqueue clock).
+        // Below it by at most the spinner's runqueue wait: when a wakeup
+        // preempts (or wakes an idle CPU), check_preempt_curr() skips the
+        // runqueue clock's next update (rq_clock_skip_update), so the
+        // woken task's slice starts, for the kernel, at the clock of its
+        // enqueue, and for vitalsd at the switch (in TCG guests that was
+        // up to 10 ms later: 5.10 arm64 read 10 ms below the figure read
+        // before it, with no switch missed). 1 ms of slack each way for the
+        // two clocks (bpf_ktime_get_ns and the runqueue clock).
         assert!(
-            bpf_ns + 1e6 >= before_ns,
-            "eBPF {bpf_ns} ns (in sched clock ns) is below the kernel's {before_ns} ns read before it\n{diag}"
+            bpf_ns + wait_ns + 1e6 >= before_ns,
+            "eBPF {bpf_ns} ns on CPU + {wait_ns} ns of runqueue wait (in sched clock ns) is \
+             below the kernel's {before_ns} ns read before it\n{diag}"
+        );
+        // That allowance grows with every wait (on a loaded host it was
+        // 100 ms), so the kernel matrix's 10 % holds on its own too: a
+        // reader that lost the slice in flight (hundreds of ms alone on
+        // CPU 1) falls below it.
+        assert!(
+            bpf_ns >= 0.9 * before_ns - 1e6,
+            "eBPF {bpf_ns} ns (in sched clock ns) is more than 10 % below the kernel's \
+             {before_ns} ns read before it\n{diag}"
         );
         // Above it by at most the time the kernel gave CPU 1 to interrupts
         // or the hypervisor meanwhile: vitalsd's slices are
@@ -625,7 +661,7 @@ fn running_task_check(mut acc: Accounting) {
         // is the kernel's figure.
         let tick_ns = 1e9 / clk_tck() as f64;
         let excluded_ns = if cpu_excluded_ticks(1) > 0 {
-            (excluded + 1) as f64 * tick_ns
+            (r.excluded_ticks + 1) as f64 * tick_ns
         } else {
             0.0
         };
@@ -634,10 +670,9 @@ fn running_task_check(mut acc: Accounting) {
             "eBPF {bpf_ns} ns (in sched clock ns) exceeds the kernel's {after_ns} ns updated \
              after it (+ {excluded_ns} ns of irq, softirq and steal time on CPU 1)\n{diag}"
         );
-        caught_running += usize::from(inflight_ns > 0);
     }
     assert!(
-        caught_running > 0,
+        reads.iter().any(|r| r.inflight_ns > 0),
         "no read saw the spinner's in-flight slice (sched clock rate {rate}):\n{all_reads}"
     );
     w.expect("done");

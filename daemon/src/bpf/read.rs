@@ -28,6 +28,11 @@ pub struct BpfSnapshot {
     /// not yet attributed by the kernel side. Read after `tasks`, so
     /// `tasks[t].oncpu_ns + inflight_ns[t]` never exceeds the truth.
     pub inflight_ns: HashMap<u32, u64>,
+    /// Runqueue wait that ended at the switch-in of each task running now
+    /// (CPU_STATE's `pending_wait_ns`), which the kernel side adds to
+    /// `runq_wait_ns` only at its switch-out: like `inflight_ns`, known
+    /// already and not yet attributed.
+    pub inflight_wait_ns: HashMap<u32, u64>,
     /// Freed tasks drained from EXITED by this read: final counters and
     /// the comm the kernel last had for each (`ExitedTask::comm_bytes`),
     /// which names tasks no procfs scan saw alive.
@@ -106,6 +111,9 @@ impl Accounting {
             if s.valid != 0 && snap.monotonic_ns > s.last_switch_ns {
                 *snap.inflight_ns.entry(s.running_tid).or_default() +=
                     snap.monotonic_ns - s.last_switch_ns;
+            }
+            if s.valid != 0 && s.running_tid != 0 && s.pending_wait_ns != 0 {
+                *snap.inflight_wait_ns.entry(s.running_tid).or_default() += s.pending_wait_ns;
             }
         }
 

@@ -207,6 +207,7 @@ impl Totals {
             }
             let mut c = *counters;
             c.oncpu_ns += snap.inflight_ns.get(&tid).copied().unwrap_or(0);
+            c.runq_wait_ns += snap.inflight_wait_ns.get(&tid).copied().unwrap_or(0);
             let merged = match self.threads.get(&tid) {
                 Some(prev) if prev.born_ns == c.born_ns => max_fields(prev, &c),
                 Some(prev) => {
@@ -482,6 +483,23 @@ mod tests {
         let mut s = BpfSnapshot::default();
         s.tasks.insert(7, task(7, 2_000, 0));
         assert_eq!(t.update(&s)[0].oncpu_ns, 2_000);
+    }
+
+    /// A running task's wait before its switch-in counts at once, not only
+    /// once it switches out.
+    #[test]
+    fn inflight_wait_counts_while_the_task_runs() {
+        let mut t = Totals::new();
+        let mut s = BpfSnapshot::default();
+        s.tasks.insert(7, task(7, 1_000, 0));
+        s.inflight_wait_ns.insert(7, 300);
+        assert_eq!(t.update(&s)[0].runq_wait_ns, 300);
+        // Switched out: the kernel side added it to TASKS; not counted twice.
+        let mut s = BpfSnapshot::default();
+        let mut c = task(7, 2_000, 0);
+        c.runq_wait_ns = 300;
+        s.tasks.insert(7, c);
+        assert_eq!(t.update(&s)[0].runq_wait_ns, 300);
     }
 
     #[test]
