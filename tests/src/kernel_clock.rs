@@ -19,11 +19,23 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
-/// One reading of both clocks, taken around one printk.
+/// One reading of both clocks: the sched clock's value at one printk, and
+/// the CLOCK_MONOTONIC interval its write() ran in (the printk happened at
+/// some instant inside it).
 #[derive(Debug, Clone, Copy)]
 pub struct ClockPair {
     pub sched_ns: u64,
-    pub monotonic_ns: u64,
+    pub monotonic_lo_ns: u64,
+    pub monotonic_hi_ns: u64,
+}
+
+/// Bounds on the sched clock's rate against CLOCK_MONOTONIC between two
+/// readings: whatever instant inside each write the printk took, the rate
+/// lies between `lo` and `hi`.
+#[derive(Debug, Clone, Copy)]
+pub struct RateBounds {
+    pub lo: f64,
+    pub hi: f64,
 }
 
 fn monotonic_ns() -> u64 {
@@ -33,23 +45,27 @@ fn monotonic_ns() -> u64 {
 
 /// Both clocks as seen on `cpu`: a task's runtime is on its own CPU's
 /// sched clock, and in a TCG guest CPUs' sched clocks can run at rates of
-/// their own (x86_64 5.10: CPU 1's ran 3.7 % ahead while CPU 0's kept
-/// pace with CLOCK_MONOTONIC). A short-lived thread pinned there writes
-/// the marker.
+/// their own. A short-lived thread pinned there writes the markers. Of
+/// several probes the one whose write() took least is kept: in a guest on
+/// a loaded host a vCPU stalls for milliseconds, which widens a probe's
+/// interval (a rate read from interval midpoints was off by 1.6 % there).
 pub fn read_clocks_on(cpu: usize) -> ClockPair {
     std::thread::spawn(move || {
         let mut set = nix::sched::CpuSet::new();
         set.set(cpu).expect("cpu index");
         nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
             .unwrap_or_else(|e| panic!("pinning the clock probe to CPU {cpu}: {e}"));
-        read_clocks()
+        (0..5)
+            .map(|_| read_clocks())
+            .min_by_key(|p| p.monotonic_hi_ns - p.monotonic_lo_ns)
+            .unwrap()
     })
     .join()
     .expect("clock probe thread")
 }
 
-/// Writes a marker to /dev/kmsg and reads back its timestamp; the
-/// monotonic time is the midpoint of the write.
+/// Writes a marker to /dev/kmsg and reads back its timestamp, with the
+/// monotonic interval of the write.
 pub fn read_clocks() -> ClockPair {
     static SEQ: AtomicU32 = AtomicU32::new(0);
     let marker = format!(
@@ -97,13 +113,26 @@ pub fn read_clocks() -> ClockPair {
     });
     ClockPair {
         sched_ns: sched_us * 1000,
-        monotonic_ns: before + (after - before) / 2,
+        monotonic_lo_ns: before,
+        monotonic_hi_ns: after,
     }
 }
 
-/// Sched-clock nanoseconds per CLOCK_MONOTONIC nanosecond between `a` and `b`.
-pub fn sched_per_monotonic(a: ClockPair, b: ClockPair) -> f64 {
-    let mono = b.monotonic_ns.saturating_sub(a.monotonic_ns);
-    assert!(mono > 0, "clock readings out of order: {a:?} then {b:?}");
-    (b.sched_ns as f64 - a.sched_ns as f64) / mono as f64
+/// Sched-clock nanoseconds per CLOCK_MONOTONIC nanosecond between `a` and
+/// `b`, as bounds: the monotonic time between the two printks is at least
+/// from the end of `a`'s write to the start of `b`'s, at most from the
+/// start of `a`'s to the end of `b`'s. printk's timestamps are whole
+/// microseconds, so one more microsecond each way.
+pub fn sched_per_monotonic(a: ClockPair, b: ClockPair) -> RateBounds {
+    let shortest = b.monotonic_lo_ns.saturating_sub(a.monotonic_hi_ns);
+    let longest = b.monotonic_hi_ns.saturating_sub(a.monotonic_lo_ns);
+    assert!(
+        shortest > 0,
+        "clock readings out of order or overlapping: {a:?} then {b:?}"
+    );
+    let sched = b.sched_ns as f64 - a.sched_ns as f64;
+    RateBounds {
+        lo: (sched - 1000.0) / longest as f64,
+        hi: (sched + 1000.0) / shortest as f64,
+    }
 }
