@@ -12,11 +12,20 @@
 //!   and read return (read with no data); the SDK says nothing else, so
 //!   we connect() to the consumer socket first and name the error;
 //! - refuses the session (a unique_session_name in use): start returns,
-//!   read returns no data; the C API does not pass traced's reason on;
+//!   read returns no data; the C API does not pass traced's reason on.
+//!   A flush of that session never returns (traced drops a Flush from a
+//!   consumer without a session, uncalled), so we flush only on cancel;
+//!   at the end we wait, as perfetto_cmd does, for traced to end the
+//!   session itself (duration_ms, with its own flush): the SDK's stop
+//!   callback, which the safe crate does not wrap;
 //! - dies mid-session: start/stop return, read returns no data;
 //! - dies (or hangs) while we read: ReadTraceBlocking never returns (the
 //!   read callback dies with the connection uncalled). A stopped traced
 //!   blocks start and stop the same way.
+//!
+//! - perfetto-sdk's read_trace_blocking makes a slice of the NULL pointer
+//!   the SDK passes for an empty read, which aborts a debug build (UB in
+//!   release): we call PerfettoTracingSessionReadTraceBlocking ourselves.
 //!
 //! So every SDK call runs on a thread of its own and the caller keeps the
 //! deadline. A call that has not returned by then cannot be interrupted:
@@ -25,7 +34,7 @@
 //! `Unanswered`, never stored as complete.
 
 use std::{
-    ffi::OsString,
+    ffi::{c_void, OsString},
     io::Write,
     os::unix::net::UnixStream,
     path::Path,
@@ -38,6 +47,10 @@ use std::{
 };
 
 use perfetto_sdk::tracing_session::TracingSession;
+use perfetto_sdk_sys::{
+    PerfettoTracingSessionImpl, PerfettoTracingSessionReadTraceBlocking,
+    PerfettoTracingSessionSetStopCb,
+};
 
 use super::{
     config::HeapProfileRequest,
@@ -80,6 +93,8 @@ fn probe(name: &OsString) -> Result<(), String> {
 /// What the session thread tells the caller.
 enum Msg {
     Started,
+    /// traced ended the session (duration over, refused, gone).
+    TracedStopped,
     Stopped,
     Chunk(Vec<u8>),
     Done,
@@ -106,9 +121,74 @@ impl Stage {
     }
 }
 
+/// Runs on the SDK's thread when traced ended the session.
+unsafe extern "C" fn on_traced_stop(_: *mut PerfettoTracingSessionImpl, user_arg: *mut c_void) {
+    // SAFETY: user_arg is the Box<Sender<Msg>> leaked by on_stop; the SDK
+    // moves the stop callback out before it runs it
+    // (ConsumerImpl::NotifyStopComplete), so this runs at most once. A
+    // session traced never stops leaks the Sender: a few bytes.
+    let tx = unsafe { Box::from_raw(user_arg as *mut Sender<Msg>) };
+    let _ = tx.send(Msg::TracedStopped);
+}
+
+/// The C session behind `s`, for the calls perfetto-sdk 1.2.1 does not
+/// wrap (the stop callback) or wraps unsoundly (the read, below).
+fn raw(s: &TracingSession) -> *mut PerfettoTracingSessionImpl {
+    const _: () = assert!(
+        std::mem::size_of::<TracingSession>()
+            == std::mem::size_of::<*mut PerfettoTracingSessionImpl>()
+    );
+    // SAFETY: TracingSession's only field is its PerfettoTracingSessionImpl
+    // pointer (perfetto-sdk 1.2.1, pinned in Cargo.toml; the size
+    // assertion above catches a layout change), valid while `s` lives.
+    unsafe { *(s as *const TracingSession as *const *mut PerfettoTracingSessionImpl) }
+}
+
+/// PerfettoTracingSessionSetStopCb: `tx` gets TracedStopped when traced
+/// ends the session.
+fn on_stop(s: &TracingSession, tx: Sender<Msg>) {
+    let arg = Box::into_raw(Box::new(tx)) as *mut c_void;
+    // SAFETY: a live session; the SDK keeps the callback with the
+    // session's consumer and calls it at most once (on_traced_stop).
+    unsafe { PerfettoTracingSessionSetStopCb(raw(s), Some(on_traced_stop), arg) };
+}
+
+/// Runs on the SDK's thread for each part of the trace read back.
+unsafe extern "C" fn on_read(
+    _: *mut PerfettoTracingSessionImpl,
+    data: *const c_void,
+    size: usize,
+    has_more: bool,
+    user_arg: *mut c_void,
+) {
+    // SAFETY: user_arg is read_all's &Sender<Msg>, alive until
+    // PerfettoTracingSessionReadTraceBlocking returns, which it does only
+    // after the has_more = false call (and no call follows that one).
+    let tx = unsafe { &*(user_arg as *const Sender<Msg>) };
+    // The SDK passes NULL, 0 for an empty read (traced refused the
+    // session, or the consumer is gone): perfetto-sdk's own trampoline
+    // makes a slice of that, which aborts a debug build.
+    if !data.is_null() && size > 0 {
+        // SAFETY: the SDK's buffer of `size` bytes, valid during the call.
+        let bytes = unsafe { std::slice::from_raw_parts(data as *const u8, size) };
+        let _ = tx.send(Msg::Chunk(bytes.to_vec()));
+    }
+    if !has_more {
+        let _ = tx.send(Msg::Done);
+    }
+}
+
+/// PerfettoTracingSessionReadTraceBlocking: the trace to `tx` in chunks,
+/// then Done. Blocks until the SDK has read everything.
+fn read_all(s: &TracingSession, tx: &Sender<Msg>) {
+    let arg = tx as *const Sender<Msg> as *mut c_void;
+    // SAFETY: a live session; `tx` outlives the blocking call (on_read).
+    unsafe { PerfettoTracingSessionReadTraceBlocking(raw(s), Some(on_read), arg) };
+}
+
 /// The SDK side, on its own thread: every call here may block for as long
 /// as traced does not answer.
-fn session(config: Vec<u8>, tx: Sender<Msg>, stop: Receiver<()>) {
+fn session(config: Vec<u8>, tx: Sender<Msg>, stop: Receiver<bool>) {
     let mut s = match TracingSession::system() {
         Ok(s) => s,
         Err(e) => {
@@ -116,28 +196,23 @@ fn session(config: Vec<u8>, tx: Sender<Msg>, stop: Receiver<()>) {
             return;
         }
     };
+    // Before start: the SDK runs these in order on its own thread.
+    on_stop(&s, tx.clone());
     s.setup(&config);
     s.start_blocking();
     let _ = tx.send(Msg::Started);
-    // Until the duration is over or the caller cancels (or is gone).
-    let _ = stop.recv();
-    // What perfetto_cmd does on SIGTERM: flush (heapprofd dumps its
-    // profiles), then disable. Zero: the TraceConfig's flush_timeout_ms.
-    // When traced already ended the session at duration_ms, both return
-    // at once.
-    s.flush_blocking(Duration::ZERO);
+    // Until traced ended the session, or the caller cancels (true) or is
+    // gone (an error).
+    if stop.recv() == Ok(true) {
+        // What perfetto_cmd does on SIGTERM: flush (heapprofd dumps its
+        // profiles), then disable. Zero: the TraceConfig's flush_timeout_ms.
+        s.flush_blocking(Duration::ZERO);
+    }
+    // Returns at once when traced already ended the session.
     s.stop_blocking();
     let _ = tx.send(Msg::Stopped);
-    // Called on the SDK's own thread: a send never blocks it.
-    let chunks = tx.clone();
-    s.read_trace_blocking(move |data, has_more| {
-        if !data.is_empty() {
-            let _ = chunks.send(Msg::Chunk(data.to_vec()));
-        }
-        if !has_more {
-            let _ = chunks.send(Msg::Done);
-        }
-    });
+    // on_read runs on the SDK's own thread: a send never blocks it.
+    read_all(&s, &tx);
 }
 
 /// How the caller's wait ended.
@@ -186,8 +261,7 @@ pub(super) fn run(
     );
 
     let deadline = Instant::now() + config.timeout_for(request);
-    let duration = Duration::from_millis(request.duration_ms.into());
-    let w = drive(&rx, &stop_tx, &mut file, deadline, duration, cancel);
+    let w = drive(&rx, &stop_tx, &mut file, deadline, cancel);
     let (written, write_err, cancelled) = (w.written, w.write_err, w.cancelled);
     drop(file);
     let discard = || {
@@ -245,30 +319,25 @@ struct Watched {
     cancelled: bool,
 }
 
-/// Writes the chunks read back into `file`, asks the thread to stop when
-/// `duration` is over after the start (or on `cancel`), and gives up at
+/// Writes the chunks read back into `file`, lets the thread stop and read
+/// when traced ended the session (or on `cancel`), and gives up at
 /// `deadline`.
 fn drive(
     rx: &Receiver<Msg>,
-    stop_tx: &Sender<()>,
+    stop_tx: &Sender<bool>,
     file: &mut std::fs::File,
     deadline: Instant,
-    duration: Duration,
     cancel: &AtomicBool,
 ) -> Watched {
-    let (mut stage, mut stop_at) = (Stage::Start, None);
-    let (mut stop_sent, mut cancelled) = (false, false);
+    let mut stage = Stage::Start;
+    let (mut traced_stopped, mut stop_sent, mut cancelled) = (false, false, false);
     let (mut written, mut write_err) = (0u64, None);
     let ended = loop {
         match rx.recv_timeout(POLL) {
-            Ok(Msg::Started) => {
-                stage = if stop_sent {
-                    Stage::Stop
-                } else {
-                    Stage::Running
-                };
-                stop_at = Some(Instant::now() + duration);
-            }
+            Ok(Msg::Started) if !stop_sent => stage = Stage::Running,
+            Ok(Msg::Started) => stage = Stage::Stop,
+            // May come before Started: a refused session ends as it starts.
+            Ok(Msg::TracedStopped) => traced_stopped = true,
             Ok(Msg::Stopped) => stage = Stage::Read,
             Ok(Msg::Chunk(c)) if write_err.is_none() => match file.write_all(&c) {
                 Ok(()) => written += c.len() as u64,
@@ -282,19 +351,19 @@ fn drive(
                 break Ended::Failed("the session thread ended before the read".into())
             }
         }
-        let now = Instant::now();
-        if !stop_sent && time_to_stop(stop_at, now, cancel) {
-            cancelled = cancel.load(Ordering::SeqCst);
+        if !stop_sent && (traced_stopped || cancel.load(Ordering::SeqCst)) {
+            // Flush first only when we end it; traced flushed its own end.
+            cancelled = !traced_stopped;
             if cancelled {
                 log::info!("heapprofd session cancelled: stopping it");
             }
-            let _ = stop_tx.send(());
+            let _ = stop_tx.send(cancelled);
             stop_sent = true;
             if matches!(stage, Stage::Running) {
                 stage = Stage::Stop;
             }
         }
-        if now >= deadline {
+        if Instant::now() >= deadline {
             break Ended::Unanswered(stage);
         }
     };
@@ -304,13 +373,6 @@ fn drive(
         write_err,
         cancelled,
     }
-}
-
-/// Time to ask the session thread to stop: the duration is over (counted
-/// from the start's acknowledgement; traced also ends the session itself
-/// at duration_ms) or the caller cancelled.
-fn time_to_stop(stop_at: Option<Instant>, now: Instant, cancel: &AtomicBool) -> bool {
-    cancel.load(Ordering::SeqCst) || stop_at.is_some_and(|t| now >= t)
 }
 
 fn end(status: SessionStatus) -> RouteEnd {
