@@ -92,6 +92,11 @@ pub const ANDROID_PATHS: &[(&str, &str)] = &[
         "/dev/socket/traced_producer",
         "producer (the Perfetto SDK connects; producer::connection watches the connection)",
     ),
+    (
+        "/dev/socket/traced_consumer",
+        "heapprofd::in_process (heapprofd.consumer = \"in_process\": connect() probe, then the \
+         Perfetto SDK's consumer connection)",
+    ),
 ];
 
 /// How an AOSP platform policy labels paths vitalsd reads, written as the
@@ -128,6 +133,11 @@ pub const AOSP_LABELS: &[(&str, &str, &str)] = &[
         "file_contexts",
         "/dev/socket/traced_producer",
         "traced_producer_socket",
+    ),
+    (
+        "file_contexts",
+        "/dev/socket/traced_consumer",
+        "traced_consumer_socket",
     ),
 ];
 
@@ -181,6 +191,10 @@ pub const SOURCE_SCAN_EXEMPT: &[(&str, &str)] = &[
     (
         "/run/perfetto",
         "Linux-only: producer::connection mirrors perfetto's GetProducerSocket() default",
+    ),
+    (
+        "/run/perfetto/traced-consumer.sock",
+        "Linux-only default of the traced consumer socket (Android: /dev/socket/traced_consumer)",
     ),
     (
         "/run/perfetto/traced-producer.sock",

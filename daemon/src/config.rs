@@ -255,11 +255,15 @@ pub struct Conditions {
     pub power_supply_root: PathBuf,
 }
 
-/// heapprofd sessions, started through the perfetto client as the trusted
-/// system initiator (see `heapprofd`).
+/// heapprofd sessions, started as the trusted system initiator (see
+/// `heapprofd`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HeapprofdSettings {
+    /// Who is traced's consumer: "perfetto_client" (exec `perfetto_bin`)
+    /// or "in_process" (the daemon, through the Perfetto SDK; needs the
+    /// `producer` build feature). See docs/android.md.
+    pub consumer: crate::heapprofd::ConsumerRoute,
     pub perfetto_bin: PathBuf,
     pub sampling_interval_bytes: u64,
     /// Longest session a request may ask for.
@@ -280,6 +284,7 @@ impl Default for HeapprofdSettings {
     fn default() -> Self {
         let r = crate::heapprofd::RateLimits::default();
         Self {
+            consumer: crate::heapprofd::ConsumerRoute::default(),
             perfetto_bin: PathBuf::from(crate::heapprofd::DEFAULT_PERFETTO_BIN),
             sampling_interval_bytes: 4096,
             max_duration: Dur(Duration::from_secs(600)),
@@ -553,6 +558,9 @@ impl Config {
             }
         }
         let h = &self.heapprofd;
+        if let Err(message) = h.consumer.available() {
+            return bad("heapprofd.consumer", message);
+        }
         if h.sampling_interval_bytes == 0 || h.sampling_interval_bytes > 1 << 30 {
             return bad(
                 "heapprofd.sampling_interval_bytes",

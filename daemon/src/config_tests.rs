@@ -166,3 +166,43 @@ proptest::proptest! {
         let _ = parse(&text);
     }
 }
+
+#[test]
+fn heapprofd_consumer_names_the_route_and_refuses_what_the_build_lacks() {
+    use crate::heapprofd::ConsumerRoute;
+    assert_eq!(
+        parse("").unwrap().heapprofd.consumer,
+        ConsumerRoute::PerfettoClient
+    );
+    assert_eq!(
+        parse("[heapprofd]\nconsumer = \"perfetto_client\"\n")
+            .unwrap()
+            .heapprofd
+            .consumer,
+        ConsumerRoute::PerfettoClient
+    );
+    // An unknown route: toml's error quotes the line, key and all, and
+    // lists the routes.
+    let e = parse("[heapprofd]\nconsumer = \"sdk\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("consumer = \"sdk\"") && e.contains("in_process"),
+        "{e}"
+    );
+    let in_process = parse("[heapprofd]\nconsumer = \"in_process\"\n");
+    if cfg!(feature = "producer") {
+        assert_eq!(
+            in_process.unwrap().heapprofd.consumer,
+            ConsumerRoute::InProcess
+        );
+    } else {
+        // Without the SDK: refused at the config check, never a silent
+        // fall back to the client.
+        let e = in_process.unwrap_err().to_string();
+        assert!(
+            e.contains("heapprofd.consumer") && e.contains("producer"),
+            "{e}"
+        );
+    }
+}

@@ -1,7 +1,11 @@
-//! heapprofd for real (issue #16, the exec'd-client route): `vitalsd heap`
-//! and a rule's heap profile run Perfetto's own `perfetto` client against
-//! a real traced on private sockets, profiling `vitals-workload heap-churn`
-//! started with heapprofd's glibc preload library. The stored profile is
+//! heapprofd for real (issue #16), through both consumer routes: `vitalsd
+//! heap` and a rule's heap profile run a session against a real traced on
+//! private sockets, either by exec'ing Perfetto's own `perfetto` client
+//! (perfetto_client) or as traced's consumer themselves through the
+//! Perfetto SDK (in_process), profiling `vitals-workload heap-churn`
+//! started with heapprofd's glibc preload library. Every test runs once per
+//! route (`<test>::perfetto_client`, `<test>::in_process`) with the same
+//! assertions. The stored profile is
 //! judged by trace_processor (the importer the Perfetto UI runs): its
 //! allocations belong to the target's process, their stacks resolve to the
 //! workload's own function, and the figures vitalsd reports are the ones
@@ -30,6 +34,70 @@ use vitals_tests::{
 const CHURN_FN: &str = "vitals_heap_churn";
 /// At most 15 bytes: it is also the comm, which rules match.
 const TARGET: &str = "vitals-churn";
+
+/// Who is traced's consumer (`heapprofd.consumer`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Route {
+    PerfettoClient,
+    InProcess,
+}
+
+impl Route {
+    /// Its name in the config and in the stored metadata.
+    fn name(self) -> &'static str {
+        match self {
+            Route::PerfettoClient => "perfetto_client",
+            Route::InProcess => "in_process",
+        }
+    }
+
+    /// `vitalsd heap`'s arguments choosing this route; `perfetto` is the
+    /// client binary.
+    fn args(self, perfetto: &Path) -> Vec<String> {
+        match self {
+            Route::PerfettoClient => vec![
+                "--consumer".into(),
+                "perfetto_client".into(),
+                "--perfetto-bin".into(),
+                perfetto.to_str().unwrap().into(),
+            ],
+            Route::InProcess => vec!["--consumer".into(), "in_process".into()],
+        }
+    }
+
+    /// The `[heapprofd]` keys choosing this route in a config file.
+    fn config(self, perfetto: &Path) -> String {
+        match self {
+            Route::PerfettoClient => format!(
+                "consumer = \"perfetto_client\"\nperfetto_bin = \"{}\"\n",
+                perfetto.display()
+            ),
+            Route::InProcess => "consumer = \"in_process\"\n".into(),
+        }
+    }
+}
+
+/// One #[test] per route for the function `$name(Route)`.
+macro_rules! both_routes {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn perfetto_client() {
+                super::$name(super::Route::PerfettoClient)
+            }
+            #[test]
+            fn in_process() {
+                super::$name(super::Route::InProcess)
+            }
+        }
+    };
+}
+
+both_routes!(vitalsd_heap_profiles_a_preloaded_process_as_trace_processor_sees_it);
+both_routes!(a_target_not_running_gets_no_profile_and_is_named_as_not_running);
+both_routes!(a_refused_session_is_reported_with_traceds_reason_and_stores_nothing);
+both_routes!(traced_not_running_is_a_clear_error_and_nothing_is_stored);
+both_routes!(a_rule_heap_profiles_its_offender_through_the_real_service);
 
 /// `vitalsd heap ARGS` with the sockets in `service_env`, run to its end in
 /// a process group of its own.
@@ -168,15 +236,14 @@ fn printed(stdout: &str, pid: u32) -> (u64, u64, u64) {
     (n[0], n[1], n[2])
 }
 
-#[test]
-fn vitalsd_heap_profiles_a_preloaded_process_as_trace_processor_sees_it() {
+fn vitalsd_heap_profiles_a_preloaded_process_as_trace_processor_sees_it(route: Route) {
     require_root();
     let tp = trace_processor();
     let service = PerfettoService::start();
     let target = HeapTarget::start(&service, TARGET);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("heap.pftrace");
-    let args = heap_args(&service, TARGET, "3s", &out);
+    let args = heap_args(&service, route, TARGET, "3s", &out);
     let o = vitalsd_heap(service.env(), dir.path(), &strs(&args));
     let stdout = text(&o.stdout);
     assert!(o.status.success(), "{stdout}\n{}", text(&o.stderr));
@@ -192,6 +259,7 @@ fn vitalsd_heap_profiles_a_preloaded_process_as_trace_processor_sees_it() {
     let meta: Value =
         serde_json::from_slice(&std::fs::read(vitalsd::heapprofd::metadata_path(&out)).unwrap())
             .unwrap();
+    assert_eq!(meta["consumer"], route.name(), "{meta}");
     let p = &meta["outcome"]["processes"][0];
     assert_eq!(as_u64(&p["pid"]), u64::from(target.pid()), "{meta}");
     assert_eq!(as_u64(&p["frees"]), i.frees, "{meta}");
@@ -199,21 +267,28 @@ fn vitalsd_heap_profiles_a_preloaded_process_as_trace_processor_sees_it() {
     println!("{stdout}");
 }
 
-/// `vitalsd heap --duration D --out OUT --name NAME` through `service`'s
-/// perfetto client.
-fn heap_args(service: &PerfettoService, name: &str, duration: &str, out: &Path) -> Vec<String> {
-    [
-        "--name",
-        name,
-        "--duration",
-        duration,
-        "--perfetto-bin",
-        service.perfetto_bin().to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]
-    .map(String::from)
-    .to_vec()
+/// `vitalsd heap --duration D --out OUT --name NAME` through `route`
+/// (with `service`'s perfetto client).
+fn heap_args(
+    service: &PerfettoService,
+    route: Route,
+    name: &str,
+    duration: &str,
+    out: &Path,
+) -> Vec<String> {
+    let mut args = route.args(&service.perfetto_bin());
+    args.extend(
+        [
+            "--name",
+            name,
+            "--duration",
+            duration,
+            "--out",
+            out.to_str().unwrap(),
+        ]
+        .map(String::from),
+    );
+    args
 }
 
 fn strs(v: &[String]) -> Vec<&str> {
@@ -223,15 +298,14 @@ fn strs(v: &[String]) -> Vec<&str> {
 /// A name nothing runs under: the session completes, the trace holds the
 /// process list and no profile, and vitalsd fails saying the target is not
 /// running. trace_processor confirms both from the stored trace.
-#[test]
-fn a_target_not_running_gets_no_profile_and_is_named_as_not_running() {
+fn a_target_not_running_gets_no_profile_and_is_named_as_not_running(route: Route) {
     require_root();
     let tp = trace_processor();
     let service = PerfettoService::start();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("heap.pftrace");
     let absent = "vitals-absent";
-    let args = heap_args(&service, absent, "1s", &out);
+    let args = heap_args(&service, route, absent, "1s", &out);
     let o = vitalsd_heap(service.env(), dir.path(), &strs(&args));
     let stdout = text(&o.stdout);
     assert!(!o.status.success(), "{stdout}");
@@ -257,18 +331,18 @@ fn a_target_not_running_gets_no_profile_and_is_named_as_not_running() {
 }
 
 /// traced refuses a second session under the same unique_session_name
-/// while the first runs: the real client then exits 0 without a trace.
-/// vitalsd reports the refusal with traced's reason and stores nothing;
-/// the first session is unharmed.
-#[test]
-fn a_refused_session_is_reported_with_traceds_reason_and_stores_nothing() {
+/// while the first runs: the real client then exits 0 without a trace,
+/// the SDK reads back nothing. vitalsd reports the refusal (with traced's
+/// reason where the route has it: the SDK's C API does not pass it on)
+/// and stores nothing; the first session is unharmed.
+fn a_refused_session_is_reported_with_traceds_reason_and_stores_nothing(route: Route) {
     require_root();
     let tp = trace_processor();
     let service = PerfettoService::start();
     let target = HeapTarget::start(&service, TARGET);
     let dir = tempfile::tempdir().unwrap();
     let first_out = dir.path().join("first.pftrace");
-    let first_args = heap_args(&service, TARGET, "4s", &first_out);
+    let first_args = heap_args(&service, route, TARGET, "4s", &first_out);
     let first_dir = dir.path().join("first");
     std::fs::create_dir(&first_dir).unwrap();
     let mut first = Group::spawn(
@@ -284,12 +358,18 @@ fn a_refused_session_is_reported_with_traceds_reason_and_stores_nothing() {
     service.wait_for_session(vitalsd::heapprofd::config::DEFAULT_UNIQUE_SESSION_NAME);
 
     let out = dir.path().join("second.pftrace");
-    let args = heap_args(&service, TARGET, "1s", &out);
+    let args = heap_args(&service, route, TARGET, "1s", &out);
     let o = vitalsd_heap(service.env(), dir.path(), &strs(&args));
     let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
     assert!(!o.status.success(), "{stdout}");
+    let reason = match route {
+        // traced's own words, from the client's "Service error: ".
+        Route::PerfettoClient => "already exists",
+        // What vitalsd can know: a reachable traced that gave no data.
+        Route::InProcess => "traced ended the session without any data",
+    };
     assert!(
-        stderr.contains("traced refused the session") && stderr.contains("already exists"),
+        stderr.contains("traced refused the session") && stderr.contains(reason),
         "{stdout}\n{stderr}"
     );
     assert!(stdout.contains("nothing stored"), "{stdout}");
@@ -303,8 +383,7 @@ fn a_refused_session_is_reported_with_traceds_reason_and_stores_nothing() {
 
 /// No traced at all (sockets nobody listens on): a clear error naming
 /// traced, quickly, and nothing stored.
-#[test]
-fn traced_not_running_is_a_clear_error_and_nothing_is_stored() {
+fn traced_not_running_is_a_clear_error_and_nothing_is_stored(route: Route) {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let tools = vitals_tests::perfetto_service::perfetto_dir();
@@ -319,21 +398,14 @@ fn traced_not_running_is_a_clear_error_and_nothing_is_stored() {
             dir.path().join("consumer.sock"),
         ),
     ];
-    let perfetto = tools.join("perfetto");
-    let o = vitalsd_heap(
-        env,
-        dir.path(),
-        &[
-            "--name",
-            TARGET,
-            "--duration",
-            "1s",
-            "--perfetto-bin",
-            perfetto.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
+    let mut args = route.args(&tools.join("perfetto"));
+    args.extend(
+        ["--name", TARGET, "--duration", "1s", "--out"]
+            .map(String::from)
+            .into_iter()
+            .chain([out.to_str().unwrap().to_owned()]),
     );
+    let o = vitalsd_heap(env, dir.path(), &strs(&args));
     let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
     assert!(!o.status.success(), "{stdout}");
     assert!(
@@ -349,8 +421,7 @@ fn traced_not_running_is_a_clear_error_and_nothing_is_stored() {
 /// daemon profiles the offender by pid through the real service and stores
 /// the profile; trace_processor finds the target's allocations in it, with
 /// the totals the stored outcome reports.
-#[test]
-fn a_rule_heap_profiles_its_offender_through_the_real_service() {
+fn a_rule_heap_profiles_its_offender_through_the_real_service(route: Route) {
     require_root();
     let tp = trace_processor();
     let service = PerfettoService::start();
@@ -358,12 +429,12 @@ fn a_rule_heap_profiles_its_offender_through_the_real_service() {
     // The churn takes ~20 % of a CPU (it spins between rounds); above 5 %
     // for 1 s fires, which an idle process never reaches.
     let config = format!(
-        "[heapprofd]\nperfetto_bin = \"{}\"\n\n[[rule]]\nname = \"churn\"\n\
+        "[heapprofd]\n{}\n[[rule]]\nname = \"churn\"\n\
          metric = {{ kind = \"process_cpu_pct\", process = \"{TARGET}\" }}\n\
          threshold = 5\nwindow = \"1s\"\ncooldown = \"1h\"\n\
          capture = {{ duration = \"3s\", sched = false, heap_profile = true, \
          heap_allowlist = [\"{TARGET}\"] }}\n",
-        service.perfetto_bin().display()
+        route.config(&service.perfetto_bin())
     );
     let d = Daemon::start_with_env(&config, service.env());
     d.wait_status(
@@ -381,6 +452,7 @@ fn a_rule_heap_profiles_its_offender_through_the_real_service() {
     assert_eq!(heap["trigger"]["rule"], "churn");
     assert_eq!(heap["status"], "complete", "{heap}");
     let h = &heap["heapprofd"];
+    assert_eq!(h["consumer"], route.name(), "{h}");
     assert_eq!(as_u64(&h["request"]["pids"][0]), u64::from(target.pid()));
     let id = heap["id"].as_str().unwrap();
     let i = import(&tp, &d.store().join(format!("{id}.pftrace")), target.pid());

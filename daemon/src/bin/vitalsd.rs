@@ -180,7 +180,12 @@ struct HeapArgs {
     duration: Duration,
     #[arg(long, default_value = "heap.pftrace")]
     out: PathBuf,
-    /// The perfetto command-line client.
+    /// traced's consumer: perfetto_client (exec --perfetto-bin) or
+    /// in_process (this process, through the Perfetto SDK; builds with the
+    /// `producer` feature).
+    #[arg(long, default_value = "perfetto_client", value_parser = parse_consumer)]
+    consumer: heapprofd::ConsumerRoute,
+    /// The perfetto command-line client (consumer perfetto_client).
     #[arg(long, default_value = heapprofd::DEFAULT_PERFETTO_BIN)]
     perfetto_bin: PathBuf,
     /// Persisted rate-limit history.
@@ -471,6 +476,14 @@ fn heap_request(args: &HeapArgs) -> HeapProfileRequest {
     }
 }
 
+/// `--consumer`: a route name this build can run (in_process needs the
+/// `producer` feature), refused here rather than at the session.
+fn parse_consumer(s: &str) -> Result<heapprofd::ConsumerRoute, String> {
+    let route: heapprofd::ConsumerRoute = s.parse()?;
+    route.available()?;
+    Ok(route)
+}
+
 /// The session runner under the persisted rate limits of `--state-file`.
 fn heap_runner(args: &HeapArgs) -> Result<SessionRunner> {
     let limits = RateLimits {
@@ -482,6 +495,7 @@ fn heap_runner(args: &HeapArgs) -> Result<SessionRunner> {
     let limiter = RateLimiter::load(&args.state_file, limits)?;
     Ok(SessionRunner::new(
         RunnerConfig {
+            consumer: args.consumer,
             perfetto_bin: args.perfetto_bin.clone(),
             limits: RequestLimits {
                 max_duration_ms: ms(args.max_duration),

@@ -3,9 +3,12 @@
 //!
 //! - [`config`]: the typed request, its validation, and the TraceConfig it
 //!   becomes (android.heapprofd + linux.process_stats);
-//! - [`runner`]: runs `perfetto --config - --out -` with the binary config
-//!   on stdin and a trace file it opened as stdout, one session at a time,
-//!   with timeout and cancellation;
+//! - [`runner`]: one session at a time, with timeout and cancellation,
+//!   through the configured consumer route: `client` runs
+//!   `perfetto --config - --out -` with the binary config on stdin and a
+//!   trace file it opened as stdout; [`in_process`] (`producer` feature)
+//!   is traced's consumer itself through the Perfetto SDK and writes the
+//!   trace it reads back into the same file;
 //! - [`ratelimit`]: persisted per-target and system-wide limits;
 //! - [`outcome`]: heapprofd's per-process verdict read back from the trace,
 //!   stored with the config in `<trace>.meta.json`.
@@ -13,10 +16,13 @@
 //! Trust: traced sets DataSourceConfig.session_initiator to
 //! SESSION_INITIATOR_TRUSTED_SYSTEM only for consumers running as uid 1000
 //! (system) or statsd; root is not enough and a consumer cannot set the field
-//! itself. vitalsd therefore runs as `user system` and execs the client, which
-//! keeps uid 1000.
+//! itself. vitalsd therefore runs as `user system`, and either execs the
+//! client, which keeps uid 1000, or is the consumer itself.
 
+mod client;
 pub mod config;
+#[cfg(feature = "producer")]
+pub mod in_process;
 pub mod outcome;
 pub mod ratelimit;
 pub mod runner;
@@ -34,7 +40,8 @@ pub use outcome::{
 };
 pub use ratelimit::{RateLimitError, RateLimiter, RateLimits};
 pub use runner::{
-    RunError, RunnerConfig, SessionReport, SessionRunner, SessionStatus, DEFAULT_PERFETTO_BIN,
+    ConsumerRoute, RunError, RunnerConfig, SessionReport, SessionRunner, SessionStatus,
+    DEFAULT_PERFETTO_BIN,
 };
 
 /// Where the rate-limit history lives by default: in a `state/`

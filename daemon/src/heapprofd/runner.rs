@@ -1,37 +1,30 @@
-//! Runs one heapprofd session through the `perfetto` command-line client.
+//! Runs one heapprofd session, one at a time, under persisted rate limits,
+//! through one of two consumer routes (`heapprofd.consumer`):
 //!
-//! `perfetto --config - --out -` reads a binary TraceConfig from stdin,
-//! starts the session with traced and, when it ends, reads the buffers back
-//! over the consumer socket and writes the trace to its stdout, which is the
-//! file we opened. On Android the `perfetto` domain may not open, create or
-//! search other domains' data files, only write to one it is handed
-//! (system/sepolicy private/perfetto.te neverallows), so we open the file,
-//! and the session keeps its data in traced (no write_into_file), so traced
-//! never touches it. The child inherits our uid: traced marks the session
-//! TRUSTED_SYSTEM only when that uid is 1000 (system), so on Android
-//! vitalsd runs as `user system`.
+//! - [`ConsumerRoute::PerfettoClient`] (`client.rs`): exec the `perfetto`
+//!   command-line client with the binary TraceConfig on stdin and the trace
+//!   file we opened as its stdout;
+//! - [`ConsumerRoute::InProcess`] (`in_process.rs`, `producer` feature):
+//!   vitalsd itself is traced's consumer through the Perfetto SDK's system
+//!   tracing session, and writes what it reads back into the same file.
 //!
-//! On SIGTERM (or SIGINT) the client asks traced to stop the session, waits
-//! for the flush and writes the trace, so cancellation and timeouts send
-//! SIGTERM first and SIGKILL only if the client ignores it.
+//! Either way traced sees a consumer with our uid, which must be 1000
+//! (system) on Android for the session to be TRUSTED_SYSTEM. Both routes
+//! end in the same place: a complete trace in the file we opened (or no
+//! file), read by `outcome.rs` and described by `<trace>.meta.json`.
 
 use std::{
-    io::{Read, Write},
     path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    str::FromStr,
     sync::{
         atomic::{AtomicBool, Ordering},
         Mutex,
     },
-    thread,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use nix::{
-    sys::signal::{kill, Signal},
-    unistd::{getuid, Pid},
-};
-use serde::Serialize;
+use nix::{sys::signal::Signal, unistd::getuid};
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::{
@@ -45,14 +38,68 @@ pub const AID_SYSTEM: u32 = 1000;
 
 pub const DEFAULT_PERFETTO_BIN: &str = "/system/bin/perfetto";
 
-const POLL: Duration = Duration::from_millis(20);
+pub(super) const POLL: Duration = Duration::from_millis(20);
+
+/// Who is traced's consumer for a heapprofd session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConsumerRoute {
+    /// Exec `perfetto --config - --out -` (the default: it works in every
+    /// build, AOSP's own guidance for system-wide sessions on Android, a
+    /// hung client can be killed, and it reports traced's reason for a
+    /// refused session).
+    #[default]
+    PerfettoClient,
+    /// The daemon itself, through the Perfetto SDK (`producer` feature):
+    /// no exec, no /system/bin/perfetto, no perfetto domain transition.
+    InProcess,
+}
+
+impl ConsumerRoute {
+    pub const NAMES: [&'static str; 2] = ["perfetto_client", "in_process"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ConsumerRoute::PerfettoClient => Self::NAMES[0],
+            ConsumerRoute::InProcess => Self::NAMES[1],
+        }
+    }
+
+    /// Whether this build can run the route: the in-process consumer is
+    /// the Perfetto SDK, which only the `producer` feature links.
+    pub fn available(self) -> Result<(), String> {
+        match self {
+            ConsumerRoute::InProcess if !cfg!(feature = "producer") => Err(
+                "in_process needs the Perfetto SDK, which this vitalsd was built without \
+                 (cargo feature `producer`); use perfetto_client"
+                    .into(),
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl FromStr for ConsumerRoute {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.replace('-', "_").as_str() {
+            "perfetto_client" => Ok(ConsumerRoute::PerfettoClient),
+            "in_process" => Ok(ConsumerRoute::InProcess),
+            _ => Err(format!("{s:?} is not one of {:?}", Self::NAMES)),
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct RunnerConfig {
+    pub consumer: ConsumerRoute,
+    /// The client of the perfetto_client route.
     pub perfetto_bin: PathBuf,
     pub limits: RequestLimits,
     /// Time allowed beyond duration_ms (plus flush_timeout_ms) before the
-    /// client counts as hung and gets SIGTERM.
+    /// client counts as hung and gets SIGTERM, or the in-process session
+    /// is abandoned.
     pub timeout_slack: Duration,
     /// After SIGTERM, how long the client gets to flush before SIGKILL.
     pub term_grace: Duration,
@@ -61,6 +108,7 @@ pub struct RunnerConfig {
 impl Default for RunnerConfig {
     fn default() -> Self {
         Self {
+            consumer: ConsumerRoute::default(),
             perfetto_bin: PathBuf::from(DEFAULT_PERFETTO_BIN),
             limits: RequestLimits::default(),
             timeout_slack: Duration::from_secs(10),
@@ -117,11 +165,24 @@ pub enum RunError {
         #[source]
         source: nix::Error,
     },
+    #[error("writing the heapprofd trace {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("perfetto SDK {call}: {message}")]
+    Sdk { call: &'static str, message: String },
+    #[error("heapprofd.consumer = {route}: {message}")]
+    Unavailable {
+        route: &'static str,
+        message: String,
+    },
     #[error(transparent)]
     Metadata(#[from] OutcomeError),
 }
 
-/// How the client process ended.
+/// How the session ended (the client process, or the in-process consumer).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum SessionStatus {
@@ -131,8 +192,9 @@ pub enum SessionStatus {
     /// error: <why>" (a unique_session_name in use, a config traced
     /// rejects) and exits 0 without writing a trace.
     Refused { reason: String },
-    /// The client could not reach traced's consumer socket: the tracing
-    /// service is not running (or the socket is not ours to use).
+    /// traced's consumer socket did not answer: the tracing service is not
+    /// running (or the socket is not ours to use). `stderr_tail`: the
+    /// client's stderr, or the in-process consumer's connect() error.
     TracedUnreachable { stderr_tail: String },
     /// Non-zero exit or killed by a signal we did not send.
     Failed {
@@ -144,6 +206,10 @@ pub enum SessionStatus {
     TimedOut { killed: bool },
     /// Cancelled by the caller: SIGTERM sent; `killed` if SIGKILL was needed.
     Cancelled { killed: bool },
+    /// In-process: an SDK call (`stage`: start, stop or read) had not
+    /// returned by the deadline. The SDK cannot be interrupted, so its
+    /// thread was abandoned and whatever it read discarded.
+    Unanswered { stage: String },
 }
 
 /// What is stored with the capture.
@@ -152,7 +218,10 @@ pub struct SessionReport {
     pub request: HeapProfileRequest,
     /// The exact TraceConfig sent, binary proto, hex-encoded.
     pub trace_config_hex: String,
-    pub perfetto_bin: PathBuf,
+    pub consumer: ConsumerRoute,
+    /// The client that ran it (perfetto_client route only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub perfetto_bin: Option<PathBuf>,
     pub out: PathBuf,
     pub uid: u32,
     pub started_unix_ms: u64,
@@ -164,8 +233,8 @@ pub struct SessionReport {
 }
 
 impl SessionStatus {
-    /// Why the session produced no profile at the client level, in words;
-    /// None when the client completed.
+    /// Why the session produced no profile at the consumer level, in
+    /// words; None when it completed.
     pub fn problem(&self) -> Option<String> {
         match self {
             SessionStatus::Completed => None,
@@ -173,7 +242,7 @@ impl SessionStatus {
                 Some(format!("traced refused the session: {reason}"))
             }
             SessionStatus::TracedUnreachable { stderr_tail } => Some(format!(
-                "traced is not running: the perfetto client could not connect to it ({})",
+                "traced is not running: its consumer socket did not answer ({})",
                 last_line(stderr_tail)
             )),
             SessionStatus::Failed {
@@ -192,6 +261,10 @@ impl SessionStatus {
                 if *killed { " with SIGKILL" } else { "" }
             )),
             SessionStatus::Cancelled { .. } => Some("the session was cancelled".into()),
+            SessionStatus::Unanswered { stage } => Some(format!(
+                "timed out: traced did not answer the in-process consumer's {stage} by the \
+                 deadline; the session was abandoned and nothing kept"
+            )),
         }
     }
 }
@@ -250,32 +323,6 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Reads a pipe to the end on a thread so a chatty client never blocks on a
-/// full pipe; keeps the last 4 KiB.
-/// The trace file the client writes as its stdout: created (or emptied)
-/// 0640, write-only and not O_APPEND, since on Android the perfetto domain
-/// is allowed `write` on it and nothing else.
-fn create_trace_file(out: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o640)
-        .open(out)
-}
-
-fn drain<R: Read + Send + 'static>(r: Option<R>) -> thread::JoinHandle<String> {
-    thread::spawn(move || {
-        let mut buf = Vec::new();
-        if let Some(mut r) = r {
-            let _ = r.read_to_end(&mut buf);
-        }
-        let start = buf.len().saturating_sub(4096);
-        String::from_utf8_lossy(&buf[start..]).into_owned()
-    })
-}
-
 impl SessionRunner {
     pub fn new(config: RunnerConfig, limiter: RateLimiter) -> Self {
         Self {
@@ -293,9 +340,10 @@ impl SessionRunner {
         self.active.load(Ordering::SeqCst)
     }
 
-    /// Validates `request`, checks limits, runs the client until it exits,
-    /// the deadline passes or `cancel` is set, reads heapprofd's outcome from
-    /// `out` and writes `<out>.meta.json`.
+    /// Validates `request`, checks limits, runs the session through the
+    /// configured consumer route until it ends, the deadline passes or
+    /// `cancel` is set, reads heapprofd's outcome from `out` and writes
+    /// `<out>.meta.json`.
     pub fn run(
         &self,
         request: &HeapProfileRequest,
@@ -303,6 +351,11 @@ impl SessionRunner {
         cancel: &AtomicBool,
     ) -> Result<SessionReport, RunError> {
         let trace_config = request.trace_config(&self.config.limits)?;
+        let route = self.config.consumer;
+        route.available().map_err(|message| RunError::Unavailable {
+            route: route.name(),
+            message,
+        })?;
         if self
             .active
             .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
@@ -314,56 +367,45 @@ impl SessionRunner {
 
         let targets = request.target_keys();
         let started = SystemTime::now();
-        // Only one session runs at a time, so checking now and charging after
-        // the spawn cannot race; a client that fails to spawn costs nothing.
+        // Only one session runs at a time, so checking now and charging once
+        // the route runs cannot race; a session that never ran costs nothing.
         self.limiter
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .check(&targets, started)?;
-
-        let uid = log_client_uid();
-        let bin = &self.config.perfetto_bin;
-        let bytes = encode(&trace_config);
-        let mut child = self.spawn(out)?;
-        log::info!(
-            "heapprofd session started: {} pid {} targets {targets:?} for {} ms",
-            bin.display(),
-            child.id(),
-            request.duration_ms
-        );
-        if let Err(e) = self
-            .limiter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .record(&targets, started)
-        {
-            // The session is running; a lost charge is better than an orphan.
-            log::error!("{e}");
-        }
-
-        let stderr = drain(child.stderr.take());
-        if let Some(mut stdin) = child.stdin.take() {
-            // Dropping stdin afterwards is the client's end-of-config.
-            if let Err(source) = stdin.write_all(&bytes) {
-                // The client may have exited already (bad binary, traced
-                // unreachable): its exit status says more than EPIPE does.
-                log::warn!("writing the TraceConfig to {}: {source}", bin.display());
+        let mut charge = || {
+            log::info!(
+                "heapprofd session for {targets:?} running ({})",
+                route.name()
+            );
+            if let Err(e) = self
+                .limiter
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .record(&targets, started)
+            {
+                // The session is running; a lost charge is better than an orphan.
+                log::error!("{e}");
             }
-        }
+        };
 
-        let ended = self.wait(&mut child, request, cancel)?;
+        let uid = log_consumer_uid(route);
+        let bytes = encode(&trace_config);
+        let end = match route {
+            ConsumerRoute::PerfettoClient => {
+                super::client::run(&self.config, request, &bytes, out, cancel, &mut charge)?
+            }
+            #[cfg(feature = "producer")]
+            ConsumerRoute::InProcess => {
+                super::in_process::run(&self.config, request, &bytes, out, cancel, &mut charge)?
+            }
+            #[cfg(not(feature = "producer"))]
+            ConsumerRoute::InProcess => unreachable!("refused by ConsumerRoute::available"),
+        };
         let ended_at = SystemTime::now();
-        let stderr_tail = stderr.join().unwrap_or_default();
-        // We created the file before the client ran; one that wrote nothing
-        // (failed, refused, or killed before its read-back) left no trace.
-        let wrote = std::fs::metadata(out).is_ok_and(|m| m.len() > 0);
-        if !wrote {
-            let _ = std::fs::remove_file(out);
-        }
-        let status = session_status(bin, ended, stderr_tail, wrote);
-
+        let wrote = end.wrote;
         let (outcome, outcome_error) = if !wrote {
-            (None, Some("the perfetto client wrote no trace".to_owned()))
+            (None, Some(end.no_trace.to_owned()))
         } else {
             match read_outcome(out, request) {
                 Ok(o) => (Some(o), None),
@@ -376,12 +418,14 @@ impl SessionRunner {
         let report = SessionReport {
             request: request.clone(),
             trace_config_hex: hex(&bytes),
-            perfetto_bin: bin.clone(),
+            consumer: route,
+            perfetto_bin: (route == ConsumerRoute::PerfettoClient)
+                .then(|| self.config.perfetto_bin.clone()),
             out: out.to_owned(),
             uid,
             started_unix_ms: unix_ms(started),
             ended_unix_ms: unix_ms(ended_at),
-            status,
+            status: end.status,
             outcome,
             outcome_error,
         };
@@ -392,163 +436,47 @@ impl SessionRunner {
         }
         Ok(report)
     }
-
-    /// Starts `perfetto --config - --out -`: the config on a stdin pipe,
-    /// stdout the trace file `out`, stderr a pipe.
-    fn spawn(&self, out: &Path) -> Result<Child, RunError> {
-        let bin = &self.config.perfetto_bin;
-        let trace = create_trace_file(out).map_err(|source| RunError::Output {
-            path: out.to_owned(),
-            source,
-        })?;
-        Command::new(bin)
-            .arg("--config")
-            .arg("-")
-            .arg("--out")
-            .arg("-")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::from(trace))
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| RunError::Spawn {
-                path: bin.clone(),
-                source,
-            })
-    }
-
-    fn wait(
-        &self,
-        child: &mut Child,
-        request: &HeapProfileRequest,
-        cancel: &AtomicBool,
-    ) -> Result<Ended, RunError> {
-        let wait_err = |source| RunError::Wait {
-            path: self.config.perfetto_bin.clone(),
-            source,
-        };
-        let deadline = Instant::now() + self.config.timeout_for(request);
-        loop {
-            if let Some(s) = child.try_wait().map_err(wait_err)? {
-                return Ok(Ended::Exited(s));
-            }
-            let cancelled = cancel.load(Ordering::SeqCst);
-            if cancelled || Instant::now() >= deadline {
-                if cancelled {
-                    log::info!("heapprofd session cancelled: stopping the client");
-                } else {
-                    log::warn!("heapprofd session past its deadline: stopping the client");
-                }
-                let killed = self.terminate(child)?;
-                return Ok(if cancelled {
-                    Ended::Cancelled { killed }
-                } else {
-                    Ended::TimedOut { killed }
-                });
-            }
-            thread::sleep(POLL);
-        }
-    }
-
-    /// SIGTERM, then SIGKILL after the grace period. Returns whether SIGKILL
-    /// was needed.
-    fn terminate(&self, child: &mut Child) -> Result<bool, RunError> {
-        let pid = child.id() as i32;
-        let signal = |sig| {
-            kill(Pid::from_raw(pid), sig).map_err(|source| RunError::Signal {
-                pid,
-                signal: sig,
-                source,
-            })
-        };
-        let wait_err = |source| RunError::Wait {
-            path: self.config.perfetto_bin.clone(),
-            source,
-        };
-        // The client may have exited between try_wait and kill; ESRCH cannot
-        // happen for an unreaped child, so any error is real.
-        signal(Signal::SIGTERM)?;
-        let grace_end = Instant::now() + self.config.term_grace;
-        while Instant::now() < grace_end {
-            if child.try_wait().map_err(wait_err)?.is_some() {
-                return Ok(false);
-            }
-            thread::sleep(POLL);
-        }
-        log::warn!("perfetto client {pid} ignored SIGTERM; sending SIGKILL");
-        signal(Signal::SIGKILL)?;
-        child.wait().map_err(wait_err)?;
-        Ok(true)
-    }
 }
 
-/// Our uid, which the client inherits; warns on Android when it is not
-/// system, because traced then does not trust the session.
-fn log_client_uid() -> u32 {
+/// How a route's session ended. `wrote`: `out` holds the complete trace
+/// read back from traced; otherwise the route removed it.
+pub(super) struct RouteEnd {
+    pub status: SessionStatus,
+    pub wrote: bool,
+    /// The outcome_error when nothing was written.
+    pub no_trace: &'static str,
+}
+
+/// The trace file a route fills: created (or emptied) 0640, write-only and
+/// not O_APPEND, since on Android the perfetto domain is allowed `write` on
+/// it and nothing else.
+pub(super) fn create_trace_file(out: &Path) -> Result<std::fs::File, RunError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o640)
+        .open(out)
+        .map_err(|source| RunError::Output {
+            path: out.to_owned(),
+            source,
+        })
+}
+
+/// Our uid, which traced sees as the consumer's (the client inherits it);
+/// warns on Android when it is not system, because traced then does not
+/// trust the session.
+fn log_consumer_uid(route: ConsumerRoute) -> u32 {
     let uid = getuid().as_raw();
     if cfg!(target_os = "android") && uid != AID_SYSTEM {
         log::warn!(
-            "running the perfetto client as uid {uid}, not {AID_SYSTEM} (system): traced will \
-             not mark this heapprofd session TRUSTED_SYSTEM"
+            "heapprofd consumer ({}) runs as uid {uid}, not {AID_SYSTEM} (system): traced will \
+             not mark this heapprofd session TRUSTED_SYSTEM",
+            route.name()
         );
     } else {
-        log::info!("running the perfetto client as uid {uid}");
+        log::info!("heapprofd consumer ({}) runs as uid {uid}", route.name());
     }
     uid
-}
-
-/// What the real client prints when traced's consumer socket does not
-/// answer (perfetto_cmd.cc), and before the reason traced gives for
-/// refusing a session. The exec'd client has no other channel for these;
-/// on Android it may log to logcat only, so the exit status and the
-/// missing trace decide, and the text only refines the status.
-const UNREACHABLE_MARK: &str = "Could not connect to the traced socket";
-const SERVICE_ERROR_MARK: &str = "Service error: ";
-
-/// How the client ended, as stored; a failed exit is logged with its
-/// stderr. `wrote`: the client left a non-empty trace.
-fn session_status(bin: &Path, ended: Ended, stderr_tail: String, wrote: bool) -> SessionStatus {
-    match ended {
-        Ended::Exited(s) if s.success() && wrote => SessionStatus::Completed,
-        Ended::Exited(s) if s.success() => {
-            let reason = stderr_tail
-                .lines()
-                .rev()
-                .find_map(|l| l.split_once(SERVICE_ERROR_MARK).map(|(_, r)| r.trim()))
-                .unwrap_or(
-                    "the client exited 0 without a trace (on Android see logcat, tag perfetto)",
-                )
-                .to_owned();
-            log::warn!("traced refused the heapprofd session: {reason}");
-            SessionStatus::Refused { reason }
-        }
-        Ended::Exited(_) if stderr_tail.contains(UNREACHABLE_MARK) => {
-            log::warn!(
-                "{} could not reach traced: {}",
-                bin.display(),
-                stderr_tail.trim_end()
-            );
-            SessionStatus::TracedUnreachable { stderr_tail }
-        }
-        Ended::Exited(s) => {
-            use std::os::unix::process::ExitStatusExt;
-            log::warn!(
-                "{} exited with {s}: {}",
-                bin.display(),
-                stderr_tail.trim_end()
-            );
-            SessionStatus::Failed {
-                exit_code: s.code(),
-                signal: s.signal(),
-                stderr_tail,
-            }
-        }
-        Ended::TimedOut { killed } => SessionStatus::TimedOut { killed },
-        Ended::Cancelled { killed } => SessionStatus::Cancelled { killed },
-    }
-}
-
-enum Ended {
-    Exited(ExitStatus),
-    TimedOut { killed: bool },
-    Cancelled { killed: bool },
 }

@@ -28,6 +28,8 @@ mod sdk;
 mod stats;
 mod worker;
 
+pub(crate) use sdk::init_system_backend;
+
 use std::{
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},

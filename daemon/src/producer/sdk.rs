@@ -60,12 +60,7 @@ pub(super) fn register(
     events: Sender<Event>,
     shared: Arc<Shared>,
 ) -> Result<Sdk, ProducerError> {
-    Producer::init(
-        ProducerInitArgsBuilder::new()
-            .backends(Backends::SYSTEM)
-            .shmem_size_hint_kb(SHMEM_SIZE_HINT_KB)
-            .build(),
-    );
+    init_system_backend();
     let (setup_tx, start_tx, stop_tx, flush_tx) =
         (events.clone(), events.clone(), events.clone(), events);
     let setup_shared = shared;
@@ -111,6 +106,21 @@ pub(super) fn register(
             source,
         })?;
     Ok(Sdk { ds })
+}
+
+/// Initialises the SDK with the system backend, once per process: the
+/// producer and the in-process heapprofd consumer
+/// (`heapprofd::in_process`) share it, and either may come first.
+pub(crate) fn init_system_backend() {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| {
+        Producer::init(
+            ProducerInitArgsBuilder::new()
+                .backends(Backends::SYSTEM)
+                .shmem_size_hint_kb(SHMEM_SIZE_HINT_KB)
+                .build(),
+        )
+    });
 }
 
 /// One instance's writer for the duration of a `trace` callback.

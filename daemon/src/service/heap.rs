@@ -54,6 +54,7 @@ pub(super) fn heap_runner(cfg: &Config) -> SessionRunner {
     });
     SessionRunner::new(
         RunnerConfig {
+            consumer: h.consumer,
             perfetto_bin: h.perfetto_bin.clone(),
             limits: RequestLimits {
                 max_duration_ms: h.max_duration.0.as_millis().min(u128::from(u32::MAX)) as u32,

@@ -1,0 +1,405 @@
+//! The in-process route: vitalsd itself is traced's consumer for a
+//! heapprofd session, through the Perfetto SDK's system tracing session
+//! (setup with our TraceConfig bytes, start, stop, read back), and writes
+//! what it reads into the trace file it opened, as the client route's
+//! `perfetto --out -` does. traced sees our own uid as the consumer's, so
+//! on Android (`user system`) the session is TRUSTED_SYSTEM with no exec
+//! and no perfetto domain.
+//!
+//! What the SDK (perfetto-sdk 1.2.1 / perfetto-sdk-sys 1.4.0) does when
+//! traced is away, read from its TracingMuxerImpl:
+//! - not running: the consumer connection fails at once, and start, stop
+//!   and read return (read with no data); the SDK says nothing else, so
+//!   we connect() to the consumer socket first and name the error;
+//! - refuses the session (a unique_session_name in use): start returns,
+//!   read returns no data; the C API does not pass traced's reason on.
+//!   A flush of that session never returns (traced drops a Flush from a
+//!   consumer without a session, uncalled), so we flush only on cancel;
+//!   at the end we wait, as perfetto_cmd does, for traced to end the
+//!   session itself (duration_ms, with its own flush): the SDK's stop
+//!   callback, which the safe crate does not wrap;
+//! - dies mid-session: start/stop return, read returns no data;
+//! - dies (or hangs) while we read: ReadTraceBlocking never returns (the
+//!   read callback dies with the connection uncalled). A stopped traced
+//!   blocks start and stop the same way.
+//!
+//! - perfetto-sdk's read_trace_blocking makes a slice of the NULL pointer
+//!   the SDK passes for an empty read, which aborts a debug build (UB in
+//!   release): we call PerfettoTracingSessionReadTraceBlocking ourselves.
+//!
+//! So every SDK call runs on a thread of its own and the caller keeps the
+//! deadline. A call that has not returned by then cannot be interrupted:
+//! the thread is abandoned (it ends if the call ever returns, with nobody
+//! listening), the partial file is removed and the session is reported
+//! `Unanswered`, never stored as complete.
+
+use std::{
+    ffi::{c_void, OsString},
+    io::Write,
+    os::unix::net::UnixStream,
+    path::Path,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc::{self, Receiver, RecvTimeoutError, Sender},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use perfetto_sdk::tracing_session::TracingSession;
+use perfetto_sdk_sys::{
+    PerfettoTracingSessionImpl, PerfettoTracingSessionReadTraceBlocking,
+    PerfettoTracingSessionSetStopCb,
+};
+
+use super::{
+    config::HeapProfileRequest,
+    runner::{create_trace_file, RouteEnd, RunError, RunnerConfig, SessionStatus, POLL},
+};
+
+const NO_TRACE: &str = "the in-process consumer read no trace back from traced";
+
+/// traced's consumer socket as the SDK picks it (perfetto's
+/// GetConsumerSocket()): PERFETTO_CONSUMER_SOCK_NAME, else the platform's.
+pub fn consumer_socket_name() -> OsString {
+    if let Some(name) = std::env::var_os("PERFETTO_CONSUMER_SOCK_NAME") {
+        return name;
+    }
+    if cfg!(target_os = "android") {
+        return "/dev/socket/traced_consumer".into();
+    }
+    if Path::new("/run/perfetto").is_dir() {
+        "/run/perfetto/traced-consumer.sock".into()
+    } else {
+        "/tmp/perfetto-consumer".into()
+    }
+}
+
+/// connect() to the consumer socket, as the SDK will; `@name` is in the
+/// abstract namespace. The error names the socket.
+fn probe(name: &OsString) -> Result<(), String> {
+    let text = name.to_string_lossy();
+    let r = match text.strip_prefix('@') {
+        Some(abs) => {
+            use std::os::linux::net::SocketAddrExt;
+            std::os::unix::net::SocketAddr::from_abstract_name(abs.as_bytes())
+                .and_then(|a| UnixStream::connect_addr(&a))
+        }
+        None => UnixStream::connect(name),
+    };
+    r.map(drop).map_err(|e| format!("connect({text}): {e}"))
+}
+
+/// What the session thread tells the caller.
+enum Msg {
+    Started,
+    /// traced ended the session (duration over, refused, gone).
+    TracedStopped,
+    Stopped,
+    Chunk(Vec<u8>),
+    Done,
+    Failed(String),
+}
+
+/// Where the session thread is, for the report when it stops answering.
+#[derive(Clone, Copy)]
+enum Stage {
+    Start,
+    Running,
+    Stop,
+    Read,
+}
+
+impl Stage {
+    fn name(self) -> &'static str {
+        match self {
+            Stage::Start => "start",
+            Stage::Running => "session",
+            Stage::Stop => "stop",
+            Stage::Read => "read",
+        }
+    }
+}
+
+/// Runs on the SDK's thread when traced ended the session.
+unsafe extern "C" fn on_traced_stop(_: *mut PerfettoTracingSessionImpl, user_arg: *mut c_void) {
+    // SAFETY: user_arg is the Box<Sender<Msg>> leaked by on_stop; the SDK
+    // moves the stop callback out before it runs it
+    // (ConsumerImpl::NotifyStopComplete), so this runs at most once. A
+    // session traced never stops leaks the Sender: a few bytes.
+    let tx = unsafe { Box::from_raw(user_arg as *mut Sender<Msg>) };
+    let _ = tx.send(Msg::TracedStopped);
+}
+
+/// The C session behind `s`, for the calls perfetto-sdk 1.2.1 does not
+/// wrap (the stop callback) or wraps unsoundly (the read, below).
+fn raw(s: &TracingSession) -> *mut PerfettoTracingSessionImpl {
+    const _: () = assert!(
+        std::mem::size_of::<TracingSession>()
+            == std::mem::size_of::<*mut PerfettoTracingSessionImpl>()
+    );
+    // SAFETY: TracingSession's only field is its PerfettoTracingSessionImpl
+    // pointer (perfetto-sdk 1.2.1, pinned in Cargo.toml; the size
+    // assertion above catches a layout change), valid while `s` lives.
+    unsafe { *(s as *const TracingSession as *const *mut PerfettoTracingSessionImpl) }
+}
+
+/// PerfettoTracingSessionSetStopCb: `tx` gets TracedStopped when traced
+/// ends the session.
+fn on_stop(s: &TracingSession, tx: Sender<Msg>) {
+    let arg = Box::into_raw(Box::new(tx)) as *mut c_void;
+    // SAFETY: a live session; the SDK keeps the callback with the
+    // session's consumer and calls it at most once (on_traced_stop).
+    unsafe { PerfettoTracingSessionSetStopCb(raw(s), Some(on_traced_stop), arg) };
+}
+
+/// Runs on the SDK's thread for each part of the trace read back.
+unsafe extern "C" fn on_read(
+    _: *mut PerfettoTracingSessionImpl,
+    data: *const c_void,
+    size: usize,
+    has_more: bool,
+    user_arg: *mut c_void,
+) {
+    // SAFETY: user_arg is read_all's &Sender<Msg>, alive until
+    // PerfettoTracingSessionReadTraceBlocking returns, which it does only
+    // after the has_more = false call (and no call follows that one).
+    let tx = unsafe { &*(user_arg as *const Sender<Msg>) };
+    // The SDK passes NULL, 0 for an empty read (traced refused the
+    // session, or the consumer is gone): perfetto-sdk's own trampoline
+    // makes a slice of that, which aborts a debug build.
+    if !data.is_null() && size > 0 {
+        // SAFETY: the SDK's buffer of `size` bytes, valid during the call.
+        let bytes = unsafe { std::slice::from_raw_parts(data as *const u8, size) };
+        let _ = tx.send(Msg::Chunk(bytes.to_vec()));
+    }
+    if !has_more {
+        let _ = tx.send(Msg::Done);
+    }
+}
+
+/// PerfettoTracingSessionReadTraceBlocking: the trace to `tx` in chunks,
+/// then Done. Blocks until the SDK has read everything.
+fn read_all(s: &TracingSession, tx: &Sender<Msg>) {
+    let arg = tx as *const Sender<Msg> as *mut c_void;
+    // SAFETY: a live session; `tx` outlives the blocking call (on_read).
+    unsafe { PerfettoTracingSessionReadTraceBlocking(raw(s), Some(on_read), arg) };
+}
+
+/// The SDK side, on its own thread: every call here may block for as long
+/// as traced does not answer.
+fn session(config: Vec<u8>, tx: Sender<Msg>, stop: Receiver<bool>) {
+    let mut s = match TracingSession::system() {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = tx.send(Msg::Failed(e.to_string()));
+            return;
+        }
+    };
+    // Before start: the SDK runs these in order on its own thread.
+    on_stop(&s, tx.clone());
+    s.setup(&config);
+    s.start_blocking();
+    let _ = tx.send(Msg::Started);
+    // Until traced ended the session, or the caller cancels (true) or is
+    // gone (an error).
+    if stop.recv() == Ok(true) {
+        // What perfetto_cmd does on SIGTERM: flush (heapprofd dumps its
+        // profiles), then disable. Zero: the TraceConfig's flush_timeout_ms.
+        s.flush_blocking(Duration::ZERO);
+    }
+    // Returns at once when traced already ended the session.
+    s.stop_blocking();
+    let _ = tx.send(Msg::Stopped);
+    // on_read runs on the SDK's own thread: a send never blocks it.
+    read_all(&s, &tx);
+}
+
+/// How the caller's wait ended.
+enum Ended {
+    Done,
+    Failed(String),
+    Unanswered(Stage),
+}
+
+/// Runs the session through the SDK until it is read back, `cancel` is set
+/// (stopped early, then read back) or the deadline passes; `charge` is
+/// called once the session thread runs. A trace is left in `out` only when
+/// all of it was read.
+pub(super) fn run(
+    config: &RunnerConfig,
+    request: &HeapProfileRequest,
+    bytes: &[u8],
+    out: &Path,
+    cancel: &AtomicBool,
+    charge: &mut dyn FnMut(),
+) -> Result<RouteEnd, RunError> {
+    let socket = consumer_socket_name();
+    if let Err(detail) = probe(&socket) {
+        log::warn!("in-process heapprofd consumer: traced is not running: {detail}");
+        return Ok(end(SessionStatus::TracedUnreachable {
+            stderr_tail: detail,
+        }));
+    }
+    crate::producer::init_system_backend();
+    let mut file = create_trace_file(out)?;
+    let (tx, rx) = mpsc::channel();
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let cfg = bytes.to_vec();
+    thread::Builder::new()
+        .name("heapprofd-sdk".into())
+        .spawn(move || session(cfg, tx, stop_rx))
+        .map_err(|source| RunError::Spawn {
+            path: "the heapprofd-sdk thread".into(),
+            source,
+        })?;
+    charge();
+    log::info!(
+        "heapprofd session started in-process on {} for {} ms",
+        socket.to_string_lossy(),
+        request.duration_ms
+    );
+
+    let deadline = Instant::now() + config.timeout_for(request);
+    let w = drive(&rx, &stop_tx, &mut file, deadline, cancel);
+    let (written, write_err, cancelled) = (w.written, w.write_err, w.cancelled);
+    drop(file);
+    let discard = || {
+        let _ = std::fs::remove_file(out);
+    };
+    match w.ended {
+        Ended::Unanswered(stage) => {
+            discard();
+            log::error!(
+                "heapprofd session: traced did not answer the in-process consumer's {} by the \
+                 deadline; abandoning it, {written} bytes read discarded",
+                stage.name()
+            );
+            Ok(end(SessionStatus::Unanswered {
+                stage: stage.name().into(),
+            }))
+        }
+        Ended::Failed(message) => {
+            discard();
+            Err(RunError::Sdk {
+                call: "TracingSession",
+                message,
+            })
+        }
+        Ended::Done => {
+            if let Some(source) = write_err {
+                discard();
+                return Err(RunError::Write {
+                    path: out.to_owned(),
+                    source,
+                });
+            }
+            if written == 0 {
+                discard();
+                return Ok(end(empty_status(&socket)));
+            }
+            Ok(RouteEnd {
+                status: if cancelled {
+                    SessionStatus::Cancelled { killed: false }
+                } else {
+                    SessionStatus::Completed
+                },
+                wrote: true,
+                no_trace: NO_TRACE,
+            })
+        }
+    }
+}
+
+/// What the caller saw of the session thread.
+struct Watched {
+    ended: Ended,
+    written: u64,
+    write_err: Option<std::io::Error>,
+    cancelled: bool,
+}
+
+/// Writes the chunks read back into `file`, lets the thread stop and read
+/// when traced ended the session (or on `cancel`), and gives up at
+/// `deadline`.
+fn drive(
+    rx: &Receiver<Msg>,
+    stop_tx: &Sender<bool>,
+    file: &mut std::fs::File,
+    deadline: Instant,
+    cancel: &AtomicBool,
+) -> Watched {
+    let mut stage = Stage::Start;
+    let (mut traced_stopped, mut stop_sent, mut cancelled) = (false, false, false);
+    let (mut written, mut write_err) = (0u64, None);
+    let ended = loop {
+        match rx.recv_timeout(POLL) {
+            Ok(Msg::Started) if !stop_sent => stage = Stage::Running,
+            Ok(Msg::Started) => stage = Stage::Stop,
+            // May come before Started: a refused session ends as it starts.
+            Ok(Msg::TracedStopped) => traced_stopped = true,
+            Ok(Msg::Stopped) => stage = Stage::Read,
+            Ok(Msg::Chunk(c)) if write_err.is_none() => match file.write_all(&c) {
+                Ok(()) => written += c.len() as u64,
+                Err(e) => write_err = Some(e),
+            },
+            Ok(Msg::Chunk(_)) => {}
+            Ok(Msg::Done) => break Ended::Done,
+            Ok(Msg::Failed(m)) => break Ended::Failed(m),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                break Ended::Failed("the session thread ended before the read".into())
+            }
+        }
+        if !stop_sent && (traced_stopped || cancel.load(Ordering::SeqCst)) {
+            // Flush first only when we end it; traced flushed its own end.
+            cancelled = !traced_stopped;
+            if cancelled {
+                log::info!("heapprofd session cancelled: stopping it");
+            }
+            let _ = stop_tx.send(cancelled);
+            stop_sent = true;
+            if matches!(stage, Stage::Running) {
+                stage = Stage::Stop;
+            }
+        }
+        if Instant::now() >= deadline {
+            break Ended::Unanswered(stage);
+        }
+    };
+    Watched {
+        ended,
+        written,
+        write_err,
+        cancelled,
+    }
+}
+
+fn end(status: SessionStatus) -> RouteEnd {
+    RouteEnd {
+        status,
+        wrote: false,
+        no_trace: NO_TRACE,
+    }
+}
+
+/// A session traced accepted always has packets of its own (the config,
+/// clock snapshots, stats), so an empty read means traced refused it or
+/// went away; which, the socket says now.
+fn empty_status(socket: &OsString) -> SessionStatus {
+    match probe(socket) {
+        Err(detail) => {
+            let stderr_tail = format!("traced went away during the session: {detail}");
+            log::warn!("in-process heapprofd consumer: {stderr_tail}");
+            SessionStatus::TracedUnreachable { stderr_tail }
+        }
+        Ok(()) => {
+            let reason = "traced ended the session without any data: it refused it (a \
+                          unique_session_name in use, a config it rejects) or restarted \
+                          during it; the SDK does not pass traced's reason on, traced logs it"
+                .to_owned();
+            log::warn!("in-process heapprofd consumer: {reason}");
+            SessionStatus::Refused { reason }
+        }
+    }
+}
