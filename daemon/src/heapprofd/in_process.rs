@@ -46,10 +46,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use perfetto_sdk::tracing_session::TracingSession;
 use perfetto_sdk_sys::{
-    PerfettoTracingSessionImpl, PerfettoTracingSessionReadTraceBlocking,
-    PerfettoTracingSessionSetStopCb,
+    PerfettoTracingSessionDestroy, PerfettoTracingSessionFlushBlocking, PerfettoTracingSessionImpl,
+    PerfettoTracingSessionReadTraceBlocking, PerfettoTracingSessionSetStopCb,
+    PerfettoTracingSessionSetup, PerfettoTracingSessionStartBlocking,
+    PerfettoTracingSessionStopBlocking, PerfettoTracingSessionSystemCreate,
 };
 
 use super::{
@@ -131,26 +132,60 @@ unsafe extern "C" fn on_traced_stop(_: *mut PerfettoTracingSessionImpl, user_arg
     let _ = tx.send(Msg::TracedStopped);
 }
 
-/// The C session behind `s`, for the calls perfetto-sdk 1.2.1 does not
-/// wrap (the stop callback) or wraps unsoundly (the read, below).
-fn raw(s: &TracingSession) -> *mut PerfettoTracingSessionImpl {
-    const _: () = assert!(
-        std::mem::size_of::<TracingSession>()
-            == std::mem::size_of::<*mut PerfettoTracingSessionImpl>()
-    );
-    // SAFETY: TracingSession's only field is its PerfettoTracingSessionImpl
-    // pointer (perfetto-sdk 1.2.1, pinned in Cargo.toml; the size
-    // assertion above catches a layout change), valid while `s` lives.
-    unsafe { *(s as *const TracingSession as *const *mut PerfettoTracingSessionImpl) }
+/// A system tracing session of the Perfetto C SDK, owned here rather than
+/// through perfetto-sdk 1.2.1's `TracingSession`, which wraps neither the
+/// stop callback nor an empty read soundly (above), and gives no access to
+/// its session pointer for the calls it lacks.
+struct Session(*mut PerfettoTracingSessionImpl);
+
+impl Session {
+    fn system() -> Option<Self> {
+        // SAFETY: no preconditions; NULL when the backend cannot make one.
+        let p = unsafe { PerfettoTracingSessionSystemCreate() };
+        (!p.is_null()).then_some(Self(p))
+    }
+
+    /// `config`: an encoded TraceConfig (the SDK copies it).
+    fn setup(&mut self, config: &[u8]) {
+        // SAFETY: a live session; the SDK reads `config` during the call.
+        unsafe {
+            PerfettoTracingSessionSetup(self.0, config.as_ptr() as *mut c_void, config.len())
+        };
+    }
+
+    fn start_blocking(&mut self) {
+        // SAFETY: a live session.
+        unsafe { PerfettoTracingSessionStartBlocking(self.0) };
+    }
+
+    /// Zero: the TraceConfig's flush_timeout_ms.
+    fn flush_blocking(&mut self, timeout: Duration) {
+        let ms = timeout.as_millis().min(u128::from(u32::MAX)) as u32;
+        // SAFETY: a live session.
+        unsafe { PerfettoTracingSessionFlushBlocking(self.0, ms) };
+    }
+
+    fn stop_blocking(&mut self) {
+        // SAFETY: a live session.
+        unsafe { PerfettoTracingSessionStopBlocking(self.0) };
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // SAFETY: created by PerfettoTracingSessionSystemCreate, destroyed
+        // once.
+        unsafe { PerfettoTracingSessionDestroy(self.0) };
+    }
 }
 
 /// PerfettoTracingSessionSetStopCb: `tx` gets TracedStopped when traced
 /// ends the session.
-fn on_stop(s: &TracingSession, tx: Sender<Msg>) {
+fn on_stop(s: &Session, tx: Sender<Msg>) {
     let arg = Box::into_raw(Box::new(tx)) as *mut c_void;
     // SAFETY: a live session; the SDK keeps the callback with the
     // session's consumer and calls it at most once (on_traced_stop).
-    unsafe { PerfettoTracingSessionSetStopCb(raw(s), Some(on_traced_stop), arg) };
+    unsafe { PerfettoTracingSessionSetStopCb(s.0, Some(on_traced_stop), arg) };
 }
 
 /// Runs on the SDK's thread for each part of the trace read back.
@@ -180,21 +215,20 @@ unsafe extern "C" fn on_read(
 
 /// PerfettoTracingSessionReadTraceBlocking: the trace to `tx` in chunks,
 /// then Done. Blocks until the SDK has read everything.
-fn read_all(s: &TracingSession, tx: &Sender<Msg>) {
+fn read_all(s: &Session, tx: &Sender<Msg>) {
     let arg = tx as *const Sender<Msg> as *mut c_void;
     // SAFETY: a live session; `tx` outlives the blocking call (on_read).
-    unsafe { PerfettoTracingSessionReadTraceBlocking(raw(s), Some(on_read), arg) };
+    unsafe { PerfettoTracingSessionReadTraceBlocking(s.0, Some(on_read), arg) };
 }
 
 /// The SDK side, on its own thread: every call here may block for as long
 /// as traced does not answer.
 fn session(config: Vec<u8>, tx: Sender<Msg>, stop: Receiver<bool>) {
-    let mut s = match TracingSession::system() {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = tx.send(Msg::Failed(e.to_string()));
-            return;
-        }
+    let Some(mut s) = Session::system() else {
+        let _ = tx.send(Msg::Failed(
+            "the Perfetto SDK made no system tracing session".into(),
+        ));
+        return;
     };
     // Before start: the SDK runs these in order on its own thread.
     on_stop(&s, tx.clone());
