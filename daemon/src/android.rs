@@ -9,8 +9,8 @@
 //! daemon's source for path literals, so a new path in code without a policy
 //! entry fails `cargo test`.
 //!
-//! The capabilities `init/vitalsd.rc` grants are
-//! [`crate::service::DAEMON_CAPS`]; a test compares the two.
+//! `init/vitalsd.rc` grants no capability (attaching from pins needs none
+//! where SELinux gates bpf(2) and perf_event_open); a test checks it.
 
 /// Every path vitalsd (and aya on its behalf) may open on Android, with the
 /// code path that opens it.

@@ -41,9 +41,20 @@ fn record(
     marker: &str,
     extra: &[&str],
 ) -> (String, String, serde_json::Value) {
+    record_with(pins, w, marker, extra, Command::new(vitalsd_bin()))
+}
+
+/// `record`, with vitalsd started from `cmd` (its program and settings).
+fn record_with(
+    pins: &std::path::Path,
+    w: &mut Workload,
+    marker: &str,
+    extra: &[&str],
+    mut cmd: Command,
+) -> (String, String, serde_json::Value) {
     use std::io::{BufRead, BufReader, Read};
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(vitalsd_bin())
+    let mut child = cmd
         .args(["record", "--duration", "600s", "--top", "0", "--pins"])
         .arg(pins)
         .args(extra)
@@ -62,6 +73,11 @@ fn record(
         assert!(
             err.read_line(&mut line).unwrap() > 0,
             "vitalsd exited before logging {marker:?}:\n{log}"
+        );
+        // It would record on without ever logging the marker.
+        assert!(
+            !line.contains("/proc-only"),
+            "vitalsd went /proc-only instead of logging {marker:?}:\n{log}{line}"
         );
         log.push_str(&line);
     }
@@ -198,5 +214,84 @@ fn a_sched_capture_runs_through_the_pinned_capture_tier() {
         "spinner never switched in:\n{log}"
     );
     assert!(switches("wakings") > 0, "spinner never woken:\n{log}");
+    w.finish();
+}
+
+/// Sets sysctls for the life of the guard and puts the old values back.
+struct Sysctls(Vec<(&'static str, String)>);
+
+impl Sysctls {
+    fn set(values: &[(&'static str, &str)]) -> Self {
+        let mut old = Vec::new();
+        for (path, value) in values {
+            let was =
+                std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+            std::fs::write(path, value).unwrap_or_else(|e| {
+                panic!("writing {value} to {path} (kernel.unprivileged_bpf_disabled=1 cannot be undone without a reboot): {e}")
+            });
+            old.push((*path, was.trim().to_owned()));
+        }
+        Self(old)
+    }
+}
+
+impl Drop for Sysctls {
+    fn drop(&mut self) {
+        for (path, value) in self.0.iter().rev() {
+            if let Err(e) = std::fs::write(path, value) {
+                eprintln!("restoring {path} to {value}: {e}");
+            }
+        }
+    }
+}
+
+/// Android's user builds give vitalsd no capability at all (AOSP reserves
+/// CAP_PERFMON and defines no capability2 bpf): init sets
+/// perf_event_paranoid to -1 where the kernel has the perf LSM hooks and
+/// bpfloader leaves unprivileged_bpf_disabled at 0, so SELinux alone gates
+/// perf_event_open and bpf(2) (sepolicy/vitalsd.te). With those two
+/// settings here, a vitalsd holding no capability attaches from pins and
+/// counts a spinner within 10 % of the kernel's own figure.
+#[test]
+fn pinned_programs_attach_with_no_capability_as_on_android() {
+    let fs = pin();
+    let _sysctls = Sysctls::set(&[
+        ("/proc/sys/kernel/perf_event_paranoid", "-1"),
+        ("/proc/sys/kernel/unprivileged_bpf_disabled", "0"),
+    ]);
+    let last_cap: libc::c_ulong = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let mut cmd = Command::new(vitalsd_bin());
+    // Safety: prctl only, between fork and exec. Every capability leaves
+    // the bounding set, so the exec'd vitalsd, though uid 0, holds none.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || {
+            for cap in 0..=last_cap {
+                if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut w = Workload::spawn(&["pinned-spin", "1", "500"]);
+    w.expect("ready");
+    let (table, log, _) = record_with(fs.0.path(), &mut w, "attached from pins", &[], cmd);
+    assert!(
+        !log.contains("proc-only"),
+        "a vitalsd with no capability fell back to /proc:\n{log}"
+    );
+    let ms = oncpu_ms(&table, w.pid());
+    let kernel_ms = schedstat(w.pid()).0 as f64 / 1e6;
+    assert_within_pct(
+        "spinner on-CPU ms, pinned programs, no capability",
+        ms,
+        kernel_ms,
+        10.0,
+    );
     w.finish();
 }

@@ -34,8 +34,12 @@ pub const WAKE_ARRAY_MAX_PIDS: u32 = 1 << 18;
 impl Accounting {
     /// Mounts tracefs if needed, probes, loads and attaches everything.
     pub fn load(cfg: &AccountingConfig) -> Result<Self, BpfError> {
-        check_capabilities()?;
         if let PinMode::AttachFrom(dir) = &cfg.pins {
+            // No capability is asked for here: on Android vitalsd holds
+            // none, and SELinux alone gates opening the pins, the map
+            // syscalls and perf_event_open (perf_event_paranoid -1,
+            // unprivileged_bpf_disabled 0; sepolicy/vitalsd.te). A refusal
+            // shows as EPERM/EACCES from the syscall itself.
             if pinned_map_path(dir, names::TASKS).exists() {
                 return Self::attach_pinned(cfg, dir);
             }
@@ -44,6 +48,7 @@ impl Accounting {
                 dir.display()
             );
         }
+        check_capabilities()?;
         let pin_to = match &cfg.pins {
             PinMode::PinTo(dir) => Some(dir.as_path()),
             _ => None,

@@ -132,11 +132,12 @@ pub fn cleanup_after_crash(cfg: &Config) -> Result<String, ServiceError> {
     ))
 }
 
-/// Capabilities the daemon keeps: CAP_BPF for map reads, CAP_PERFMON so a
-/// capture can attach its programs. On Android the daemon starts as uid
-/// system, so this is also everything start-up has: init/vitalsd.rc's
-/// `capabilities` line and init/vitalsd.service grant exactly this set
-/// (android_tests::init_tests::rc_capabilities_are_what_the_daemon_keeps).
+/// The capabilities the daemon keeps after start-up where it has them (a
+/// Linux host loading its own programs: init/vitalsd.service grants exactly
+/// this set), so a capture can attach its programs later. On Android it has
+/// none and needs none: it attaches bpfloader's pins, which SELinux alone
+/// gates, and init/vitalsd.rc grants nothing
+/// (android_tests::init_tests::rc_grants_no_capability).
 pub const DAEMON_CAPS: &[caps::Capability] =
     &[caps::Capability::CAP_BPF, caps::Capability::CAP_PERFMON];
 
