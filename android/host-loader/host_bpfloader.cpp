@@ -48,8 +48,10 @@ int main(int argc, char** argv) {
         bool critical = false;
         int ret = android::bpf::loadProg(argv[i], &critical, platform);
         if (ret) {
+            // Loader.cpp returns -1 for most failures (the reason is in its
+            // log above), which strerror would misname as EPERM.
             fprintf(stderr, "host-bpfloader: %s: loadProg ret %d (%s)\n", argv[i], ret,
-                    strerror(ret < 0 ? -ret : ret));
+                    ret == -1 ? "see the loader's log" : strerror(ret < 0 ? -ret : ret));
             failed = 1;
         } else {
             fprintf(stderr, "host-bpfloader: %s: loaded\n", argv[i]);

@@ -86,8 +86,19 @@ pub fn build_loader(root: &Path, aosp: &AospTree, out: &Path) -> Result<()> {
     let harness = root.join("android/host-loader");
     std::fs::create_dir_all(out.parent().unwrap())?;
     let mut cmd = Command::new(CLANGXX);
-    cmd.args(["-std=c++17", "-O1", "-include"])
-        .arg(harness.join("shim.h"));
+    // -ftrivial-auto-var-init=zero: Soong's default for every platform
+    // binary (build/soong cc/config/global.go, "Default to zero
+    // initialization"). Loader.cpp relies on it: its `union bpf_attr req
+    // = {...}` leaves the bytes past the command's fields uninitialised,
+    // and a kernel whose bpf_attr is shorter than these headers' (5.10:
+    // BPF_PROG_LOAD) refuses non-zero bytes there with E2BIG.
+    cmd.args([
+        "-std=c++17",
+        "-O1",
+        "-ftrivial-auto-var-init=zero",
+        "-include",
+    ])
+    .arg(harness.join("shim.h"));
     for d in aosp.include_dirs() {
         cmd.arg("-I").arg(d);
     }
