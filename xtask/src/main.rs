@@ -249,7 +249,7 @@ fn test(require_all: bool, vm: bool) -> Result<()> {
         );
     }
     if vm {
-        vm::run(vm::Opts::guests())
+        vm::run(vm::Opts::guests(require_all))
     } else {
         eprintln!(
             "xtask test: the kernel matrix (QEMU guests on 5.10, 6.1 and 6.12, x86_64 and \

@@ -2,18 +2,24 @@
 //! kernel test with `--full`), the POSIX shell script that runs them in a
 //! guest or on the host, and the parser of what it prints.
 //!
-//! Every check but two is a test of tests/tests/*.rs, run by the binary
+//! Every check but three is a test of tests/tests/*.rs, run by the binary
 //! cargo built for it, filtered by its exact name: the guest runs the same
-//! assertions as the host, not a second copy. The two others ask the daemon
+//! assertions as the host, not a second copy. Two others ask the daemon
 //! itself: `daemon::load` (`vitalsd record` loads, attaches and writes a
 //! trace the official decoder accepts) and `daemon::fault-source` (the
-//! source it reports for `auto` is the one this arch must use).
+//! source it reports for `auto` is the one this arch must use). The last,
+//! `android::bpfloader-pins` (x86_64), runs AOSP's bpfloader and then a
+//! test of pins.rs on its pins (`bpfloader.rs`).
 
 use std::{collections::HashMap, fmt, process::Command};
 
 use anyhow::{bail, Context, Result};
 
-use super::{binaries::Binaries, Arch};
+use super::{
+    binaries::Binaries,
+    bpfloader::{self, Bpfloader},
+    Arch,
+};
 use crate::util::workspace_root;
 
 /// The test files of the matrix (tests/tests/<file>.rs).
@@ -97,6 +103,8 @@ pub enum CheckId {
     Daemon(&'static str),
     /// A test of tests/tests/<file>.rs.
     Test { file: String, name: String },
+    /// A check of vitalsd's Android pieces by AOSP's code.
+    Android(&'static str),
 }
 
 impl fmt::Display for CheckId {
@@ -104,6 +112,7 @@ impl fmt::Display for CheckId {
         match self {
             CheckId::Daemon(n) => write!(f, "daemon::{n}"),
             CheckId::Test { file, name } => write!(f, "{file}::{name}"),
+            CheckId::Android(n) => write!(f, "android::{n}"),
         }
     }
 }
@@ -115,6 +124,9 @@ pub enum Outcome {
     Fail(String),
     /// Never reported a result: why.
     Missing(String),
+    /// Could not run here for a missing tool (the AOSP tree): why and how.
+    /// Reported loudly; a failure under `--require-all`.
+    NotRun(String),
 }
 
 const DAEMON_CHECKS: [&str; 2] = ["load", "fault-source"];
@@ -126,6 +138,9 @@ pub struct Paths {
     workload: String,
     fake_perfetto: String,
     trace_summary: String,
+    /// AOSP's loader and vitals.o (used only when the plan has them).
+    bpfloader: String,
+    vitals_o: String,
 }
 
 impl Paths {
@@ -141,13 +156,21 @@ impl Paths {
             fake_perfetto: "/vm/bin/fake-perfetto".into(),
             // Only its name travels: the relay runs the host's copy.
             trace_summary: "/vm/trace_summary.py".into(),
+            bpfloader: bpfloader::GUEST_LOADER.into(),
+            vitals_o: bpfloader::GUEST_OBJECT.into(),
         }
     }
 
     /// On the host: the binaries where cargo built them.
-    pub fn host(b: &Binaries) -> Result<Self> {
+    pub fn host(b: &Binaries, aosp: &Bpfloader) -> Result<Self> {
         let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        let (bpfloader, vitals_o) = match aosp {
+            Bpfloader::Ready { loader, object } => (s(loader), s(object)),
+            _ => Default::default(),
+        };
         Ok(Self {
+            bpfloader,
+            vitals_o,
             tests: b.tests.iter().map(|(f, p)| (f.clone(), s(p))).collect(),
             vitalsd: s(&b.vitalsd),
             workload: s(&b.workload),
@@ -165,6 +188,9 @@ struct TestCheck {
 
 pub struct Plan {
     tests: Vec<TestCheck>,
+    /// The android::bpfloader-pins row (x86_64 cells); None when `--only`
+    /// left it out.
+    bpfloader: Option<Bpfloader>,
     /// Seconds one test binary may run in the script before `timeout` kills it.
     binary_timeout_s: u64,
 }
@@ -219,16 +245,32 @@ impl Plan {
         }
         Ok(Self {
             tests,
+            bpfloader: None,
             binary_timeout_s: if full { 2400 } else { 600 },
         })
     }
 
-    /// Keeps the tests whose names contain `part` (all with None).
+    /// Adds the android::bpfloader-pins row to the x86_64 cells.
+    pub fn with_bpfloader(mut self, b: Bpfloader) -> Self {
+        self.bpfloader = Some(b);
+        self
+    }
+
+    /// Keeps the tests whose names contain `part` (all with None); the
+    /// android row stays if its name or its test's does.
     pub fn only(mut self, part: Option<&str>) -> Self {
         if let Some(part) = part {
             self.tests.retain(|t| t.name.contains(part));
+            if !bpfloader::ROW.contains(part) && !bpfloader::TEST.contains(part) {
+                self.bpfloader = None;
+            }
         }
         self
+    }
+
+    /// The android row's state on `arch`'s cells (x86_64 only, see bpfloader.rs).
+    pub fn bpfloader_for(&self, arch: Arch) -> Option<&Bpfloader> {
+        self.bpfloader.as_ref().filter(|_| arch == Arch::X86_64)
     }
 
     fn tests_for(&self, arch: Arch) -> impl Iterator<Item = &TestCheck> {
@@ -246,6 +288,10 @@ impl Plan {
                 file: t.file.clone(),
                 name: t.name.clone(),
             }))
+            .chain(
+                self.bpfloader_for(arch)
+                    .map(|_| CheckId::Android(bpfloader::ROW)),
+            )
             .collect()
     }
 
@@ -305,6 +351,16 @@ echo "@@vm end daemon 0"
                 names = names.join(" "),
             ));
         }
+        // Last, so the other rows have their results whatever the loader
+        // does to the kernel.
+        if let Some(Bpfloader::Ready { .. }) = self.bpfloader_for(arch) {
+            s.push_str(&bpfloader::script(
+                &p.bpfloader,
+                &p.vitals_o,
+                &p.tests["pins"],
+                self.binary_timeout_s,
+            ));
+        }
         s.push_str("rm -rf \"$T\"\necho \"@@vm done\"\n");
         s
     }
@@ -319,6 +375,7 @@ echo "@@vm end daemon 0"
                 let outcome = match &id {
                     CheckId::Daemon(name) => daemon_outcome(blocks.get("daemon"), name),
                     CheckId::Test { file, name } => test_outcome(blocks.get(file.as_str()), name),
+                    CheckId::Android(name) => self.android_outcome(blocks.get("android"), name),
                 };
                 let outcome = match outcome {
                     Outcome::Missing(m) if !finished => {
@@ -329,6 +386,30 @@ echo "@@vm end daemon 0"
                 (id, outcome)
             })
             .collect()
+    }
+}
+
+impl Plan {
+    /// The android row: NOT RUN or failed from what the host knew before
+    /// the script; else the loader's marker or the test's verdict.
+    fn android_outcome(&self, block: Option<&Block>, name: &str) -> Outcome {
+        match &self.bpfloader {
+            Some(Bpfloader::NotRun(why)) => return Outcome::NotRun(why.clone()),
+            Some(Bpfloader::Broken(why)) => return Outcome::Fail(why.clone()),
+            _ => {}
+        }
+        let marker = format!("@@vm result {name} FAIL ");
+        if let Some(msg) = block.and_then(|b| {
+            b.body
+                .lines()
+                .find_map(|l| l.find(&marker).map(|i| l[i + marker.len()..].trim()))
+        }) {
+            return Outcome::Fail(msg.to_owned());
+        }
+        match block {
+            None => Outcome::Missing("the AOSP loader never started".into()),
+            Some(b) => test_outcome(Some(b), bpfloader::TEST),
+        }
     }
 }
 
@@ -495,6 +576,7 @@ mod tests {
                     arches: vec![Arch::X86_64],
                 },
             ],
+            bpfloader: None,
             binary_timeout_s: 10,
         }
     }
@@ -557,6 +639,50 @@ mod tests {
         let out = "@@vm begin accounting\ntest a ... ok\ntest b ... \n@@vm end accounting 137\n@@vm done\n";
         let r = plan().parse(Arch::X86_64, out, true);
         assert!(matches!(&r[3].1, Outcome::Missing(m) if m.contains("timeout")));
+    }
+
+    #[test]
+    fn the_android_row_is_not_run_without_a_tree_and_reads_the_loader_and_the_test() {
+        let out =
+            |android: &str| format!("@@vm begin android\n{android}@@vm end android 1\n@@vm done\n");
+        let row = |b: Bpfloader, text: &str| {
+            let r = plan().with_bpfloader(b).parse(Arch::X86_64, text, true);
+            assert_eq!(r.last().unwrap().0.to_string(), "android::bpfloader-pins");
+            r.last().unwrap().1.clone()
+        };
+        let ready = || Bpfloader::Ready {
+            loader: "/l".into(),
+            object: "/o".into(),
+        };
+        // No tree: NOT RUN (never a pass), whatever the output says.
+        assert!(matches!(
+            row(Bpfloader::NotRun("not run: no AOSP tree".into()), &out("")),
+            Outcome::NotRun(m) if m == "not run: no AOSP tree"
+        ));
+        assert!(matches!(
+            row(ready(), &out("@@vm result bpfloader-pins FAIL AOSP bpfloader exited 1: x\n")),
+            Outcome::Fail(m) if m == "AOSP bpfloader exited 1: x"
+        ));
+        let verdict = format!("test {} ... ok\n", bpfloader::TEST);
+        assert!(matches!(row(ready(), &out(&verdict)), Outcome::Pass));
+        assert!(matches!(row(ready(), &out("")), Outcome::Missing(_)));
+        // arm64 has no such row; x86_64's script runs the loader, then the test.
+        let p = plan().with_bpfloader(ready());
+        assert!(!p
+            .for_arch(Arch::Arm64)
+            .contains(&CheckId::Android(bpfloader::ROW)));
+        let s = p.script(Arch::X86_64, &Paths::guest());
+        assert!(s.contains("sh '/vm/bin/host-bpfloader' '/vm/vitals.o' '/vm/bin/pins'"));
+        assert!(s.contains(&format!(
+            "--ignored --exact --test-threads=1 --show-output {}",
+            bpfloader::TEST
+        )));
+        assert!(!p.script(Arch::Arm64, &Paths::guest()).contains("bpfloader"));
+        assert!(plan()
+            .with_bpfloader(ready())
+            .only(Some("oncpu"))
+            .bpfloader
+            .is_none());
     }
 
     #[test]

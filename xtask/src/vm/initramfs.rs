@@ -31,6 +31,8 @@ fn lib_dirs(arch: Arch) -> &'static [&'static str] {
             "/usr/lib/x86_64-linux-gnu",
             "/lib64",
             "/usr/lib64",
+            // libbase/liblog/libcutils of the AOSP loader (bpfloader.rs).
+            crate::android_check::loader::DEBIAN_ANDROID_LIB,
         ],
         Arch::Arm64 => &["/usr/aarch64-linux-gnu/lib"],
     }
@@ -67,11 +69,14 @@ sync
 reboot -f
 "#;
 
-/// Writes the guest's initramfs for `kernel` to `path`.
+/// Writes the guest's initramfs for `kernel` to `path`. `extra`: more
+/// files (guest path, host file, whether it is a program to strip and
+/// give its libraries).
 pub fn write(
     path: &Path,
     arch: Arch,
     bins: &Binaries,
+    extra: &[(&str, &Path, bool)],
     kernel: &Kernel,
     script: &str,
 ) -> Result<()> {
@@ -116,6 +121,18 @@ pub fn write(
         let bytes = read(&staged)?;
         needed(arch, &bytes, &mut libs)?;
         c.file(&format!("vm/bin/{name}"), 0o755, &bytes);
+    }
+    for (guest, src, program) in extra {
+        let guest = guest.trim_start_matches('/');
+        let bytes = if *program {
+            let name = Path::new(guest).file_name().unwrap();
+            let bytes = read(&strip(arch, src, &stage.join(name))?)?;
+            needed(arch, &bytes, &mut libs)?;
+            bytes
+        } else {
+            read(src)?
+        };
+        c.file(guest, 0o755, &bytes);
     }
     for (guest_path, host_path) in &libs {
         c.file(guest_path.trim_start_matches('/'), 0o755, &read(host_path)?);

@@ -20,10 +20,13 @@
 //!   per-guest timeout, killed by process group from a Drop guard;
 //! - `relay`: the host end of the decoder relay. Guests have no Python, so
 //!   the tests' calls to the official Perfetto decoder are forwarded over a
-//!   virtio-serial port and run on the host with the same script and venv.
+//!   virtio-serial port and run on the host with the same script and venv;
+//! - `bpfloader`: AOSP's bpfloader built for x86_64 and vitals.o, for the
+//!   `android::bpfloader-pins` row (check 1a of #12 on each x86_64 kernel).
 
 mod apt;
 mod binaries;
+mod bpfloader;
 mod checks;
 mod guest;
 mod initramfs;
@@ -161,17 +164,23 @@ pub struct Opts {
     /// still run): for chasing one check across boots.
     #[arg(long)]
     only: Option<String>,
+    /// Fail when a check could not run for a missing tool (the AOSP tree
+    /// of android::bpfloader-pins); without it such a row is only
+    /// reported, loudly, as NOT RUN.
+    #[arg(long)]
+    require_all: bool,
 }
 
 impl Opts {
     /// Every guest cell, the CI subset (`cargo xtask test --vm`).
-    pub fn guests() -> Self {
+    pub fn guests(require_all: bool) -> Self {
         Self {
             arches: Vec::new(),
             kernels: KERNELS.iter().map(|(k, _, _)| k.to_string()).collect(),
             full: false,
             timeout: None,
             only: None,
+            require_all,
         }
     }
 }
@@ -198,7 +207,16 @@ pub fn run(opts: Opts) -> Result<()> {
     // The x86_64 binaries serve the host cell and the x86_64 guests, and
     // list the tests for --full.
     let x86 = binaries::build(Arch::X86_64)?;
-    let plan = Plan::new(opts.full, &x86)?.only(opts.only.as_deref());
+    // After the x86_64 build: vitals.o is converted from the aya object
+    // the daemon's build.rs made.
+    let aosp = if cells.iter().any(|c| c.arch() == Arch::X86_64) {
+        bpfloader::prepare(&root)
+    } else {
+        bpfloader::Bpfloader::NotRun("no x86_64 cell".into())
+    };
+    let plan = Plan::new(opts.full, &x86)?
+        .with_bpfloader(aosp)
+        .only(opts.only.as_deref());
     let arm64 = if cells.iter().any(|c| c.arch() == Arch::Arm64) {
         Some(binaries::build(Arch::Arm64)?)
     } else {
@@ -248,7 +266,7 @@ pub fn run(opts: Opts) -> Result<()> {
             log,
         });
     }
-    let failed = print_table(&runs, opts.full);
+    let (failed, not_run) = print_table(&runs, opts.full);
     eprintln!(
         "vm-test: total {:.0} s ({} mode)",
         started.elapsed().as_secs_f64(),
@@ -256,6 +274,17 @@ pub fn run(opts: Opts) -> Result<()> {
     );
     if failed > 0 {
         bail!("{failed} cell(s) of the kernel matrix failed");
+    }
+    if not_run > 0 {
+        let bar = "=".repeat(78);
+        eprintln!(
+            "{bar}\nvm-test: {not_run} CELL(S) DID NOT RUN (NOT RUN rows above): a tool is missing; \
+             {}\n{bar}",
+            crate::suites::Tool::AospTree.how()
+        );
+        if opts.require_all {
+            bail!("vm-test: {not_run} cell(s) could not run and --require-all was given");
+        }
     }
     Ok(())
 }
@@ -298,7 +327,11 @@ fn run_host(
 ) -> Result<Vec<(CheckId, Outcome)>> {
     let dir = workspace_root().join("target/vm/host");
     std::fs::create_dir_all(&dir)?;
-    let paths = checks::Paths::host(bins)?;
+    let paths = checks::Paths::host(
+        bins,
+        plan.bpfloader_for(Arch::X86_64)
+            .unwrap_or(&bpfloader::Bpfloader::NotRun(String::new())),
+    )?;
     let script = dir.join("run-checks.sh");
     std::fs::write(&script, plan.script(Arch::X86_64, &paths))?;
     let mut child = std::process::Command::new("sh")
@@ -349,10 +382,18 @@ fn run_guest(
         .join(format!("{}-{series}", arch.name()));
     let kernel = kernel::Kernel::unpack(&deb, &work)?;
     let initrd = work.join("initramfs.cpio");
+    let extra = match plan.bpfloader_for(arch) {
+        Some(bpfloader::Bpfloader::Ready { loader, object }) => vec![
+            (bpfloader::GUEST_LOADER, loader.as_path(), true),
+            (bpfloader::GUEST_OBJECT, object.as_path(), false),
+        ],
+        _ => Vec::new(),
+    };
     initramfs::write(
         &initrd,
         arch,
         bins,
+        &extra,
         &kernel,
         &plan.script(arch, &checks::Paths::guest()),
     )?;
@@ -390,9 +431,10 @@ fn run_guest(
     Ok((label, results))
 }
 
-/// Prints the table; returns the number of failed cells (kernel × arch × check).
-fn print_table(runs: &[CellRun], full: bool) -> usize {
-    let mut failed = 0;
+/// Prints the table; returns the numbers of failed and of not-run cells
+/// (kernel × arch × check).
+fn print_table(runs: &[CellRun], full: bool) -> (usize, usize) {
+    let (mut failed, mut not_run) = (0, 0);
     println!();
     println!(
         "kernel matrix ({}):",
@@ -403,7 +445,7 @@ fn print_table(runs: &[CellRun], full: bool) -> usize {
         }
     );
     println!(
-        "{:<12} {:<7} {:<78} {:<6} note",
+        "{:<12} {:<7} {:<78} {:<7} note",
         "KERNEL", "ARCH", "CHECK", "RESULT"
     );
     for r in runs {
@@ -412,13 +454,17 @@ fn print_table(runs: &[CellRun], full: bool) -> usize {
                 Outcome::Pass => ("pass", String::new()),
                 Outcome::Fail(n) => ("FAIL", n.clone()),
                 Outcome::Missing(n) => ("FAIL", n.clone()),
+                Outcome::NotRun(n) => {
+                    not_run += 1;
+                    ("NOT RUN", format!("!!! {n}"))
+                }
             };
             if res == "FAIL" {
                 failed += 1;
             }
             let note: String = note.chars().take(200).collect();
             println!(
-                "{:<12} {:<7} {:<78} {:<6} {note}",
+                "{:<12} {:<7} {:<78} {:<7} {note}",
                 r.cell.series(),
                 r.cell.arch().name(),
                 id.to_string(),
@@ -426,10 +472,17 @@ fn print_table(runs: &[CellRun], full: bool) -> usize {
             );
         }
     }
+    if runs.iter().any(|r| r.cell.arch() == Arch::Arm64) {
+        println!(
+            "(android::{} runs on x86_64 only: the AOSP loader is built for this host; \
+             arm64 guests would need it cross-built against arm64 libbase/liblog/libcutils)",
+            bpfloader::ROW
+        );
+    }
     println!();
     println!(
-        "{:<12} {:<7} {:>8} {:>6} {:>6}  kernel / log",
-        "KERNEL", "ARCH", "WALL_S", "PASS", "FAIL"
+        "{:<12} {:<7} {:>8} {:>6} {:>6} {:>7}  kernel / log",
+        "KERNEL", "ARCH", "WALL_S", "PASS", "FAIL", "NOT_RUN"
     );
     for r in runs {
         let pass = r
@@ -437,16 +490,22 @@ fn print_table(runs: &[CellRun], full: bool) -> usize {
             .iter()
             .filter(|(_, o)| matches!(o, Outcome::Pass))
             .count();
+        let skipped = r
+            .results
+            .iter()
+            .filter(|(_, o)| matches!(o, Outcome::NotRun(_)))
+            .count();
         println!(
-            "{:<12} {:<7} {:>8.0} {:>6} {:>6}  {} / {}",
+            "{:<12} {:<7} {:>8.0} {:>6} {:>6} {:>7}  {} / {}",
             r.cell.series(),
             r.cell.arch().name(),
             r.wall.as_secs_f64(),
             pass,
-            r.results.len() - pass,
+            r.results.len() - pass - skipped,
+            skipped,
             r.kernel,
             r.log.display()
         );
     }
-    failed
+    (failed, not_run)
 }
