@@ -109,20 +109,20 @@ fn record_sched(
     }
     let mut rec = Group::spawn(
         cmd.args([
-                "record",
-                "--duration",
-                "600s",
-                "--sched",
-                "--top",
-                "0",
-                "--pins",
-            ])
-            .arg(pins)
-            .arg("--out")
-            .arg(&out)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
+            "record",
+            "--duration",
+            "600s",
+            "--sched",
+            "--top",
+            "0",
+            "--pins",
+        ])
+        .arg(pins)
+        .arg("--out")
+        .arg(&out)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped()),
     )?;
     let (tx, rx) = mpsc::channel();
     let err = rec.0.stderr.take().context("stderr")?;
