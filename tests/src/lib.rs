@@ -192,25 +192,43 @@ pub fn schedstat(pid: u32) -> (u64, u64) {
     (s.sum_exec_runtime, s.run_delay)
 }
 
-/// Turns on kernel.task_delayacct (which keeps sched_info.run_delay, our
-/// independent reference for runqueue wait) and restores it on drop.
-pub struct DelayAcct {
-    before: String,
-}
+/// Sets sysctls (paths under /proc/sys) for the life of the guard and puts
+/// the old values back on drop, also when a later write of the same call
+/// panics.
+pub struct Sysctls(Vec<(&'static str, String)>);
 
-const DELAYACCT: &str = "/proc/sys/kernel/task_delayacct";
-
-impl DelayAcct {
-    pub fn enable() -> Self {
-        let before = std::fs::read_to_string(DELAYACCT).expect("reading kernel.task_delayacct");
-        std::fs::write(DELAYACCT, "1").expect("enabling kernel.task_delayacct");
-        Self { before }
+impl Sysctls {
+    pub fn set(values: &[(&'static str, &str)]) -> Self {
+        let mut guard = Self(Vec::new());
+        for (path, value) in values {
+            let was =
+                std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+            // Some values are one-way until reboot (unprivileged_bpf_disabled=1).
+            std::fs::write(path, value)
+                .unwrap_or_else(|e| panic!("writing {value} to {path}: {e}"));
+            guard.0.push((*path, was.trim().to_owned()));
+        }
+        guard
     }
 }
 
-impl Drop for DelayAcct {
+impl Drop for Sysctls {
     fn drop(&mut self) {
-        let _ = std::fs::write(DELAYACCT, self.before.trim());
+        for (path, value) in self.0.iter().rev() {
+            if let Err(e) = std::fs::write(path, value) {
+                eprintln!("restoring {path} to {value}: {e}");
+            }
+        }
+    }
+}
+
+/// Turns on kernel.task_delayacct (which keeps sched_info.run_delay, our
+/// independent reference for runqueue wait) until the guard drops.
+pub struct DelayAcct;
+
+impl DelayAcct {
+    pub fn enable() -> Sysctls {
+        Sysctls::set(&[("/proc/sys/kernel/task_delayacct", "1")])
     }
 }
 

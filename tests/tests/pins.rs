@@ -221,34 +221,6 @@ fn a_sched_capture_runs_through_the_pinned_capture_tier() {
     w.finish();
 }
 
-/// Sets sysctls for the life of the guard and puts the old values back.
-struct Sysctls(Vec<(&'static str, String)>);
-
-impl Sysctls {
-    fn set(values: &[(&'static str, &str)]) -> Self {
-        let mut old = Vec::new();
-        for (path, value) in values {
-            let was =
-                std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
-            std::fs::write(path, value).unwrap_or_else(|e| {
-                panic!("writing {value} to {path} (kernel.unprivileged_bpf_disabled=1 cannot be undone without a reboot): {e}")
-            });
-            old.push((*path, was.trim().to_owned()));
-        }
-        Self(old)
-    }
-}
-
-impl Drop for Sysctls {
-    fn drop(&mut self) {
-        for (path, value) in self.0.iter().rev() {
-            if let Err(e) = std::fs::write(path, value) {
-                eprintln!("restoring {path} to {value}: {e}");
-            }
-        }
-    }
-}
-
 /// Android's user builds give vitalsd no capability at all (AOSP reserves
 /// CAP_PERFMON and defines no capability2 bpf): init sets
 /// perf_event_paranoid to -1 where the kernel has the perf LSM hooks and
