@@ -1,6 +1,8 @@
 //! `vitalsd run` as a service: health-triggered captures, the store across
-//! a kill -9 (the capture in flight salvaged), the control socket's
-//! authentication and robustness, SIGHUP.
+//! a kill -9 (the capture in flight salvaged), a full disk and the capture
+//! size limit; the control socket's authentication and robustness
+//! (control.rs), SIGHUP and config checks (reload.rs), heap profiles
+//! (heap.rs).
 
 use std::{
     io::{Read, Write},
@@ -14,6 +16,14 @@ use serde_json::Value;
 use vitals_tests::{daemon::*, *};
 use vitalsd::control::{read_frame, write_frame, Client, Request};
 
+// A test target's root looks for modules beside it, hence the paths.
+#[path = "service/control.rs"]
+mod control;
+#[path = "service/heap.rs"]
+mod heap;
+#[path = "service/reload.rs"]
+mod reload;
+
 const SPINNER_RULE: &str = r#"
 [[rule]]
 name = "spinner"
@@ -23,6 +33,15 @@ window = "1s"
 cooldown = "1h"
 capture = { duration = "1s", sched = false }
 "#;
+
+/// A `[heapprofd]` section with the fake perfetto client and
+/// surfaceflinger allowlisted, plus `extra`.
+fn heap_config(extra: &str) -> String {
+    format!(
+        "[heapprofd]\nperfetto_bin = \"{}\"\nallowlist = [\"surfaceflinger\"]\n{extra}",
+        fake_perfetto_bin().display()
+    )
+}
 
 #[test]
 fn rule_fires_once_on_a_spinner_then_respects_its_cooldown() {
@@ -185,297 +204,6 @@ fn sigterm_cuts_a_running_capture_and_stores_it() {
     // Cut at the signal (after ~1.5 s), not run out to its 60 s.
     assert!(m["duration_ms"].as_u64().unwrap() < 30_000, "{m}");
     decode_trace(&d.store().join(format!("{id}.pftrace")));
-}
-
-#[test]
-fn a_uid_not_allowed_is_refused() {
-    let d = Daemon::start("");
-    // Let anyone reach the socket so the daemon's own check is what refuses.
-    std::fs::set_permissions(d.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
-    let out = Command::new(vitalsd_bin().with_file_name("vitalsctl"))
-        .args(["--socket"])
-        .arg(d.socket())
-        .arg("status")
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("uid 65534 is not allowed"), "{err}");
-    let st = d.call(&Request::Status {});
-    assert_eq!(st["control"]["refused_uid"], 1, "{st}");
-}
-
-#[test]
-fn garbage_and_oversized_requests_get_errors_while_others_are_served() {
-    let d = Daemon::start("");
-    let mut good = Client::connect(&d.socket()).unwrap();
-    assert!(good.call(&Request::Status {}).is_ok());
-
-    // Random bytes inside a valid frame: an error, and the connection lives.
-    let mut bad = UnixStream::connect(d.socket()).unwrap();
-    let mut seed = 0x9e3779b97f4a7c15u64;
-    let junk: Vec<u8> = (0..512)
-        .map(|_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed as u8
-        })
-        .collect();
-    write_frame(&mut bad, &junk).unwrap();
-    let resp: Value = serde_json::from_slice(&read_frame(&mut bad, 1 << 20).unwrap()).unwrap();
-    assert_eq!(resp["ok"], false);
-    assert!(
-        resp["error"].as_str().unwrap().contains("malformed"),
-        "{resp}"
-    );
-    write_frame(&mut bad, br#"{"cmd":"reboot"}"#).unwrap();
-    let resp: Value = serde_json::from_slice(&read_frame(&mut bad, 1 << 20).unwrap()).unwrap();
-    assert_eq!(resp["ok"], false);
-    write_frame(&mut bad, br#"{"cmd":"list"}"#).unwrap();
-    let resp: Value = serde_json::from_slice(&read_frame(&mut bad, 1 << 20).unwrap()).unwrap();
-    assert_eq!(resp["ok"], true, "the same connection still works");
-
-    // An oversized frame: refused, connection closed.
-    let mut big = UnixStream::connect(d.socket()).unwrap();
-    big.write_all(&(100u32 << 20).to_be_bytes()).unwrap();
-    let resp: Value = serde_json::from_slice(&read_frame(&mut big, 1 << 20).unwrap()).unwrap();
-    assert!(
-        resp["error"]
-            .as_str()
-            .unwrap()
-            .contains("exceeds the limit"),
-        "{resp}"
-    );
-    let mut rest = Vec::new();
-    assert_eq!(
-        big.read_to_end(&mut rest).unwrap_or(0),
-        0,
-        "connection closed"
-    );
-
-    // Raw random bytes with no framing at all, then a client that stalls.
-    let mut raw = UnixStream::connect(d.socket()).unwrap();
-    raw.write_all(&junk).unwrap();
-    let _stalled = {
-        let mut s = UnixStream::connect(d.socket()).unwrap();
-        s.write_all(&10u32.to_be_bytes()).unwrap();
-        s
-    };
-
-    // The well-behaved client is served throughout.
-    let st = good.call(&Request::Status {}).unwrap();
-    assert!(st["control"]["bad_requests"].as_u64().unwrap() >= 2, "{st}");
-    assert!(
-        st["control"]["oversized_requests"].as_u64().unwrap() >= 1,
-        "{st}"
-    );
-    assert!(good.call(&Request::Top { n: 5 }).is_ok());
-}
-
-#[test]
-fn sighup_with_a_bad_config_keeps_the_running_one() {
-    let d = Daemon::start("[budget]\ncaptures_per_hour = 3\n");
-    let before = d.call(&Request::Config {})["toml"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    assert!(before.contains("captures_per_hour = 3"));
-
-    std::fs::write(
-        d.config_path(),
-        "[budget]\ncaptures_per_hour = \"many\"\nbogus_key = 1\n",
-    )
-    .unwrap();
-    d.signal(libc::SIGHUP);
-    let st = d.wait_status("the reload error", Duration::from_secs(10), |st| {
-        !st["last_reload_error"].is_null()
-    });
-    assert!(
-        st["last_reload_error"]
-            .as_str()
-            .unwrap()
-            .contains("vitalsd.toml"),
-        "{st}"
-    );
-    assert_eq!(
-        d.call(&Request::Config {})["toml"].as_str().unwrap(),
-        before,
-        "old config kept"
-    );
-    assert!(
-        d.call(&Request::Status {})["samples"].as_u64().unwrap() > 0,
-        "still sampling"
-    );
-
-    std::fs::write(
-        d.config_path(),
-        config(d.dir.path(), "[budget]\ncaptures_per_hour = 7\n"),
-    )
-    .unwrap();
-    d.signal(libc::SIGHUP);
-    d.wait_status("the good reload", Duration::from_secs(10), |st| {
-        st["last_reload_error"].is_null()
-    });
-    assert!(d.call(&Request::Config {})["toml"]
-        .as_str()
-        .unwrap()
-        .contains("captures_per_hour = 7"));
-}
-
-/// `Duration::from_secs_f64` panics on 1e20 s; a reload with such a value
-/// must be an error in status, not a dead main thread.
-#[test]
-fn sighup_with_a_1e20s_duration_keeps_the_running_config() {
-    let d = Daemon::start("[budget]\ncaptures_per_hour = 3\n");
-    let before = d.call(&Request::Config {})["toml"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    std::fs::write(
-        d.config_path(),
-        config(
-            d.dir.path(),
-            "[[rule]]\nname = \"x\"\nmetric = { kind = \"loadavg_per_cpu\" }\nthreshold = 1\nwindow = \"1s\"\ncooldown = \"1e20s\"\n",
-        ),
-    )
-    .unwrap();
-    d.signal(libc::SIGHUP);
-    let st = d.wait_status("the reload error", Duration::from_secs(10), |st| {
-        !st["last_reload_error"].is_null()
-    });
-    let err = st["last_reload_error"].as_str().unwrap();
-    assert!(err.contains("cooldown") && err.contains("1e20s"), "{st}");
-    assert_eq!(
-        d.call(&Request::Config {})["toml"].as_str().unwrap(),
-        before,
-        "old config kept"
-    );
-    let samples = d.call(&Request::Status {})["samples"].as_u64().unwrap();
-    d.wait_status("sampling to go on", Duration::from_secs(10), |st| {
-        st["samples"].as_u64().unwrap() > samples
-    });
-}
-
-#[test]
-fn check_config_names_bad_keys() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("c.toml");
-    std::fs::write(&p, "[store]\nquota = 5\n").unwrap();
-    let out = Command::new(vitalsd_bin())
-        .args(["check-config", "--config"])
-        .arg(&p)
-        .stdout(Stdio::piped())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("quota"));
-    std::fs::write(&p, "[store]\nquota_bytes = 10485760\n").unwrap();
-    let out = Command::new(vitalsd_bin())
-        .args(["check-config", "--config"])
-        .arg(&p)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("quota_bytes = 10485760"));
-}
-
-fn heap_config(extra: &str) -> String {
-    format!(
-        "[heapprofd]\nperfetto_bin = \"{}\"\nallowlist = [\"surfaceflinger\"]\n{extra}",
-        fake_perfetto_bin().display()
-    )
-}
-
-#[test]
-fn vitalsctl_heap_stores_the_profile_with_heapprofds_outcome() {
-    let mut d = Daemon::start(&heap_config(""));
-    let out = d.vitalsctl(&["heap", "--name", "surfaceflinger", "--duration", "300ms"]);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        d.log()
-    );
-    let list = d.list();
-    assert_eq!(list.len(), 1, "{list:?}");
-    let m = &list[0];
-    assert_eq!(m["trigger"]["rule"], "manual-heap");
-    assert_eq!(m["status"], "complete", "{m}");
-    let h = &m["heapprofd"];
-    assert_eq!(h["status"]["kind"], "completed", "{h}");
-    assert_eq!(h["request"]["process_names"][0], "surfaceflinger");
-    assert!(!h["trace_config_hex"].as_str().unwrap().is_empty());
-    let targets = h["outcome"]["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 1, "{h}");
-    // The profile itself decodes with the official schema.
-    let id = m["id"].as_str().unwrap();
-    let t = decode_trace(&d.store().join(format!("{id}.pftrace")));
-    assert!(t["profile_packets"].as_u64().unwrap() >= 1, "{t}");
-    // No stray sidecar next to it; the rate-limit history persists under state/.
-    let names: Vec<String> = std::fs::read_dir(d.store())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert!(names.iter().all(|n| !n.contains(".meta.json")), "{names:?}");
-    assert!(d.store().join("state/heapprofd_ratelimit.json").exists());
-    // perfetto's output directory is emptied into the store.
-    let left: Vec<_> = std::fs::read_dir(d.store().join("heapprofd"))
-        .unwrap()
-        .collect();
-    assert!(left.is_empty(), "{left:?}");
-
-    // Across a restart the per-target limit (2 an hour by default) holds:
-    // one more is allowed, the third is refused.
-    d.stop();
-    d.spawn();
-    assert_eq!(d.list().len(), 1, "restart kept the profile");
-    let heap =
-        |d: &Daemon| d.vitalsctl(&["heap", "--name", "surfaceflinger", "--duration", "200ms"]);
-    assert!(heap(&d).status.success(), "{}", d.log());
-    let third = heap(&d);
-    assert!(!third.status.success());
-    let err = String::from_utf8_lossy(&third.stderr);
-    assert!(
-        err.to_lowercase().contains("rate") || err.contains("limit"),
-        "{err}"
-    );
-}
-
-#[test]
-fn a_rule_heap_profiles_its_allowlisted_offender_beside_the_capture() {
-    let rule = SPINNER_RULE.replace(
-        "capture = { duration = \"1s\", sched = false }",
-        "capture = { duration = \"1s\", sched = false, heap_profile = true, heap_allowlist = [\"vitals-workload\"] }",
-    );
-    let d = Daemon::start(&format!("{}\n{rule}", heap_config("")));
-    let mut w = Workload::spawn(&["spin", "4000"]);
-    w.expect("ready");
-    d.wait_status(
-        "the capture and the heap profile",
-        Duration::from_secs(30),
-        |st| {
-            st["store"]["captures"] == 2 && st["capture"].is_null() && st["heap_session"].is_null()
-        },
-    );
-    w.expect("done");
-    let pid = w.pid();
-    w.finish();
-    let list = d.list();
-    let heap = list
-        .iter()
-        .find(|m| !m["heapprofd"].is_null())
-        .unwrap_or_else(|| panic!("no heap profile: {list:?}"));
-    assert_eq!(heap["trigger"]["rule"], "spinner");
-    assert_eq!(
-        heap["heapprofd"]["request"]["pids"][0].as_u64(),
-        Some(pid as u64)
-    );
-    assert!(list
-        .iter()
-        .any(|m| m["heapprofd"].is_null() && m["trigger"]["rule"] == "spinner"));
 }
 
 #[test]
@@ -675,79 +403,6 @@ fn a_capture_reaching_max_capture_bytes_is_cut_and_older_captures_survive() {
         list.iter().any(|m| m["id"] == older.as_str()),
         "the older capture survives: {list:?}"
     );
-}
-
-/// Manual requests follow the rules' policy: heap profiles only of
-/// allowlisted processes, captures within their own budget and the device
-/// conditions; each refusal says why and is counted in status.
-#[test]
-fn manual_requests_obey_the_allowlist_the_manual_budget_and_the_conditions() {
-    let thermal = tempfile::tempdir().unwrap();
-    let zone = thermal.path().join("thermal_zone0");
-    std::fs::create_dir_all(&zone).unwrap();
-    std::fs::write(zone.join("temp"), "30000\n").unwrap();
-    let d = Daemon::start(&format!(
-        "{}[budget]\nmanual_captures_per_hour = 1\n[conditions]\nmax_thermal_millicelsius = 45000\nthermal_root = \"{}\"\n",
-        heap_config(""),
-        thermal.path().display()
-    ));
-    let out = d.vitalsctl(&["heap", "--name", "not-listed", "--duration", "300ms"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("not on the allowlist"), "{err}");
-
-    let capture = || {
-        Client::connect(&d.socket())
-            .unwrap()
-            .call(&Request::Capture {
-                duration_s: 1.0,
-                sched: false,
-                faults: false,
-            })
-            .map_err(|e| e.to_string())
-    };
-    // Too hot: refused, whoever asks.
-    std::fs::write(zone.join("temp"), "60000\n").unwrap();
-    let e = capture().unwrap_err();
-    assert!(e.contains("thermal"), "{e}");
-    std::fs::write(zone.join("temp"), "30000\n").unwrap();
-    let v = capture().unwrap();
-    let id = v["id"].as_str().unwrap_or_else(|| panic!("{v}")).to_owned();
-    d.wait_status("the capture to end", Duration::from_secs(30), |st| {
-        st["capture"].is_null() && d.list().iter().any(|m| m["id"] == id.as_str())
-    });
-    // The manual budget (1 an hour) is spent.
-    let e = capture().unwrap_err();
-    assert!(e.contains("budget_per_hour"), "{e}");
-    let st = d.wait_status("the refusals counted", Duration::from_secs(10), |st| {
-        !st["manual_refused"]["budget_per_hour"].is_null()
-    });
-    assert_eq!(st["manual_refused"]["thermal"], 1, "{st}");
-    assert_eq!(st["manual_refused"]["budget_per_hour"], 1, "{st}");
-}
-
-/// 64 idle connections from an allowlisted uid neither block accept nor
-/// starve the next request: idle ones are evicted to make room, counted.
-#[test]
-fn idle_connections_cannot_starve_the_control_socket() {
-    let d = Daemon::start("");
-    let idle: Vec<UnixStream> = (0..64)
-        .map(|_| UnixStream::connect(d.socket()).unwrap())
-        .collect();
-    // The old server took a slot per connection before reading a byte and
-    // never timed the header out: with 32 slots held, this never answered.
-    let mut s = UnixStream::connect(d.socket()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    write_frame(&mut s, br#"{"cmd":"status"}"#).unwrap();
-    let v: Value = serde_json::from_slice(&read_frame(&mut s, 1 << 24).unwrap()).unwrap();
-    assert_eq!(v["ok"], true, "{v}");
-    // Every idle connection past the uid's 16 slots was closed to make room.
-    d.wait_status(
-        "the idle connections evicted",
-        Duration::from_secs(10),
-        |st| st["control"]["idle_closed"].as_u64().unwrap() >= 64 + 1 - 16,
-    );
-    drop(idle);
 }
 
 /// KiB of `pid`'s address space mapped from BPF maps (smaps

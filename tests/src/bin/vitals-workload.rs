@@ -241,137 +241,139 @@ fn main() {
             wait_eof();
         }
         // threads <n> <ms>: n threads that each run briefly and stay alive.
-        Some("threads") => {
-            let n = arg(&args, 2);
-            let ms = arg(&args, 3);
-            let (tx, rx) = std::sync::mpsc::channel::<()>();
-            let mut handles = Vec::new();
-            for _ in 0..n {
-                let tx = tx.clone();
-                handles.push(std::thread::spawn(move || {
-                    spin_for(Duration::from_millis(1));
-                    std::thread::sleep(Duration::from_millis(ms));
-                    drop(tx);
-                }));
-            }
-            drop(tx);
-            let _ = rx.recv();
-            say("done");
-            wait_eof();
-            for h in handles {
-                h.join().unwrap();
-            }
-        }
+        Some("threads") => threads(arg(&args, 2), arg(&args, 3)),
         // pingpong <n>: two threads bounce a byte over two pipes n times,
         // each blocking in read() in between. Prints "tids <a> <b>"; after
         // "done", "csw <tid> <voluntary> <involuntary>" per thread: its
         // context switches as the kernel counted them (getrusage
         // RUSAGE_THREAD) when its last round ended.
-        Some("pingpong") => {
-            let n = arg(&args, 2);
-            let (mut p1, mut p2) = ([0i32; 2], [0i32; 2]);
-            unsafe {
-                assert_eq!(libc::pipe(p1.as_mut_ptr()), 0);
-                assert_eq!(libc::pipe(p2.as_mut_ptr()), 0);
-            }
-            let go = std::sync::Arc::new(std::sync::Barrier::new(3));
-            let (tx, rx) = std::sync::mpsc::channel::<i64>();
-            let spawn = |rd: i32, wr: i32, first: bool| {
-                let go = go.clone();
-                let tx = tx.clone();
-                std::thread::spawn(move || {
-                    // Both on one CPU: every round is exactly two switches
-                    // (each thread blocks in read() or is preempted by the
-                    // wakeup), whatever the tracing costs the waker.
-                    pin_to(0);
-                    let tid = unsafe { libc::gettid() } as i64;
-                    tx.send(tid).unwrap();
-                    go.wait();
-                    let mut b = [0u8; 1];
-                    for _ in 0..n {
-                        unsafe {
-                            if first {
-                                assert_eq!(libc::write(wr, b"x".as_ptr().cast(), 1), 1);
-                                assert_eq!(libc::read(rd, b.as_mut_ptr().cast(), 1), 1);
-                            } else {
-                                assert_eq!(libc::read(rd, b.as_mut_ptr().cast(), 1), 1);
-                                assert_eq!(libc::write(wr, b"x".as_ptr().cast(), 1), 1);
-                            }
-                        }
-                    }
-                    let (vol, invol) = thread_switches();
-                    format!("csw {tid} {vol} {invol}")
-                })
-            };
-            let ping = spawn(p2[0], p1[1], true);
-            let pong = spawn(p1[0], p2[1], false);
-            let (a, b) = (rx.recv().unwrap(), rx.recv().unwrap());
-            say(&format!("tids {a} {b}"));
-            wait_line();
-            go.wait();
-            let ping = ping.join().unwrap();
-            let pong = pong.join().unwrap();
-            say("done");
-            say(&ping);
-            say(&pong);
-            wait_eof();
-        }
+        Some("pingpong") => ping_pong(arg(&args, 2)),
         // children <n> <ms>: after a line on stdin, runs n short-lived
         // children one after the other (this binary, `spin-exit <ms>`),
         // printing "child <pid>" as each is reaped, then "done".
-        Some("children") => {
-            let n = arg(&args, 2);
-            let ms = arg(&args, 3).to_string();
-            let me = std::env::current_exe().unwrap();
-            say("ready");
-            wait_line();
-            for _ in 0..n {
-                let mut c = std::process::Command::new(&me)
-                    .args(["spin-exit", &ms])
-                    .spawn()
-                    .unwrap();
-                let pid = c.id();
-                assert!(c.wait().unwrap().success());
-                say(&format!("child {pid}"));
-            }
-            say("done");
-            wait_eof();
-        }
+        Some("children") => children(arg(&args, 2), &arg(&args, 3).to_string()),
         // reuse-pid <ms_a> <ms_b>: after a line on stdin, runs child A
         // (argv[0] "vitals-reuse-a", `spin-exit <ms_a>`) and reaps it:
         // prints "a <pid>". After another line, runs child B
         // ("vitals-reuse-b", `spin-exit <ms_b>`) with A's pid, asked for
         // with clone3's set_tid (root), and reaps it: prints "b <pid>",
         // then "done".
-        Some("reuse-pid") => {
-            let (ms_a, ms_b) = (arg(&args, 2).to_string(), arg(&args, 3).to_string());
-            let me = std::env::current_exe().unwrap();
-            say("ready");
-            wait_line();
-            let mut a = std::process::Command::new(&me)
-                .arg0("vitals-reuse-a")
-                .args(["spin-exit", &ms_a])
-                .spawn()
-                .unwrap();
-            let pid = a.id();
-            assert!(a.wait().unwrap().success());
-            say(&format!("a {pid}"));
-            wait_line();
-            let b = vitals_tests::pid::spawn_with_pid_retrying(
-                pid,
-                &me,
-                &["vitals-reuse-b", "spin-exit", &ms_b],
-            );
-            let b_pid = b.pid();
-            b.wait_success();
-            say(&format!("b {b_pid}"));
-            say("done");
-            wait_eof();
-        }
+        Some("reuse-pid") => reuse_pid(&arg(&args, 2).to_string(), &arg(&args, 3).to_string()),
         Some("heap-churn") => heap_churn(&args[0]),
         _ => {
             eprintln!("usage: vitals-workload spin|pinned-spin|spin-exit|touch|sleep|threads|pingpong|children|reuse-pid|heap-churn ...");
             std::process::exit(2);
         }
     }
+}
+
+fn threads(n: u64, ms: u64) {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let mut handles = Vec::new();
+    for _ in 0..n {
+        let tx = tx.clone();
+        handles.push(std::thread::spawn(move || {
+            spin_for(Duration::from_millis(1));
+            std::thread::sleep(Duration::from_millis(ms));
+            drop(tx);
+        }));
+    }
+    drop(tx);
+    let _ = rx.recv();
+    say("done");
+    wait_eof();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+fn ping_pong(n: u64) {
+    let (mut p1, mut p2) = ([0i32; 2], [0i32; 2]);
+    unsafe {
+        assert_eq!(libc::pipe(p1.as_mut_ptr()), 0);
+        assert_eq!(libc::pipe(p2.as_mut_ptr()), 0);
+    }
+    let go = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let (tx, rx) = std::sync::mpsc::channel::<i64>();
+    let spawn = |rd: i32, wr: i32, first: bool| {
+        let go = go.clone();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            // Both on one CPU: every round is exactly two switches
+            // (each thread blocks in read() or is preempted by the
+            // wakeup), whatever the tracing costs the waker.
+            pin_to(0);
+            let tid = unsafe { libc::gettid() } as i64;
+            tx.send(tid).unwrap();
+            go.wait();
+            let mut b = [0u8; 1];
+            for _ in 0..n {
+                unsafe {
+                    if first {
+                        assert_eq!(libc::write(wr, b"x".as_ptr().cast(), 1), 1);
+                        assert_eq!(libc::read(rd, b.as_mut_ptr().cast(), 1), 1);
+                    } else {
+                        assert_eq!(libc::read(rd, b.as_mut_ptr().cast(), 1), 1);
+                        assert_eq!(libc::write(wr, b"x".as_ptr().cast(), 1), 1);
+                    }
+                }
+            }
+            let (vol, invol) = thread_switches();
+            format!("csw {tid} {vol} {invol}")
+        })
+    };
+    let ping = spawn(p2[0], p1[1], true);
+    let pong = spawn(p1[0], p2[1], false);
+    let (a, b) = (rx.recv().unwrap(), rx.recv().unwrap());
+    say(&format!("tids {a} {b}"));
+    wait_line();
+    go.wait();
+    let ping = ping.join().unwrap();
+    let pong = pong.join().unwrap();
+    say("done");
+    say(&ping);
+    say(&pong);
+    wait_eof();
+}
+
+fn children(n: u64, ms: &str) {
+    let me = std::env::current_exe().unwrap();
+    say("ready");
+    wait_line();
+    for _ in 0..n {
+        let mut c = std::process::Command::new(&me)
+            .args(["spin-exit", ms])
+            .spawn()
+            .unwrap();
+        let pid = c.id();
+        assert!(c.wait().unwrap().success());
+        say(&format!("child {pid}"));
+    }
+    say("done");
+    wait_eof();
+}
+
+fn reuse_pid(ms_a: &str, ms_b: &str) {
+    let me = std::env::current_exe().unwrap();
+    say("ready");
+    wait_line();
+    let mut a = std::process::Command::new(&me)
+        .arg0("vitals-reuse-a")
+        .args(["spin-exit", ms_a])
+        .spawn()
+        .unwrap();
+    let pid = a.id();
+    assert!(a.wait().unwrap().success());
+    say(&format!("a {pid}"));
+    wait_line();
+    let b = vitals_tests::pid::spawn_with_pid_retrying(
+        pid,
+        &me,
+        &["vitals-reuse-b", "spin-exit", ms_b],
+    );
+    let b_pid = b.pid();
+    b.wait_success();
+    say(&format!("b {b_pid}"));
+    say("done");
+    wait_eof();
 }

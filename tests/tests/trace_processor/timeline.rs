@@ -1,0 +1,181 @@
+//! Checks of the CPU timeline and fault samples: the ping-pong workload's
+//! sched slices and thread states, and fault stacks that resolve to the
+//! faulting function; plus the `record` arguments every test uses.
+
+use super::*;
+
+/// A `pingpong` workload's run, as its threads reported it.
+pub struct PingPong {
+    pub pid: u32,
+    pub tids: Vec<i64>,
+    /// tid -> (voluntary, involuntary) switches the kernel counted.
+    pub switches: HashMap<i64, (i64, i64)>,
+}
+
+/// After `go`: waits for `done` and reads the threads' switch counts.
+pub fn finish_ping_pong(w: &mut Workload, tids: Vec<i64>) -> PingPong {
+    w.expect("done");
+    let mut switches = HashMap::new();
+    for _ in 0..2 {
+        let line = w.read_line();
+        let f: Vec<i64> = line
+            .strip_prefix("csw ")
+            .unwrap_or_else(|| panic!("workload said {line:?}"))
+            .split_whitespace()
+            .map(|v| v.parse().unwrap())
+            .collect();
+        switches.insert(f[0], (f[1], f[2]));
+    }
+    PingPong {
+        pid: w.pid(),
+        tids,
+        switches,
+    }
+}
+
+/// The ping-pong on the CPU timeline: its two threads, named and under the
+/// workload's process, ran at least 2N slices; each left the CPU blocked
+/// (S/D) or runnable (R/R+) as often as the kernel counted its voluntary
+/// and involuntary switches, up to the two a thread may make on its way
+/// out after it read them; the thread tracks show the same sleeps.
+/// `missed`: sched_switch events the kernel side counted as not delivered
+/// to the programs during the recording (`switch_missed`, a declared drop:
+/// a switch whose program did not run is in no record); a thread's slices
+/// may fall short of the kernel's switch counts by at most that many.
+pub fn check_ping_pong(t: &Imported, pp: &PingPong, n: u64, missed: i64) {
+    let tids: Vec<String> = pp.tids.iter().map(|t| t.to_string()).collect();
+    let tids = tids.join(", ");
+    let threads = t.q(&format!(
+        "select t.tid as tid, t.name as name, p.pid as pid from thread t \
+         left join process p using(upid) where t.tid in ({tids})"
+    ));
+    assert_eq!(threads.len(), 2, "one thread per tid: {threads:?}");
+    for th in &threads {
+        assert_eq!(text(th, "name"), Some("vitals-workload"), "{th:?}");
+        assert_eq!(th["pid"].as_i64(), Some(pp.pid as i64), "{th:?}");
+    }
+    let states = t.q(&format!(
+        "select t.tid as tid, s.end_state as state, count(*) as n from sched_slice s \
+         join thread t using(utid) where t.tid in ({tids}) group by 1, 2"
+    ));
+    let mut slices = 0;
+    for &tid in &pp.tids {
+        let count = |pred: &dyn Fn(&str) -> bool| -> i64 {
+            states
+                .iter()
+                .filter(|r| int(r, "tid") == tid && text(r, "state").is_some_and(pred))
+                .map(|r| int(r, "n"))
+                .sum()
+        };
+        let blocked = count(&|s| s == "S" || s == "D");
+        let runnable = count(&|s| s == "R" || s == "R+");
+        let all: i64 = states
+            .iter()
+            .filter(|r| int(r, "tid") == tid)
+            .map(|r| int(r, "n"))
+            .sum();
+        slices += all;
+        let (vol, invol) = pp.switches[&tid];
+        eprintln!(
+            "thread {tid}: {all} slices, {blocked} ended blocked (kernel: {vol} voluntary), \
+             {runnable} ended runnable (kernel: {invol} involuntary)"
+        );
+        assert!(
+            (vol - missed..=vol + 2).contains(&blocked),
+            "thread {tid}: {blocked} slices end in S/D, the kernel counted {vol} voluntary switches: {states:?}"
+        );
+        assert!(
+            (invol - missed..=invol + 2).contains(&runnable),
+            "thread {tid}: {runnable} slices end in R/R+, the kernel counted {invol} involuntary switches: {states:?}"
+        );
+        let sleeping = t.one(&format!(
+            "select count(*) as n from thread_state ts join thread t using(utid) \
+             where t.tid = {tid} and ts.state = 'S'"
+        ));
+        // A declared missed switch also splits or merges one S period.
+        assert!(
+            (int(&sleeping, "n") - count(&|s| s == "S")).abs() <= missed,
+            "thread {tid}: {} S periods on its track vs {} slices ending in S ({missed} switches missed)",
+            int(&sleeping, "n"),
+            count(&|s| s == "S"),
+        );
+    }
+    assert!(
+        slices >= 2 * n as i64,
+        "{slices} slices of {tids}, want >= {}",
+        2 * n
+    );
+}
+
+/// The number before the word `what` (e.g. "sched_switch") on the
+/// `capture: ` line of the table.
+pub fn capture_figure(table: &str, what: &str) -> u64 {
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("capture: "))
+        .unwrap_or_else(|| panic!("no capture line in:\n{table}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let i = words
+        .iter()
+        .position(|w| w.trim_end_matches(',') == what)
+        .unwrap_or_else(|| panic!("no {what} in {line}"));
+    words[i - 1].parse().unwrap()
+}
+
+/// Fault samples of `pid` resolve, through stack_profile_callsite and
+/// stack_profile_frame, to `vitals_touch_pages` in the workload binary:
+/// at least `min` samples, half of them or more through that frame.
+pub fn check_fault_samples(t: &Imported, pid: u32, min: i64) {
+    let r = t.one(&format!(
+        "with recursive mine as ( \
+           select s.id, s.callsite_id from perf_sample s join thread t using(utid) \
+             join process p using(upid) where p.pid = {pid}), \
+         chain(sample_id, callsite_id) as ( \
+           select id, callsite_id from mine where callsite_id is not null \
+           union all \
+           select chain.sample_id, c.parent_id from chain \
+             join stack_profile_callsite c on c.id = chain.callsite_id \
+             where c.parent_id is not null) \
+         select (select count(*) from mine) as samples, \
+                (select count(*) from mine where callsite_id is null) as without_stack, \
+                (select count(distinct chain.sample_id) from chain \
+                   join stack_profile_callsite c on c.id = chain.callsite_id \
+                   join stack_profile_frame f on f.id = c.frame_id \
+                   where f.name like '%vitals_touch_pages%') as named, \
+                (select group_concat(distinct m.name) from chain \
+                   join stack_profile_callsite c on c.id = chain.callsite_id \
+                   join stack_profile_frame f on f.id = c.frame_id \
+                   join stack_profile_mapping m on m.id = f.mapping \
+                   where f.name like '%vitals_touch_pages%') as mappings"
+    ));
+    eprintln!("fault samples of {pid}: {r:?}");
+    let samples = int(&r, "samples");
+    assert!(
+        samples >= min,
+        "{samples} perf_sample rows for {pid}, want >= {min}"
+    );
+    let named = int(&r, "named");
+    assert!(
+        named * 2 >= samples,
+        "only {named} of {samples} samples resolve to vitals_touch_pages: {r:?}"
+    );
+    let wl = workload_bin();
+    assert_eq!(
+        text(&r, "mappings"),
+        wl.to_str(),
+        "vitals_touch_pages's frames map to the workload binary"
+    );
+}
+
+pub fn record_args<'a>(trace: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "--interval",
+        "500ms",
+        "--top",
+        "0",
+        "--out",
+        trace.to_str().unwrap(),
+    ];
+    v.extend_from_slice(extra);
+    v
+}
