@@ -72,14 +72,16 @@ fn qemu_command(arch: Arch, kernel: &Kernel, initrd: &Path, sock: &Path) -> Comm
         // QEMU exiting. softlockup_panic=1: a CPU stuck in the kernel
         // (seen once: an x86_64 6.1 guest's test thread stuck on CPU 1 for
         // 458 s) ends the guest at once, its unfinished checks failing,
-        // instead of holding the run until the timeout. loglevel=1 keeps
-        // printk off the console the checks' results are parsed from (the
-        // init script prints the kernel's warnings at the end);
+        // instead of holding the run until the timeout, after printing
+        // every CPU's stack (softlockup_all_cpu_backtrace: what the other
+        // vCPU was doing). loglevel=1 keeps printk off the console the
+        // checks' results are parsed from (the init script prints the
+        // kernel's warnings at the end);
         // VITALS_VM_LOGLEVEL raises it to diagnose such a guest.
         .args([
             "-append",
             &format!(
-                "{cmdline} panic=-1 softlockup_panic=1 loglevel={}",
+                "{cmdline} panic=-1 softlockup_panic=1 softlockup_all_cpu_backtrace=1 loglevel={}",
                 std::env::var("VITALS_VM_LOGLEVEL")
                     .ok()
                     .and_then(|v| v.parse::<u8>().ok())
