@@ -240,15 +240,20 @@ pub fn write_bpf_drops<W: Write>(
     Ok(())
 }
 
-/// Per process: only the working set (CPU or faults moved), as
-/// ProcessCpuTracker reports it.
+/// Per process: the working set (CPU moved, as ProcessCpuTracker reports
+/// it) and every process whose faults moved. A process can take thousands
+/// of faults inside one clock tick (a short page-touching burst), and its
+/// faults are no less real for not having been charged a tick.
 fn write_process_counters<W: Write>(
     w: &mut TraceWriter<W>,
     ts_boot_ns: u64,
     win: &Window,
 ) -> Result<(), PerfettoError> {
-    for p in win.processes.iter().filter(|p| p.working) {
+    for p in &win.processes {
         let Some(delta) = &p.delta else { continue };
+        if !p.working && delta.minflt == 0 && delta.majflt == 0 {
+            continue;
+        }
         let key = ProcessKey {
             pid: p.pid,
             starttime_ticks: p.starttime_ticks,
@@ -339,6 +344,101 @@ pub fn write_history<W: Write>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::procfs::testutil::{Cols, FakeProc, Task};
+    use crate::procfs::{SampleOptions, Sampler};
+    use crate::clock::ClockPair;
+    use crate::tracker::Tracker;
+    use prost::Message;
+    use std::collections::HashMap;
+    use vitals_proto::protos::{
+        self, trace_packet::Data, track_descriptor::StaticOrDynamicName,
+        track_event::CounterValueField,
+    };
+
+    /// (pid, counter name) -> values, from a trace `write_window` wrote.
+    fn process_counters(trace: &[u8]) -> HashMap<(i32, String), Vec<i64>> {
+        let trace = protos::Trace::decode(trace).unwrap();
+        let mut pid_of_track = HashMap::new();
+        let mut name_of_track = HashMap::new();
+        for p in &trace.packet {
+            if let Some(Data::TrackDescriptor(d)) = &p.data {
+                if let Some(pr) = &d.process {
+                    pid_of_track.insert(d.uuid(), pr.pid());
+                }
+                if let (Some(parent), Some(StaticOrDynamicName::Name(n))) =
+                    (d.parent_uuid, &d.static_or_dynamic_name)
+                {
+                    name_of_track.insert(d.uuid(), (parent, n.clone()));
+                }
+            }
+        }
+        let mut out: HashMap<(i32, String), Vec<i64>> = HashMap::new();
+        for p in &trace.packet {
+            let Some(Data::TrackEvent(e)) = &p.data else {
+                continue;
+            };
+            let Some((parent, name)) = name_of_track.get(&e.track_uuid()) else {
+                continue;
+            };
+            let Some(pid) = pid_of_track.get(parent) else {
+                continue;
+            };
+            let value = match e.counter_value_field {
+                Some(CounterValueField::CounterValue(v)) => v,
+                Some(CounterValueField::DoubleCounterValue(v)) => v as i64,
+                None => continue,
+            };
+            out.entry((*pid, name.clone())).or_default().push(value);
+        }
+        out
+    }
+
+    #[test]
+    fn faults_without_a_cpu_tick_are_written() {
+        const CPU: Cols = [100, 0, 50, 1000, 10, 0, 5, 0, 0, 0];
+        let fake = FakeProc::new();
+        fake.set_stat(CPU, &[(0, CPU)]);
+        let task = |minflt, utime| Task {
+            pid: 42,
+            comm: "toucher",
+            minflt,
+            majflt: 0,
+            utime,
+            stime: 0,
+            starttime: 7,
+        };
+        fake.set_process(&task(100, 10));
+        let mut sampler = Sampler::new(fake.root(), SampleOptions::default());
+        let mut tracker = Tracker::new(100);
+        let mut sample = |s: u64| {
+            let mut x = sampler.sample().unwrap();
+            x.clock = Some(ClockPair {
+                boottime_ns: s * 1_000_000_000,
+                monotonic_ns: s * 1_000_000_000,
+            });
+            x
+        };
+        assert!(tracker.update(&sample(1)).is_none());
+        // 5000 faults and no tick: not in ProcessCpuTracker's working set.
+        fake.set_stat(add_idle(CPU, 100), &[(0, add_idle(CPU, 100))]);
+        fake.set_process(&task(5100, 10));
+        let window = tracker.update(&sample(2)).expect("a window");
+        let row = window.processes.iter().find(|p| p.pid == 42).unwrap();
+        assert!(!row.working);
+        let mut w = TraceWriter::new(Vec::new());
+        write_window(&mut w, 2_000_000_000, &window).unwrap();
+        let counters = process_counters(&w.into_inner());
+        assert_eq!(
+            counters.get(&(42, "procfs.minflt_delta".to_owned())),
+            Some(&vec![5000]),
+            "{counters:?}"
+        );
+    }
+
+    fn add_idle(mut c: Cols, ticks: u64) -> Cols {
+        c[3] += ticks;
+        c
+    }
 
     #[test]
     fn tick_conversion_uses_hz_and_does_not_overflow() {

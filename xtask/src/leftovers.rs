@@ -25,8 +25,8 @@ pub fn become_subreaper() -> Result<()> {
     Ok(())
 }
 
-/// (pid, comm, zombie) of the processes whose parent is `parent`.
-fn children_of(proc_root: &Path, parent: i32) -> Vec<(i32, String, bool)> {
+/// (pid, comm) of the processes whose parent is `parent`.
+fn children_of(proc_root: &Path, parent: i32) -> Vec<(i32, String)> {
     let Ok(dir) = std::fs::read_dir(proc_root) else {
         return Vec::new();
     };
@@ -39,42 +39,34 @@ fn children_of(proc_root: &Path, parent: i32) -> Vec<(i32, String, bool)> {
             let open = stat.find('(')?;
             let close = stat.rfind(')')?;
             let comm = stat.get(open + 1..close)?.to_owned();
-            // Fields 3 (state) and 4 (ppid) follow the comm's ')'.
+            // Fields 3 (state) and 4 (ppid) follow the comm's ')'; a
+            // zombie is already dead.
             let mut rest = stat.get(close + 2..)?.split_whitespace();
             let state = rest.next()?;
             let ppid: i32 = rest.next()?.parse().ok()?;
-            (ppid == parent).then_some((pid, comm, state == "Z"))
+            (ppid == parent && state != "Z").then_some((pid, comm))
         })
         .collect()
 }
 
 /// Fails (after killing and reaping them) if this process has children
 /// left: with no test command running, each is something a test leaked.
-/// `spared` are children xtask started itself beside the tests (the kernel
-/// matrix's preparation) and waits for later: neither reaped nor killed.
-pub fn check(spared: &[i32]) -> Result<()> {
+pub fn check() -> Result<()> {
     let me = std::process::id() as i32;
     // Children a test killed properly still need their parent to reap
     // them, and orphans have us as parent now: reap every exited child
-    // (give ones still exiting a moment) before looking for live ones. By
-    // pid, not waitpid(-1), which could take a spared child's status from
-    // the code that waits for it.
-    let reap = || {
-        for (pid, _, zombie) in children_of(Path::new("/proc"), me) {
-            if zombie && !spared.contains(&pid) {
-                // SAFETY: waitpid(2) on our own exited child; no memory.
-                unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
-            }
+    // (give ones still exiting a moment) before looking for live ones.
+    let reap = || loop {
+        // SAFETY: waitpid(2) with a null status pointer; no memory.
+        let pid = unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) };
+        if pid <= 0 {
+            break;
         }
     };
     reap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     reap();
-    let left: Vec<(i32, String)> = children_of(Path::new("/proc"), me)
-        .into_iter()
-        .filter(|(pid, _, zombie)| !zombie && !spared.contains(pid))
-        .map(|(pid, comm, _)| (pid, comm))
-        .collect();
+    let left = children_of(Path::new("/proc"), me);
     if left.is_empty() {
         return Ok(());
     }
