@@ -262,6 +262,22 @@ pub fn clk_tck() -> u64 {
     v as u64
 }
 
+/// Ticks of irq, softirq and steal time of `cpu` since boot (/proc/stat
+/// `cpuN`, the sixth to eighth values): time on that CPU that is in no
+/// task's runtime.
+pub fn cpu_excluded_ticks(cpu: usize) -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let line = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&format!("cpu{cpu}")))
+        .unwrap_or_else(|| panic!("no cpu{cpu} line in /proc/stat"));
+    line.split_whitespace()
+        .skip(6)
+        .take(3)
+        .map(|v| v.parse::<u64>().unwrap_or(0))
+        .sum()
+}
+
 /// Asserts |a - b| <= pct% of b.
 pub fn assert_within_pct(what: &str, a: f64, b: f64, pct: f64) {
     let tol = b.abs() * pct / 100.0;

@@ -219,20 +219,38 @@ fn spinners_check(load: impl FnOnce() -> Accounting) {
     let (ka0, kb0) = (kernel_stat(a.pid()), kernel_stat(b.pid()));
     let (sa0, sb0) = (schedstat(a.pid()), schedstat(b.pid()));
     let (a0, b0) = (task(&mut acc, a.pid()), task(&mut acc, b.pid()));
+    let excluded0 = cpu_excluded_ticks(0);
     a.go();
     b.go();
     a.expect("done");
     b.expect("done");
+    // vitalsd's slices are wall time between switches, so they include
+    // the irq, softirq and steal time CPU 0 had meanwhile, which the
+    // kernel's runtime leaves out (README "Kernel support"): a download
+    // beside this test (network softirqs on CPU 0) once put a spinner 6 %
+    // over. The upper bound allows all of it, since /proc does not say how
+    // the two spinners shared it, plus a tick of rounding where any is
+    // accounted.
+    let excluded_ticks = cpu_excluded_ticks(0) - excluded0;
+    let excluded_ns = if cpu_excluded_ticks(0) > 0 {
+        (excluded_ticks + 1) as f64 * 1e9 / clk_tck() as f64
+    } else {
+        0.0
+    };
     for (name, w, k0, s0, t0) in [("a", &a, ka0, sa0, a0), ("b", &b, kb0, sb0, b0)] {
         let k1 = kernel_stat(w.pid());
         let s1 = schedstat(w.pid());
         let t1 = task(&mut acc, w.pid());
         // The scheduler's own figures: sum_exec_runtime and run_delay.
-        assert_within_pct(
-            &format!("spinner {name} on-CPU vs sum_exec_runtime"),
-            (t1.oncpu_ns - t0.oncpu_ns) as f64,
-            (s1.0 - s0.0) as f64,
-            5.0,
+        let oncpu_ns = (t1.oncpu_ns - t0.oncpu_ns) as f64;
+        let runtime_ns = (s1.0 - s0.0) as f64;
+        eprintln!(
+            "spinner {name}: eBPF {oncpu_ns} ns, sum_exec_runtime {runtime_ns} ns, CPU 0 irq+softirq+steal {excluded_ticks} ticks"
+        );
+        assert!(
+            oncpu_ns >= 0.95 * runtime_ns && oncpu_ns <= 1.05 * runtime_ns + excluded_ns,
+            "spinner {name} on-CPU {oncpu_ns} ns vs sum_exec_runtime {runtime_ns} ns: not within \
+             -5 % .. +5 % + {excluded_ns} ns of irq, softirq and steal time on CPU 0"
         );
         assert_within_pct(
             &format!("spinner {name} runqueue wait vs schedstat run_delay"),

@@ -175,7 +175,7 @@ fn assert_read_within_kernel_figures(r: &SpinnerRead, rate: &kernel_clock::RateB
     // or the hypervisor meanwhile: vitalsd's slices are
     // bpf_ktime_get_ns wall time, which includes irq, softirq and
     // steal time that the kernel's runtime leaves out (a known gap,
-    // see README "Kernel matrix"). /proc/stat counts those in ticks, so
+    // see README "Kernel support"). /proc/stat counts those in ticks, so
     // one tick of rounding on a machine that accounts any. Where none
     // is accounted (bare metal without IRQ time accounting) the bound
     // is the kernel's figure.
@@ -190,20 +190,4 @@ fn assert_read_within_kernel_figures(r: &SpinnerRead, rate: &kernel_clock::RateB
         "eBPF {least_ns} ns (in sched clock ns) exceeds the kernel's {after_ns} ns updated \
          after it (+ {excluded_ns} ns of irq, softirq and steal time on CPU 1)\n{diag}"
     );
-}
-
-/// Ticks of irq, softirq and steal time of `cpu` since boot (/proc/stat
-/// `cpuN`, the sixth to eighth values): time on that CPU that is in no
-/// task's runtime.
-fn cpu_excluded_ticks(cpu: usize) -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap();
-    let line = stat
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(&format!("cpu{cpu}")))
-        .unwrap_or_else(|| panic!("no cpu{cpu} line in /proc/stat"));
-    line.split_whitespace()
-        .skip(6)
-        .take(3)
-        .map(|v| v.parse::<u64>().unwrap_or(0))
-        .sum()
 }
