@@ -63,10 +63,10 @@ enum Cmd {
     /// kernels (x86_64 5.10/6.1/6.12, arm64 5.10/6.1) and on this host:
     /// prints a kernel × arch × check table, fails if any cell failed.
     VmTest(vm::Opts),
-    /// What `test --vm` runs beside the host suites: the guests' kernel
-    /// packages and the arm64 cross build, without booting anything.
+    /// What `test --vm` runs while the host build compiles: the guests'
+    /// kernel packages and the arm64 standard library, downloaded.
     #[command(hide = true)]
-    VmPrepare(vm::Opts),
+    VmDownload(vm::Opts),
     /// Package for an OEM device tree: binaries, vitalsd.rc, sepolicy/, an
     /// example config and an Android.bp of prebuilts, in target/dist/vitalsd/.
     Dist {
@@ -156,7 +156,7 @@ fn main() -> Result<()> {
             setup::all()?;
             vm::run(opts)
         }
-        Cmd::VmPrepare(opts) => vm::prepare(&opts),
+        Cmd::VmDownload(opts) => vm::download(&opts),
         Cmd::Dist { target } => dist::run_dist(target),
         Cmd::AndroidBpf => android_bpf::run(&workspace_root()).map(|_| ()),
         Cmd::AndroidCheck { aosp, require_all } => {
@@ -189,6 +189,13 @@ fn build_release() -> Result<()> {
 
 fn test(require_all: bool, vm: bool) -> Result<()> {
     setup::all()?;
+    // The guests' packages download while the host build compiles.
+    let vm_opts = vm::Opts::guests(require_all);
+    let downloads = if vm {
+        Some(vm::Downloads::start(&vm_opts)?)
+    } else {
+        None
+    };
     // Unit, property and schema tests of every default member.
     run(cargo().args([
         "test",
@@ -202,15 +209,10 @@ fn test(require_all: bool, vm: bool) -> Result<()> {
     // Kernel integration tests: they spawn the daemon binary, and their
     // workloads must not compete with each other for the CPUs.
     run(cargo().args(["build", "-p", "vitalsd", "--bins"]))?;
-    // The guests need nothing the suites below change: their slow
-    // preparation runs beside them on the CPU time they leave idle.
-    let vm_opts = vm::Opts::guests(require_all);
-    let preparation = if vm {
-        Some(vm::Preparation::start(&vm_opts)?)
-    } else {
-        None
-    };
-    let spared: Vec<i32> = preparation.iter().map(|p| p.pid()).collect();
+    // Nothing may run beside the kernel suites (see vm::Downloads).
+    if let Some(d) = downloads {
+        d.finish();
+    }
     let mut cmd = cargo();
     cmd.args(["test", "-p", "vitals-tests"]);
     for file in integration_test_files()? {
@@ -240,7 +242,7 @@ fn test(require_all: bool, vm: bool) -> Result<()> {
         .env("VITALSD_BIN", workspace_root().join("target/debug/vitalsd")));
     // Checked even when a test failed: a panicking test is the likeliest
     // to leave its load running.
-    let leaked = leftovers::check(&spared);
+    let leaked = leftovers::check();
     kernel_suites?;
     leaked?;
     // Android's own tools on our Android pieces (AOSP's loader, policy
@@ -261,9 +263,6 @@ fn test(require_all: bool, vm: bool) -> Result<()> {
             "--require-all: {} suite(s) could not run (see above)",
             not_run.len()
         );
-    }
-    if let Some(p) = preparation {
-        p.finish();
     }
     if vm {
         vm::run(vm_opts)

@@ -289,11 +289,11 @@ pub fn run(opts: Opts) -> Result<()> {
     Ok(())
 }
 
-/// The matrix's slow preparation, which needs no guest: the guests' kernel
-/// packages and the arm64 cross build (5-7 minutes from cold). `cargo
-/// xtask test --vm` runs it beside the host suites ([`Preparation`]), so
-/// `run` then finds both ready.
-pub fn prepare(opts: &Opts) -> Result<()> {
+/// The matrix's downloads, which need no guest and little CPU: the
+/// guests' kernel packages and the arm64 standard library for the cross
+/// build. `cargo xtask test --vm` runs them ([`Downloads`]) while the host
+/// build compiles, so `run` finds them cached.
+pub fn download(opts: &Opts) -> Result<()> {
     let cells = select_cells(opts)?;
     for cell in &cells {
         if let Cell::Guest {
@@ -306,56 +306,48 @@ pub fn prepare(opts: &Opts) -> Result<()> {
         }
     }
     if cells.iter().any(|c| c.arch() == Arch::Arm64) {
-        binaries::build(Arch::Arm64)?;
+        apt::arm64_rust_sysroot()?;
     }
     Ok(())
 }
 
-/// `xtask vm-prepare` running in the background as SCHED_IDLE, so it takes
-/// only CPU time the host suites leave idle and cannot slow what they
-/// measure; its output goes to target/vm/logs/prepare.log.
-pub struct Preparation {
+/// `xtask vm-download` in the background, logging to
+/// target/vm/logs/download.log. Waited for before the kernel suites start:
+/// network interrupts and softirqs on a CPU are time the eBPF slices of
+/// whatever runs there include and the kernel's runtime does not (README
+/// "Kernel support"), so nothing may run beside the suites. Nor does the
+/// arm64 cross build run beside them for that reason; it runs in `run`.
+pub struct Downloads {
     /// None once waited for.
     child: Option<std::process::Child>,
     log: PathBuf,
     started: Instant,
 }
 
-impl Preparation {
+impl Downloads {
     pub fn start(opts: &Opts) -> Result<Self> {
         use std::os::unix::process::CommandExt;
         let logs = workspace_root().join("target/vm/logs");
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-        let log = logs.join("prepare.log");
+        let log = logs.join("download.log");
         let out =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let mut cmd = std::process::Command::new(std::env::current_exe()?);
-        cmd.arg("vm-prepare");
+        cmd.arg("vm-download");
         for k in &opts.kernels {
             cmd.args(["--kernel", k]);
         }
         for a in &opts.arches {
             cmd.args(["--arch", a.name()]);
         }
-        // Its own process group, so Drop can end cargo and rustc with it.
+        // Its own process group, so Drop can end apt with it.
         cmd.stdin(std::process::Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
             .process_group(0);
-        // SAFETY: sched_setscheduler(2) on the child itself, between fork
-        // and exec; no allocation. rustc and the linkers inherit the policy.
-        unsafe {
-            cmd.pre_exec(|| {
-                let param = libc::sched_param { sched_priority: 0 };
-                if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().context("starting xtask vm-prepare")?;
+        let child = cmd.spawn().context("starting xtask vm-download")?;
         eprintln!(
-            "xtask test: preparing the kernel matrix in the background (SCHED_IDLE, log {})",
+            "xtask test: downloading the kernel matrix's packages in the background (log {})",
             log.display()
         );
         Ok(Self {
@@ -365,32 +357,28 @@ impl Preparation {
         })
     }
 
-    pub fn pid(&self) -> i32 {
-        self.child.as_ref().map_or(0, |c| c.id() as i32)
-    }
-
-    /// Waits for it. A failure is reported, not returned: `run` redoes
-    /// what is missing in the foreground, where its error then shows.
+    /// Waits for them. A failure is reported, not returned: `run` redoes
+    /// what is missing, where its error then shows.
     pub fn finish(mut self) {
         let Some(mut child) = self.child.take() else {
             return;
         };
         match child.wait() {
             Ok(s) if s.success() => eprintln!(
-                "xtask test: kernel matrix prepared in the background ({:.0} s after it started)",
+                "xtask test: kernel matrix packages downloaded in the background ({:.0} s)",
                 self.started.elapsed().as_secs_f64()
             ),
             other => eprintln!(
-                "xtask test: the background preparation failed ({other:?}; log {}); \
-                 vm-test redoes it now",
+                "xtask test: the background download failed ({other:?}; log {}); vm-test \
+                 retries it",
                 self.log.display()
             ),
         }
     }
 }
 
-/// A run that failed before the matrix does not leave it building.
-impl Drop for Preparation {
+/// A run that failed first does not leave apt downloading.
+impl Drop for Downloads {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             // SAFETY: kill(2) on the process group this child leads.
