@@ -12,6 +12,8 @@ mod bench_overhead;
 mod bench_producer;
 mod bench_scan;
 mod dist;
+#[cfg(test)]
+mod house_rules;
 mod leftovers;
 mod setup;
 mod suites;
