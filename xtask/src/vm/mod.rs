@@ -157,7 +157,8 @@ pub struct Opts {
     #[arg(long)]
     full: bool,
     /// Seconds a guest may run before it is killed and its unfinished
-    /// checks fail (default: 900, or 3600 with --full).
+    /// checks fail (default: 300, four times the slowest cell seen, or
+    /// 3600 with --full).
     #[arg(long)]
     timeout: Option<u64>,
     /// Only the tests whose names contain this (the daemon's own checks
@@ -198,7 +199,7 @@ struct CellRun {
 pub fn run(opts: Opts) -> Result<()> {
     let started = Instant::now();
     let cells = select_cells(&opts)?;
-    let timeout = Duration::from_secs(opts.timeout.unwrap_or(if opts.full { 3600 } else { 900 }));
+    let timeout = Duration::from_secs(opts.timeout.unwrap_or(if opts.full { 3600 } else { 300 }));
     let root = workspace_root();
     let vm_dir = root.join("target/vm");
     let logs = vm_dir.join("logs");
@@ -498,22 +499,26 @@ fn run_guest(
     )?;
     let mut run = guest::boot(arch, &kernel, &initrd, &work, log, timeout)?;
     let mut label = format!("{} ({})", kernel.release, kernel.package);
-    // TCG hiccup, never seen on the host or with a check failing the same
-    // way twice: a test thread stuck in the kernel (soft lockup) until the
-    // guest panics (softlockup_panic). Every one so far was in
-    // text_poke_bp's on_each_cpu() wait for the other vCPU, while a
-    // tracepoint's static call was being rewritten at attach or detach
-    // (x86_64 guests, 2 of ~15 boots on a loaded host). Up to two more
-    // boots tell such a hiccup from a defect, which fails every time; the
-    // table says it happened and each console is kept.
+    // TCG hiccups, never seen on the host or with a check failing the same
+    // way twice: a test thread stuck in the kernel until the guest panics
+    // (softlockup_panic), or a guest that stops making progress until the
+    // timeout. Every one seen was an x86_64 guest under multi-threaded TCG
+    // at a tracepoint's attach or detach (see guest.rs, which now runs x86
+    // guests in single-threaded TCG). Up to two more boots tell such a
+    // hiccup from a defect, which fails every time; the table says it
+    // happened and each console is kept.
     let mut boot = 1;
-    while !run.finished && run.console.contains("soft lockup") && boot < LOCKUP_BOOTS {
-        let kept = log.with_extension(format!("soft-lockup-{boot}.log"));
+    let hiccup = |run: &guest::GuestRun| {
+        !run.finished && (run.timed_out || run.console.contains("soft lockup"))
+    };
+    while hiccup(&run) && boot < HICCUP_BOOTS {
+        let kept = log.with_extension(format!("hiccup-{boot}.log"));
         std::fs::copy(log, &kept).with_context(|| format!("keeping {}", log.display()))?;
         eprintln!(
-            "vm-test: [{} {}] SOFT LOCKUP before the checks finished (console kept in {}); booting again",
+            "vm-test: [{} {}] {} before the checks finished (console kept in {}); booting again",
             arch.name(),
             kernel.release,
+            if run.timed_out { "HUNG" } else { "SOFT LOCKUP" },
             kept.display()
         );
         run = guest::boot(arch, &kernel, &initrd, &work, log, timeout)?;
@@ -521,7 +526,7 @@ fn run_guest(
     }
     if boot > 1 {
         label.push_str(&format!(
-            " [boot {boot}: the {} before hit a soft lockup]",
+            " [boot {boot}: the {} before hung or hit a soft lockup]",
             if boot == 2 { "one" } else { "ones" }
         ));
     }
@@ -541,8 +546,9 @@ fn run_guest(
     Ok((label, results))
 }
 
-/// Boots of one cell while each ends in a soft lockup (see `run_guest`).
-const LOCKUP_BOOTS: u32 = 3;
+/// Boots of one cell while each hangs or ends in a soft lockup (see
+/// `run_guest`).
+const HICCUP_BOOTS: u32 = 3;
 
 /// Prints the table; returns the numbers of failed and of not-run cells
 /// (kernel × arch × check).
