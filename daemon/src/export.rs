@@ -344,9 +344,9 @@ pub fn write_history<W: Write>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ClockPair;
     use crate::procfs::testutil::{Cols, FakeProc, Task};
     use crate::procfs::{SampleOptions, Sampler};
-    use crate::clock::ClockPair;
     use crate::tracker::Tracker;
     use prost::Message;
     use std::collections::HashMap;
