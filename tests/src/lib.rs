@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod kernel_clock;
 pub mod perfetto_service;
 pub mod pid;
+pub mod proc_stat;
 pub mod trace_processor;
 pub mod traced;
 
@@ -260,22 +261,6 @@ pub fn clk_tck() -> u64 {
     let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     assert!(v > 0);
     v as u64
-}
-
-/// Ticks of irq, softirq and steal time of `cpu` since boot (/proc/stat
-/// `cpuN`, the sixth to eighth values): time on that CPU that is in no
-/// task's runtime.
-pub fn cpu_excluded_ticks(cpu: usize) -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap();
-    let line = stat
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(&format!("cpu{cpu}")))
-        .unwrap_or_else(|| panic!("no cpu{cpu} line in /proc/stat"));
-    line.split_whitespace()
-        .skip(6)
-        .take(3)
-        .map(|v| v.parse::<u64>().unwrap_or(0))
-        .sum()
 }
 
 /// Asserts |a - b| <= pct% of b.

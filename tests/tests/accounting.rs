@@ -219,7 +219,7 @@ fn spinners_check(load: impl FnOnce() -> Accounting) {
     let (ka0, kb0) = (kernel_stat(a.pid()), kernel_stat(b.pid()));
     let (sa0, sb0) = (schedstat(a.pid()), schedstat(b.pid()));
     let (a0, b0) = (task(&mut acc, a.pid()), task(&mut acc, b.pid()));
-    let excluded0 = cpu_excluded_ticks(0);
+    let stat0 = proc_stat::ProcStat::read();
     a.go();
     b.go();
     a.expect("done");
@@ -231,12 +231,7 @@ fn spinners_check(load: impl FnOnce() -> Accounting) {
     // over. The upper bound allows all of it, since /proc does not say how
     // the two spinners shared it, plus a tick of rounding where any is
     // accounted.
-    let excluded_ticks = cpu_excluded_ticks(0) - excluded0;
-    let excluded_ns = if cpu_excluded_ticks(0) > 0 {
-        (excluded_ticks + 1) as f64 * 1e9 / clk_tck() as f64
-    } else {
-        0.0
-    };
+    let excluded_ns = stat0.excluded_ns_since(Some(0));
     for (name, w, k0, s0, t0) in [("a", &a, ka0, sa0, a0), ("b", &b, kb0, sb0, b0)] {
         let k1 = kernel_stat(w.pid());
         let s1 = schedstat(w.pid());
@@ -245,7 +240,7 @@ fn spinners_check(load: impl FnOnce() -> Accounting) {
         let oncpu_ns = (t1.oncpu_ns - t0.oncpu_ns) as f64;
         let runtime_ns = (s1.0 - s0.0) as f64;
         eprintln!(
-            "spinner {name}: eBPF {oncpu_ns} ns, sum_exec_runtime {runtime_ns} ns, CPU 0 irq+softirq+steal {excluded_ticks} ticks"
+            "spinner {name}: eBPF {oncpu_ns} ns, sum_exec_runtime {runtime_ns} ns, CPU 0 irq+softirq+steal at most {excluded_ns} ns"
         );
         assert!(
             oncpu_ns >= 0.95 * runtime_ns && oncpu_ns <= 1.05 * runtime_ns + excluded_ns,

@@ -48,28 +48,6 @@ fn process_cpu_ns(pid: u32) -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Ticks of irq, softirq and steal time of all CPUs since boot
-/// (/proc/stat `cpu`, the sixth to eighth values).
-fn excluded_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap();
-    stat.lines()
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .skip(6)
-        .take(3)
-        .map(|v| v.parse::<u64>().unwrap())
-        .sum()
-}
-
-/// The CPUs /proc/stat lists (the online ones).
-fn ncpus() -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap();
-    stat.lines()
-        .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
-        .count() as u64
-}
-
 #[test]
 fn a_daemon_capture_runs_the_daemons_one_set_of_programs() {
     let _stats = StatsEnabled::enable();
@@ -109,12 +87,12 @@ fn a_daemon_capture_runs_the_daemons_one_set_of_programs() {
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    let excluded1 = excluded_ticks();
+    let stat1 = proc_stat::ProcStat::read();
     let (t1, run1) = (boottime_ns(), process_cpu_ns(spinner));
     std::thread::sleep(Duration::from_secs(1));
     let run2 = process_cpu_ns(spinner);
     let t2 = boottime_ns();
-    let excluded = excluded_ticks() - excluded1;
+    let excluded_ns = stat1.excluded_ns_since(None);
     let after = programs_of(d.pid());
     let ran = ran_between(&before, &after);
     let named = |prefix: &str| -> Vec<&ProgRuns> {
@@ -172,8 +150,6 @@ fn a_daemon_capture_runs_the_daemons_one_set_of_programs() {
     // steal time meanwhile (/proc/stat, in ticks: one of rounding per
     // CPU). The window's edges are read microseconds apart on the two
     // sides.
-    let tick_ns = 1e9 / clk_tck() as f64;
-    let excluded_ns = (excluded + ncpus()) as f64 * tick_ns;
     assert!(
         trace_ns >= kernel_ns * 0.99 - 1e6 && trace_ns <= kernel_ns + excluded_ns + 1e6,
         "spinner on CPU: {trace_ns} ns in the trace, {kernel_ns} ns by its CPU clock \

@@ -26,6 +26,7 @@ use std::{
 use serde_json::Value;
 use vitals_tests::{
     daemon::Daemon,
+    proc_stat::ProcStat,
     trace_processor::{trace_processor, Row, TraceProcessor, IMPORT_ERRORS_SQL},
     *,
 };
@@ -55,7 +56,7 @@ fn record_imports_with_counters_equal_to_the_table_and_named_processes() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("record.pftrace");
-    let (stat_before, psi_before) = (proc_stat_ticks(), psi_some_total_us("cpu"));
+    let (stat_before, psi_before) = (ProcStat::read().per_cpu, psi_some_total_us("cpu"));
     let rec = Recording::start(
         &record_args(&trace, &["--duration", "3s"]),
         "eBPF accounting attached",
@@ -65,7 +66,7 @@ fn record_imports_with_counters_equal_to_the_table_and_named_processes() {
     w.expect("done");
     let pid = w.pid();
     let table = rec.wait();
-    let (stat_after, psi_after) = (proc_stat_ticks(), psi_some_total_us("cpu"));
+    let (stat_after, psi_after) = (ProcStat::read().per_cpu, psi_some_total_us("cpu"));
     w.finish();
 
     let t = Imported::new(&tp, &trace);
@@ -174,7 +175,7 @@ fn service_capture_and_its_export_import_like_a_recording() {
     d.wait_status("history", Duration::from_secs(20), |st| {
         st["samples"].as_u64().unwrap_or(0) >= 8
     });
-    let (stat_before, psi_before) = (proc_stat_ticks(), psi_some_total_us("cpu"));
+    let (stat_before, psi_before) = (ProcStat::read().per_cpu, psi_some_total_us("cpu"));
     let v = d.call(&Request::Capture {
         duration_s: 5.0,
         sched: true,
@@ -211,7 +212,7 @@ fn service_capture_and_its_export_import_like_a_recording() {
     d.wait_status("the capture to be stored", Duration::from_secs(30), |st| {
         st["capture"].is_null() && st["store"]["newest"] == id.as_str()
     });
-    let (stat_after, psi_after) = (proc_stat_ticks(), psi_some_total_us("cpu"));
+    let (stat_after, psi_after) = (ProcStat::read().per_cpu, psi_some_total_us("cpu"));
     let dir = tempfile::tempdir().unwrap();
     let exported = dir.path().join("exported.pftrace");
     let out = d.vitalsctl(&["export", &id, exported.to_str().unwrap()]);

@@ -43,8 +43,8 @@ struct SpinnerRead {
     oncpu_ns: u64,
     inflight_ns: u64,
     wait_ns: u64,
-    /// Ticks of irq, softirq and steal time on CPU 1 since the start.
-    excluded_ticks: u64,
+    /// The most irq, softirq and steal time CPU 1 had since the start.
+    excluded_ns: f64,
     diag: String,
 }
 
@@ -57,7 +57,7 @@ pub fn check(mut acc: Accounting) {
     cpu0.set(0).unwrap();
     nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu0)
         .expect("pinning the reader to CPU 0");
-    let excluded_at_start = cpu_excluded_ticks(1);
+    let stat_at_start = proc_stat::ProcStat::read();
     // The kernel's figures are on CPU 1's sched clock, vitalsd's on
     // CLOCK_MONOTONIC: both bounds convert vitalsd's with the rate of one
     // to the other over the spinner's whole life (1.0 on hardware; see
@@ -83,7 +83,7 @@ pub fn check(mut acc: Accounting) {
     // below the figure read before, by the slice it missed.
     let reads: Vec<SpinnerRead> = (0..5)
         .map(|_| {
-            let r = read_spinner(&mut acc, w.pid(), excluded_at_start);
+            let r = read_spinner(&mut acc, w.pid(), &stat_at_start);
             std::thread::sleep(Duration::from_millis(100));
             r
         })
@@ -107,7 +107,11 @@ pub fn check(mut acc: Accounting) {
 }
 
 /// One read of the maps between two of the kernel's figures.
-fn read_spinner(acc: &mut Accounting, pid: u32, excluded_at_start: u64) -> SpinnerRead {
+fn read_spinner(
+    acc: &mut Accounting,
+    pid: u32,
+    stat_at_start: &proc_stat::ProcStat,
+) -> SpinnerRead {
     let before_ns = schedstat(pid).0 as f64;
     let snap = acc.read().expect("reading maps");
     let after_ns = schedstat_updated_after(pid) as f64;
@@ -133,7 +137,7 @@ fn read_spinner(acc: &mut Accounting, pid: u32, excluded_at_start: u64) -> Spinn
         oncpu_ns: done.oncpu_ns + inflight_ns,
         inflight_ns,
         wait_ns,
-        excluded_ticks: cpu_excluded_ticks(1).saturating_sub(excluded_at_start),
+        excluded_ns: stat_at_start.excluded_ns_since(Some(1)),
         diag,
     }
 }
@@ -179,12 +183,7 @@ fn assert_read_within_kernel_figures(r: &SpinnerRead, rate: &kernel_clock::RateB
     // one tick of rounding on a machine that accounts any. Where none
     // is accounted (bare metal without IRQ time accounting) the bound
     // is the kernel's figure.
-    let tick_ns = 1e9 / clk_tck() as f64;
-    let excluded_ns = if cpu_excluded_ticks(1) > 0 {
-        (r.excluded_ticks + 1) as f64 * tick_ns
-    } else {
-        0.0
-    };
+    let excluded_ns = r.excluded_ns;
     assert!(
         least_ns <= after_ns + 1e6 + excluded_ns,
         "eBPF {least_ns} ns (in sched clock ns) exceeds the kernel's {after_ns} ns updated \

@@ -5,27 +5,6 @@
 
 use super::*;
 
-/// /proc/stat per-CPU times in USER_HZ ticks, by CPU number, parsed here so
-/// the reference is independent of vitalsd's parser.
-pub fn proc_stat_ticks() -> BTreeMap<u32, HashMap<&'static str, u64>> {
-    const FIELDS: [&str; 8] = [
-        "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal",
-    ];
-    let s = std::fs::read_to_string("/proc/stat").unwrap();
-    s.lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let cpu: u32 = f.next()?.strip_prefix("cpu")?.parse().ok()?;
-            let v: HashMap<&str, u64> = FIELDS
-                .iter()
-                .zip(f)
-                .map(|(n, v)| (*n, v.parse().unwrap()))
-                .collect();
-            Some((cpu, v))
-        })
-        .collect()
-}
-
 /// `total=` of the `some` line of /proc/pressure/<resource> (µs), if the
 /// kernel has PSI.
 pub fn psi_some_total_us(resource: &str) -> Option<u64> {
