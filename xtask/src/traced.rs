@@ -2,26 +2,14 @@
 //! own process group and killed on drop, even when a bench fails.
 
 use std::{
-    os::unix::process::CommandExt,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
 
-use crate::suites::Tool;
-
-/// A child in its own process group, killed with the group on drop.
-pub struct Group(pub Child);
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        // SAFETY: signalling the process group we created (pgid = pid).
-        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
-        let _ = self.0.wait();
-    }
-}
+use crate::{suites::Tool, util::Group};
 
 pub struct Traced {
     tools: PathBuf,
@@ -39,13 +27,8 @@ impl Traced {
         })?;
         let spawn = |tool: &str| -> Result<Group> {
             let mut c = Command::new(tools.join(tool));
-            c.envs(env(dir))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .process_group(0);
-            Ok(Group(
-                c.spawn().with_context(|| format!("starting {tool}"))?,
-            ))
+            c.envs(env(dir)).stdout(Stdio::null()).stderr(Stdio::null());
+            Group::spawn(&mut c).with_context(|| format!("starting {tool}"))
         };
         let traced = spawn("traced")?;
         let mut t = Self {
@@ -104,9 +87,8 @@ impl Traced {
             .arg("-o")
             .arg(out)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0);
-        Ok(Group(c.spawn().context("starting perfetto")?))
+            .stderr(Stdio::null());
+        Group::spawn(&mut c).context("starting perfetto")
     }
 }
 

@@ -1,6 +1,7 @@
 use std::{
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Child, Command},
 };
 
 use std::collections::HashMap;
@@ -80,4 +81,28 @@ pub fn set_bpf_stats(on: bool) -> Result<()> {
         if on { "1" } else { "0" },
     )
     .context("writing kernel.bpf_stats_enabled")
+}
+
+/// A child in its own process group, killed with the group on drop, so a
+/// run that fails leaves nothing of it running.
+pub struct Group(pub Child);
+
+impl Group {
+    /// Spawns `cmd` as the leader of a new process group.
+    pub fn spawn(cmd: &mut Command) -> std::io::Result<Self> {
+        Ok(Self(cmd.process_group(0).spawn()?))
+    }
+
+    /// Sends `sig` to the whole group.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: a signal to the process group this child leads.
+        unsafe { libc::kill(-(self.0.id() as i32), sig) };
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.0.wait();
+    }
 }

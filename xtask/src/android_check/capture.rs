@@ -8,7 +8,7 @@ use std::{
     io::{BufRead, BufReader},
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
 };
@@ -16,31 +16,7 @@ use std::{
 use anyhow::{ensure, Context, Result};
 
 use super::loader::{proc_stat, within, Workload};
-use crate::suites::Tool;
-
-/// A vitalsd child in its own process group, killed with it on drop, so a
-/// failed check leaves nothing running.
-struct Group(Child);
-
-impl Group {
-    fn spawn(cmd: &mut Command) -> Result<Self> {
-        Ok(Self(
-            cmd.process_group(0).spawn().context("spawning vitalsd")?,
-        ))
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: a signal to the process group this child leads.
-        unsafe { libc::kill(-(self.0.id() as i32), sig) };
-    }
-}
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        self.signal(libc::SIGKILL);
-        let _ = self.0.wait();
-    }
-}
+use crate::{suites::Tool, util::Group};
 
 /// The spinner's sched slices in `trace` per trace_processor: (count,
 /// summed duration in ns).
@@ -123,7 +99,8 @@ fn record_sched(
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped()),
-    )?;
+    )
+    .context("spawning vitalsd record")?;
     let (tx, rx) = mpsc::channel();
     let err = rec.0.stderr.take().context("stderr")?;
     let log_thread = std::thread::spawn(move || {
@@ -234,7 +211,8 @@ fn daemon_capture(bins: &Path, pins: &Path, dir: &Path, tp: &Path) -> Result<Str
             .arg(&cfg)
             .env("RUST_LOG", "info")
             .stderr(std::fs::File::create(&log)?),
-    )?;
+    )
+    .context("spawning vitalsd run")?;
     let spin = Workload::spawn(&bins.join("vitals-workload"), &["spin", "4000"])?;
     spin.expect("ready", Duration::from_secs(20))?;
     let (cpu0, _) = proc_stat(spin.pid())?;

@@ -319,15 +319,13 @@ pub fn download(opts: &Opts) -> Result<()> {
 /// "Kernel support"), so nothing may run beside the suites. Nor does the
 /// arm64 cross build run beside them for that reason; it runs in `run`.
 pub struct Downloads {
-    /// None once waited for.
-    child: Option<std::process::Child>,
+    group: crate::util::Group,
     log: PathBuf,
     started: Instant,
 }
 
 impl Downloads {
     pub fn start(opts: &Opts) -> Result<Self> {
-        use std::os::unix::process::CommandExt;
         let logs = workspace_root().join("target/vm/logs");
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
         let log = logs.join("download.log");
@@ -341,18 +339,17 @@ impl Downloads {
         for a in &opts.arches {
             cmd.args(["--arch", a.name()]);
         }
-        // Its own process group, so Drop can end apt with it.
         cmd.stdin(std::process::Stdio::null())
             .stdout(out.try_clone()?)
-            .stderr(out)
-            .process_group(0);
-        let child = cmd.spawn().context("starting xtask vm-download")?;
+            .stderr(out);
+        // Its own process group: a run that fails first ends apt with it.
+        let group = crate::util::Group::spawn(&mut cmd).context("starting xtask vm-download")?;
         eprintln!(
             "xtask test: downloading the kernel matrix's packages in the background (log {})",
             log.display()
         );
         Ok(Self {
-            child: Some(child),
+            group,
             log,
             started: Instant::now(),
         })
@@ -361,10 +358,7 @@ impl Downloads {
     /// Waits for them. A failure is reported, not returned: `run` redoes
     /// what is missing, where its error then shows.
     pub fn finish(mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        match child.wait() {
+        match self.group.0.wait() {
             Ok(s) if s.success() => eprintln!(
                 "xtask test: kernel matrix packages downloaded in the background ({:.0} s)",
                 self.started.elapsed().as_secs_f64()
@@ -374,17 +368,6 @@ impl Downloads {
                  retries it",
                 self.log.display()
             ),
-        }
-    }
-}
-
-/// A run that failed first does not leave apt downloading.
-impl Drop for Downloads {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // SAFETY: kill(2) on the process group this child leads.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.wait();
         }
     }
 }
