@@ -74,7 +74,8 @@ fn functions(text: &str) -> Vec<(usize, usize, String)> {
         let Some(at) = words.iter().position(|w| *w == "fn") else {
             continue;
         };
-        // Only items: `fn` first or after qualifiers (pub, const, async...).
+        // Only items: `fn` first or after qualifiers (pub, const, async...;
+        // `extern "C"` is plain `extern` once code_of has emptied strings).
         let qualifiers = [
             "pub",
             "pub(crate)",
@@ -84,10 +85,7 @@ fn functions(text: &str) -> Vec<(usize, usize, String)> {
             "unsafe",
             "extern",
         ];
-        if !words[..at]
-            .iter()
-            .all(|w| qualifiers.contains(w) || w.starts_with("\""))
-        {
+        if !words[..at].iter().all(|w| qualifiers.contains(w)) {
             continue;
         }
         let Some(name) = words.get(at + 1) else {
@@ -177,11 +175,16 @@ mod tests {
     fn the_measure_counts_braces_of_code_only() {
         let text = "pub fn a() {\n    let s = \"}}}\";\n    let c = '{';\n    // }\n    if x {\n    }\n}\n\
                     fn b<'a>(x: &'a str) -> &'a str {\n    x\n}\n\
-                    trait T {\n    fn c(&self);\n}\n";
+                    trait T {\n    fn c(&self);\n}\n\
+                    pub unsafe extern \"C\" fn d() {\n}\n";
         let f = functions(text);
         assert_eq!(
             f,
-            vec![(1, 7, "a".to_owned()), (8, 3, "b".to_owned())],
+            vec![
+                (1, 7, "a".to_owned()),
+                (8, 3, "b".to_owned()),
+                (14, 2, "d".to_owned())
+            ],
             "{f:?}"
         );
     }
