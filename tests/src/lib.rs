@@ -117,18 +117,17 @@ impl Workload {
         got.trim().to_owned()
     }
 
+    /// The numbers of the next line, which must be `<word> <n>...`.
+    pub fn read_numbers(&mut self, word: &str) -> Vec<i64> {
+        numbers_after(&self.read_line(), word)
+    }
+
     /// `pingpong n`: two threads passing a byte over pipes n times; returns
     /// the workload (waiting for `go`) and its two tids.
     pub fn spawn_ping_pong(n: u64) -> (Self, Vec<i64>) {
         let mut w = Self::spawn(&["pingpong", &n.to_string()]);
-        let line = w.read_line();
-        let tids: Vec<i64> = line
-            .strip_prefix("tids ")
-            .unwrap_or_else(|| panic!("workload said {line:?}"))
-            .split_whitespace()
-            .map(|t| t.parse().unwrap())
-            .collect();
-        assert_eq!(tids.len(), 2, "workload said {line:?}");
+        let tids = w.read_numbers("tids");
+        assert_eq!(tids.len(), 2, "workload said tids {tids:?}");
         (w, tids)
     }
 
@@ -261,6 +260,15 @@ pub fn clk_tck() -> u64 {
     let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     assert!(v > 0);
     v as u64
+}
+
+/// The numbers of a workload line `<word> <n>...`; panics naming the line
+/// otherwise.
+pub fn numbers_after(line: &str, word: &str) -> Vec<i64> {
+    line.strip_prefix(word)
+        .and_then(|rest| rest.strip_prefix(' '))
+        .and_then(|rest| rest.split_whitespace().map(|v| v.parse().ok()).collect())
+        .unwrap_or_else(|| panic!("workload said {line:?}, not {word} and numbers"))
 }
 
 /// Asserts |a - b| <= pct% of b.

@@ -370,12 +370,7 @@ fn a_pid_reused_within_one_recording_is_two_processes_each_with_its_own_tracks_a
     let mut w = Workload::spawn(&["reuse-pid", "500", "250"]);
     w.expect("ready");
     w.go();
-    let a = w.read_line();
-    let pid: u32 = a
-        .strip_prefix("a ")
-        .unwrap_or_else(|| panic!("workload said {a:?}"))
-        .parse()
-        .unwrap();
+    let pid = w.read_numbers("a")[0] as u32;
     // A's end reaches the recording in samples of its own before B starts.
     std::thread::sleep(Duration::from_millis(1000));
     w.go();
@@ -460,12 +455,7 @@ fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
         if line == "done" {
             break;
         }
-        let pid: u32 = line
-            .strip_prefix("child ")
-            .unwrap_or_else(|| panic!("workload said {line:?}"))
-            .parse()
-            .unwrap();
-        pids.push(pid);
+        pids.push(numbers_after(&line, "child")[0] as u32);
     }
     assert_eq!(pids.len(), CHILDREN);
     // The last children's frees reach a sample before the recording ends.

@@ -17,13 +17,8 @@ pub fn finish_ping_pong(w: &mut Workload, tids: Vec<i64>) -> PingPong {
     w.expect("done");
     let mut switches = HashMap::new();
     for _ in 0..2 {
-        let line = w.read_line();
-        let f: Vec<i64> = line
-            .strip_prefix("csw ")
-            .unwrap_or_else(|| panic!("workload said {line:?}"))
-            .split_whitespace()
-            .map(|v| v.parse().unwrap())
-            .collect();
+        let f = w.read_numbers("csw");
+        assert_eq!(f.len(), 3, "csw {f:?}");
         switches.insert(f[0], (f[1], f[2]));
     }
     PingPong {
