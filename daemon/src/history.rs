@@ -61,7 +61,14 @@ pub fn summarize(
             }
         }
     };
-    mark_top(k, &|p| p.core_equivalent_pct.unwrap_or(0.0));
+    // With ns accounting (either tier) a process that ran at all counts,
+    // not only one charged a clock tick (ProcessCpuTracker's working set).
+    let ns_pct = |p: &TaskWindow| {
+        bpf.get(&(p.pid as u32))
+            .filter(|_| mono_s > 0.0)
+            .map_or(0.0, |d| d.oncpu_ns as f64 / (mono_s * 1e9) * 100.0)
+    };
+    mark_top(k, &|p| p.core_equivalent_pct.unwrap_or(0.0).max(ns_pct(p)));
     mark_top(k.div_ceil(4), &majflt_per_s);
     mark_top(k.div_ceil(4), &|p| rss_kb(p).unwrap_or(0) as f64);
     for (i, p) in live.iter().enumerate() {

@@ -3,6 +3,7 @@
 //! One module per kernel source or concern; `tracker` is the one place where
 //! raw counters become per-window deltas.
 
+pub mod accounting;
 pub mod android;
 #[cfg(test)]
 mod android_tests;
@@ -21,6 +22,7 @@ pub mod procfs;
 #[cfg(feature = "producer")]
 pub mod producer;
 pub mod record;
+pub mod sched_procfs;
 pub mod service;
 pub mod snapshot;
 pub mod store;

@@ -6,7 +6,8 @@
 use std::{collections::HashMap, io::Write, sync::Arc};
 
 use crate::{
-    bpf::{totals::ProcessCounters, FaultSource},
+    accounting::{CounterOrigin, ProcessCounters},
+    bpf::FaultSource,
     perfetto::{
         CounterSpec, CounterUnit, CounterValue, PerfettoError, ProcessKey, ProcessTreeEntry,
         TraceWriter, TrackUuid,
@@ -60,14 +61,21 @@ fn spec(name: &str, unit: CounterUnit, description: &str) -> CounterSpec {
     }
 }
 
-/// The per-process counters; runqueue wait only when it is measured, so
-/// an absent track never reads as zero wait. `since` says where the
-/// cumulative values start ("recording start", "vitalsd start").
-pub fn process_counters(
-    fault_source: FaultSource,
-    runq_wait: bool,
-    since: &str,
-) -> Vec<ProcessCounter> {
+/// The per-process counters, named by where they come from; runqueue wait
+/// only when it is measured, so an absent track never reads as zero wait.
+/// `since` says where the cumulative values start ("recording start",
+/// "vitalsd start").
+pub fn process_counters(origin: CounterOrigin, since: &str) -> Vec<ProcessCounter> {
+    match origin {
+        CounterOrigin::Ebpf {
+            fault_source,
+            runq_wait,
+        } => ebpf_counters(fault_source, runq_wait, since),
+        CounterOrigin::Schedstat => schedstat_counters(since),
+    }
+}
+
+fn ebpf_counters(fault_source: FaultSource, runq_wait: bool, since: &str) -> Vec<ProcessCounter> {
     let mut v = vec![ProcessCounter {
         kind: CounterKind::OnCpu,
         spec: spec(
@@ -88,24 +96,7 @@ pub fn process_counters(
             value: |r| r.runq_wait_ns,
         });
     }
-    v.push(ProcessCounter {
-        kind: CounterKind::Switches,
-        spec: spec(
-            "voluntary_switches",
-            CounterUnit::Count,
-            "switch-outs while blocked",
-        ),
-        value: |r| r.voluntary_switches,
-    });
-    v.push(ProcessCounter {
-        kind: CounterKind::Switches,
-        spec: spec(
-            "involuntary_switches",
-            CounterUnit::Count,
-            "switch-outs while runnable (preempted)",
-        ),
-        value: |r| r.involuntary_switches,
-    });
+    v.extend(switch_counters("", "(eBPF sched_switch)"));
     let faults: fn(&ProcessCounters) -> u64 = match fault_source {
         FaultSource::Tracepoint => |r| r.faults.entries,
         FaultSource::PerfEvent => |r| r.faults.minflt + r.faults.majflt,
@@ -121,6 +112,70 @@ pub fn process_counters(
         value: faults,
     });
     v
+}
+
+/// The procfs scheduler source's tracks: `schedstat.*` from the kernel's
+/// per-thread schedstat, `status.*` from its status switch counts.
+fn schedstat_counters(since: &str) -> Vec<ProcessCounter> {
+    let mut v = vec![
+        ProcessCounter {
+            kind: CounterKind::OnCpu,
+            spec: spec(
+                "schedstat.oncpu_ns",
+                CounterUnit::TimeNs,
+                &format!(
+                    "on-CPU time since {since}: the kernel's sum_exec_runtime \
+                     (task/<tid>/schedstat), exited threads from stat ticks"
+                ),
+            ),
+            value: |r| r.oncpu_ns,
+        },
+        ProcessCounter {
+            kind: CounterKind::RunqWait,
+            spec: spec(
+                "schedstat.runq_wait_ns",
+                CounterUnit::TimeNs,
+                &format!(
+                    "runqueue wait since {since}: the kernel's run_delay (task/<tid>/schedstat)"
+                ),
+            ),
+            value: |r| r.runq_wait_ns,
+        },
+    ];
+    v.extend(switch_counters("status.", "(task/<tid>/status)"));
+    v.push(ProcessCounter {
+        kind: CounterKind::Faults,
+        spec: spec(
+            "stat.faults",
+            CounterUnit::Count,
+            "successful page faults, minflt + majflt of /proc/<pid>/stat",
+        ),
+        value: |r| r.faults.minflt + r.faults.majflt,
+    });
+    v
+}
+
+fn switch_counters(prefix: &str, source: &str) -> [ProcessCounter; 2] {
+    [
+        ProcessCounter {
+            kind: CounterKind::Switches,
+            spec: spec(
+                &format!("{prefix}voluntary_switches"),
+                CounterUnit::Count,
+                &format!("switch-outs while blocked {source}"),
+            ),
+            value: |r| r.voluntary_switches,
+        },
+        ProcessCounter {
+            kind: CounterKind::Switches,
+            spec: spec(
+                &format!("{prefix}involuntary_switches"),
+                CounterUnit::Count,
+                &format!("switch-outs while runnable (preempted) {source}"),
+            ),
+            value: |r| r.involuntary_switches,
+        },
+    ]
 }
 
 /// A process's counter tracks, parallel to the counters.

@@ -65,6 +65,11 @@ impl fmt::Display for ProcOnly {
 pub const PROC_ONLY_MISSING: &str = "on-CPU ns, runqueue wait, voluntary/involuntary switches and \
      eBPF fault counts per process, the eBPF drop counters, and captures";
 
+/// What the CTS tier (schedstat, no eBPF) still lacks.
+pub const CTS_MISSING: &str = "eBPF fault counts (entries, retries included) and the eBPF drop \
+     counters; a thread's runqueue wait and switches after its last scan when it exits between \
+     scans";
+
 /// Loads the accounting programs as `cfg.choice` says: Ok(Err(why)) is
 /// the /proc-only mode, Err a load error that is not a denial (or any
 /// error under `Bpf`).

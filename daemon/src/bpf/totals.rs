@@ -23,26 +23,7 @@ use vitals_common::{FaultCounters, TaskCounters};
 
 use super::{BpfSnapshot, FaultSource};
 
-/// Cumulative counters of one process since accounting started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProcessCounters {
-    pub tgid: u32,
-    pub oncpu_ns: u64,
-    pub runq_wait_ns: u64,
-    pub voluntary_switches: u64,
-    pub involuntary_switches: u64,
-    pub faults: FaultCounters,
-    pub live_threads: u32,
-    pub exited_threads: u32,
-    /// The thread-group leader was freed: this is the process's final row.
-    /// A new process reusing the tgid can have a row of its own after it,
-    /// in the same update.
-    pub ended: bool,
-    /// Ended rows: the leader's comm as sched_process_free recorded it
-    /// (None when the record had none, or was lost), which names a process
-    /// no procfs scan saw alive.
-    pub exit_comm: Option<[u8; 16]>,
-}
+pub use crate::accounting::ProcessCounters;
 
 #[derive(Debug, Default)]
 struct ProcessAccum {

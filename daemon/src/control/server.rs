@@ -91,6 +91,13 @@ pub struct DaemonState {
     pub fault_source: String,
     /// "ebpf", or "proc-only (bpf denied: …)" / "proc-only (asked for …)".
     pub accounting: String,
+    /// The tier the always-on accounting runs in ("ebpf", "cts", "ticks";
+    /// `accounting::Tier`) and what it gives.
+    pub tier: &'static str,
+    pub tier_gives: &'static str,
+    /// The procfs scheduler source's counters (the CTS tier); empty in
+    /// the others.
+    pub sched_procfs: BTreeMap<String, u64>,
     pub capabilities: String,
     pub local_busy_pct: Option<f64>,
     pub loadavg: Option<[f32; 3]>,

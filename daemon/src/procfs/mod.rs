@@ -11,6 +11,7 @@ pub mod pid_stat;
 pub mod pid_status;
 pub mod pressure;
 pub mod sampler;
+pub mod schedstat;
 pub mod stat;
 
 #[cfg(test)]
@@ -26,7 +27,7 @@ use thiserror::Error;
 pub use cmdline::parse_cmdline;
 pub use loadavg::{parse_loadavg, LoadAvg, LoadAvgError};
 pub use pid_stat::{parse_pid_stat, Comm, PidStat};
-pub use pid_status::{parse_pid_status, PidStatus};
+pub use pid_status::{parse_ctxt_switches, parse_pid_status, CtxtSwitches, PidStatus};
 pub use pressure::{parse_pressure, Pressure, PressureError, PsiRecord, PsiResource, PsiState};
 pub use sampler::{
     scan_once, scan_repeat, ProcessSample, Sample, SampleOptions, Sampler, SamplerError,

@@ -52,6 +52,52 @@ pub fn parse_pid_status(text: &[u8]) -> Result<PidStatus, ParseError> {
     Ok(out)
 }
 
+/// A thread's switch-out counts from its status file
+/// (`task_context_switch_counts`: the task's own `nvcsw`/`nivcsw`, not its
+/// thread group's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CtxtSwitches {
+    /// Switched out while blocked (a voluntary sleep).
+    pub voluntary: u64,
+    /// Switched out while still runnable (preempted).
+    pub involuntary: u64,
+}
+
+/// Parses `voluntary_ctxt_switches` and `nonvoluntary_ctxt_switches`, the
+/// last two lines of a status file: searched from the end, so the ~50
+/// lines before them are not split.
+pub fn parse_ctxt_switches(text: &[u8]) -> Result<CtxtSwitches, ParseError> {
+    let (mut voluntary, mut involuntary) = (None, None);
+    for line in text.rsplit(|&b| b == b'\n') {
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let (key, rest) = (&line[..colon], &line[colon + 1..]);
+        match key {
+            b"voluntary_ctxt_switches" => {
+                voluntary = Some(parse_u64(
+                    "voluntary_ctxt_switches",
+                    fields(rest).next().unwrap_or(b""),
+                )?)
+            }
+            b"nonvoluntary_ctxt_switches" => {
+                involuntary = Some(parse_u64(
+                    "nonvoluntary_ctxt_switches",
+                    fields(rest).next().unwrap_or(b""),
+                )?)
+            }
+            _ => {}
+        }
+        if voluntary.is_some() && involuntary.is_some() {
+            break;
+        }
+    }
+    Ok(CtxtSwitches {
+        voluntary: voluntary.ok_or(ParseError::MissingField("voluntary_ctxt_switches"))?,
+        involuntary: involuntary.ok_or(ParseError::MissingField("nonvoluntary_ctxt_switches"))?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,5 +132,26 @@ Threads:\t1\n";
             Err(ParseError::MissingField("Uid"))
         );
         assert!(parse_pid_status(b"Uid:\t0\nVmRSS:\t  12").is_err());
+    }
+
+    #[test]
+    fn ctxt_switches_from_the_end() {
+        let text =
+            format!("{SAMPLE}voluntary_ctxt_switches:\t150\nnonvoluntary_ctxt_switches:\t4\n");
+        assert_eq!(
+            parse_ctxt_switches(text.as_bytes()),
+            Ok(CtxtSwitches {
+                voluntary: 150,
+                involuntary: 4
+            })
+        );
+        assert_eq!(
+            parse_ctxt_switches(b"Name:\tx\nvoluntary_ctxt_switches:\t1\n"),
+            Err(ParseError::MissingField("nonvoluntary_ctxt_switches"))
+        );
+        assert!(parse_ctxt_switches(
+            b"voluntary_ctxt_switches:\tx\nnonvoluntary_ctxt_switches:\t1\n"
+        )
+        .is_err());
     }
 }

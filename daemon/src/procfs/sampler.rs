@@ -468,7 +468,7 @@ impl Sampler {
 /// Lists the all-digit entries of a directory (pids or tids) into `out`,
 /// with raw getdents64 into a reused buffer: no allocation per entry and no
 /// fstat (which glibc's opendir does).
-fn list_numeric(dir: &Path, buf: &mut [u8], out: &mut Vec<u32>) -> io::Result<()> {
+pub(crate) fn list_numeric(dir: &Path, buf: &mut [u8], out: &mut Vec<u32>) -> io::Result<()> {
     out.clear();
     let file = std::fs::OpenOptions::new()
         .read(true)

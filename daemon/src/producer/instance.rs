@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::{
-    bpf::FaultSource,
+    accounting::CounterOrigin,
     export,
     perfetto::{PerfettoError, ProcessKey, TraceWriter},
     process_tracks::{process_counters, tree_entries, ProcessCounterTracks, ProcessIdentity},
@@ -25,8 +25,7 @@ pub(super) struct Instance {
     pub started: bool,
     /// The history prelude is still to be written.
     pub prelude_pending: bool,
-    fault_source: FaultSource,
-    runq_wait: bool,
+    origin: CounterOrigin,
     /// This incremental-state generation's writer and tracks: a clear
     /// starts both anew, so descriptors are written again.
     writer: TraceWriter<Vec<u8>>,
@@ -40,15 +39,14 @@ pub(super) struct Instance {
 }
 
 impl Instance {
-    pub(super) fn new(config: InstanceConfig, fault_source: FaultSource, runq_wait: bool) -> Self {
+    pub(super) fn new(config: InstanceConfig, origin: CounterOrigin) -> Self {
         let prelude_pending = !config.prelude.is_zero();
-        let tracks = Self::tracks(&config, fault_source, runq_wait);
+        let tracks = Self::tracks(&config, origin);
         Self {
             config,
             started: false,
             prelude_pending,
-            fault_source,
-            runq_wait,
+            origin,
             writer: TraceWriter::for_service(Vec::new()),
             tracks,
             named: HashSet::new(),
@@ -58,13 +56,9 @@ impl Instance {
         }
     }
 
-    fn tracks(
-        cfg: &InstanceConfig,
-        fault_source: FaultSource,
-        runq_wait: bool,
-    ) -> ProcessCounterTracks {
+    fn tracks(cfg: &InstanceConfig, origin: CounterOrigin) -> ProcessCounterTracks {
         ProcessCounterTracks::new(
-            process_counters(fault_source, runq_wait, "vitalsd started")
+            process_counters(origin, "vitalsd started")
                 .into_iter()
                 .filter(|c| cfg.counters.contains(&c.kind))
                 .collect(),
@@ -75,7 +69,7 @@ impl Instance {
     /// new writer): everything the sequence relied on is written again.
     pub(super) fn reset_generation(&mut self) {
         self.writer = TraceWriter::for_service(Vec::new());
-        self.tracks = Self::tracks(&self.config, self.fault_source, self.runq_wait);
+        self.tracks = Self::tracks(&self.config, self.origin);
         self.named.clear();
         self.header_written = false;
     }
@@ -175,7 +169,7 @@ fn varint(bytes: &[u8]) -> Option<(usize, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{bpf::totals::ProcessCounters, producer::config::parse};
+    use crate::{bpf::totals::ProcessCounters, bpf::FaultSource, producer::config::parse};
     use prost::Message;
     use std::sync::Arc;
     use vitals_proto::protos::{trace_packet::Data, TracePacket};
@@ -199,7 +193,13 @@ mod tests {
     #[test]
     fn packets_follow_perfettos_sequence_rules() {
         let cfg = parse("counters=oncpu").unwrap();
-        let mut inst = Instance::new(cfg, FaultSource::None, false);
+        let mut inst = Instance::new(
+            cfg,
+            CounterOrigin::Ebpf {
+                fault_source: FaultSource::None,
+                runq_wait: false,
+            },
+        );
         let known = HashMap::from([(7, identity(7, "spin"))]);
         let row = ProcessCounters {
             tgid: 7,
@@ -264,7 +264,13 @@ mod tests {
     #[test]
     fn due_after_an_interval_with_slack() {
         let cfg = parse("interval_ms=1000").unwrap();
-        let mut inst = Instance::new(cfg, FaultSource::None, false);
+        let mut inst = Instance::new(
+            cfg,
+            CounterOrigin::Ebpf {
+                fault_source: FaultSource::None,
+                runq_wait: false,
+            },
+        );
         assert!(inst.due(5, 0));
         inst.last_write_ns = Some(1_000_000_000);
         assert!(!inst.due(1_900_000_000, 0));

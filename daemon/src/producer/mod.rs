@@ -41,7 +41,7 @@ use std::{
 use thiserror::Error;
 
 use crate::{
-    bpf::{totals::ProcessCounters, FaultSource},
+    accounting::{CounterOrigin, ProcessCounters},
     history::VitalsSample,
     process_tracks::ProcessIdentity,
 };
@@ -67,7 +67,8 @@ pub enum ProducerError {
 pub struct TickData {
     /// CLOCK_BOOTTIME, traced's default trace clock.
     pub ts_boot_ns: u64,
-    /// Every process's cumulative eBPF counters (since vitalsd started).
+    /// Every process's cumulative counters (since vitalsd started), from
+    /// the eBPF programs or the procfs scheduler source.
     pub rows: Vec<ProcessCounters>,
     /// This tick's procfs scan (empty if it failed): names the processes.
     pub processes: Vec<ProcessIdentity>,
@@ -79,8 +80,8 @@ pub struct TickData {
 #[derive(Debug, Clone)]
 pub struct ProducerOptions {
     pub data_source: String,
-    pub fault_source: FaultSource,
-    pub runq_wait: bool,
+    /// Which tier's counters the rows carry (names the tracks).
+    pub origin: CounterOrigin,
     /// The daemon's sampling interval: the finest interval a session gets.
     pub sampling_interval: Duration,
 }

@@ -105,7 +105,7 @@ impl Worker {
                             c.interval, self.opts.sampling_interval
                         );
                     }
-                    Instance::new(c, self.opts.fault_source, self.opts.runq_wait)
+                    Instance::new(c, self.opts.origin)
                 });
             }
             Event::Start { inst } => {

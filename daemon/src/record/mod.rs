@@ -19,6 +19,7 @@ pub use self::summary::{RecordSummary, SummaryRow};
 use self::tier::Tier;
 
 use crate::{
+    accounting::{self, CounterOrigin},
     bpf::{
         denied::{self, ProcOnly},
         totals::{ProcessCounters, Totals},
@@ -31,6 +32,7 @@ use crate::{
     privileges::{self, PrivilegeError},
     process_tracks::{process_counters, tree_entries, ProcessCounterTracks, ProcessIdentity},
     procfs::sampler::{ProcessSample, Sample, SampleOptions, Sampler, SamplerError},
+    sched_procfs::SchedProcfs,
     system::{self, SystemError},
     tracker::Tracker,
 };
@@ -203,6 +205,14 @@ struct Recording {
     writer: FileTraceWriter,
     runq_wait: bool,
     fault_source: FaultSource,
+    /// Where the per-task counters come from (None: clock ticks only).
+    origin: Option<CounterOrigin>,
+    /// No eBPF: the procfs scheduler source (the CTS tier).
+    sched: Option<SchedProcfs>,
+    /// The CTS tier's counters of the processes alive at the start
+    /// (schedstat counts from a process's start, eBPF from the attach):
+    /// subtracted for the summary, which is about the recording.
+    baseline: HashMap<u32, ProcessCounters>,
     capabilities_after_attach: Option<String>,
     /// No accounting: /proc-only (`proc_only` says why).
     tier: Tier,
@@ -226,12 +236,23 @@ impl Recording {
             capabilities_after_attach,
         } = attached;
         let (fault_source, runq_wait) = tier.fault_source_and_runq_wait();
-        // /proc-only: no eBPF tracks at all, so nothing reads as a zero.
-        let counters = if tier.has_bpf() {
-            process_counters(fault_source, runq_wait, "recording start")
-        } else {
-            Vec::new()
+        let hz = system::clock_ticks_per_second()?;
+        // No eBPF: the kernel's own per-thread accounting (the CTS tier).
+        let mut sched = match tier.has_bpf() {
+            true => None,
+            false => crate::sched_procfs::open_or_log(&opts.proc_root, hz),
         };
+        let origin = match (tier.has_bpf(), &sched) {
+            (true, _) => Some(CounterOrigin::Ebpf {
+                fault_source,
+                runq_wait,
+            }),
+            (false, Some(_)) => Some(CounterOrigin::Schedstat),
+            (false, None) => None,
+        };
+        let runq_wait = origin.is_some_and(CounterOrigin::runq_wait);
+        // Neither tier: no per-task tracks at all, so nothing reads as a zero.
+        let counters = origin.map_or_else(Vec::new, |o| process_counters(o, "recording start"));
         let tracks = ProcessCounterTracks::new(counters);
 
         let mut writer = TraceWriter::new(BufWriter::new(file));
@@ -249,7 +270,6 @@ impl Recording {
         // procfs alongside: system CPU, load, pressure, per-process CPU,
         // memory and faults as the kernel accounts them; its scan also
         // names processes.
-        let hz = system::clock_ticks_per_second()?;
         let mut sampler = Sampler::new(
             &opts.proc_root,
             SampleOptions {
@@ -262,6 +282,13 @@ impl Recording {
         let mut sample = Sample::default();
         sampler.sample_into(&mut sample)?;
         tracker.update(&sample);
+        let baseline = sched.as_mut().map_or_else(HashMap::new, |s| {
+            s.update(&sample)
+                .into_iter()
+                .filter(|r| !r.ended)
+                .map(|r| (r.tgid, r))
+                .collect()
+        });
 
         // Every process alive now, with its real argv.
         let known: HashMap<u32, Option<ProcessIdentity>> = sample
@@ -275,7 +302,7 @@ impl Recording {
         writer.write_instant(
             start.boottime_ns,
             "vitalsd",
-            &accounting_note(proc_only.as_ref(), fault_source),
+            &accounting_note(proc_only.as_ref(), fault_source, origin),
         )?;
         prelude(&mut writer)?;
         writer.flush()?;
@@ -286,6 +313,9 @@ impl Recording {
             capabilities_after_attach,
             fault_source,
             runq_wait,
+            origin,
+            sched,
+            baseline,
             writer,
             start,
             hz,
@@ -348,6 +378,10 @@ impl Recording {
             .map(|snap| self.totals.update(snap))
             .unwrap_or_default();
         self.sampler.sample_into(&mut self.sample)?;
+        let rows = match self.sched.as_mut() {
+            Some(sched) => sched.update(&self.sample),
+            None => rows,
+        };
         export::write_sample(&mut self.writer, clocks.boottime_ns, &self.sample, self.hz)?;
         if let Some(window) = self.tracker.update(&self.sample) {
             export::write_window(&mut self.writer, clocks.boottime_ns, &window)?;
@@ -446,19 +480,42 @@ impl Recording {
             let name = id.as_ref().map_or("", |i| i.name());
             self.tracks
                 .write(&mut self.writer, key, name, r, ts_boot_ns)?;
+            let during = self.during_recording(r);
             if r.ended {
                 // Its last counters are written: the instance is over, and
                 // the pid's next user is a new process.
                 self.tracks.forget(r.tgid);
                 self.final_rows.remove(&r.tgid);
+                self.baseline.remove(&r.tgid);
                 let id = self.known.remove(&r.tgid).flatten();
                 *self.ended_per_pid.entry(r.tgid).or_default() += 1;
-                self.ended.push((id, *r));
+                self.ended.push((id, during));
             } else {
-                self.final_rows.insert(r.tgid, *r);
+                self.final_rows.insert(r.tgid, during);
             }
         }
         Ok(())
+    }
+
+    /// `r` less what its process had before the recording (CTS tier).
+    fn during_recording(&self, r: &ProcessCounters) -> ProcessCounters {
+        let Some(b) = self.baseline.get(&r.tgid) else {
+            return *r;
+        };
+        ProcessCounters {
+            oncpu_ns: r.oncpu_ns.saturating_sub(b.oncpu_ns),
+            runq_wait_ns: r.runq_wait_ns.saturating_sub(b.runq_wait_ns),
+            voluntary_switches: r.voluntary_switches.saturating_sub(b.voluntary_switches),
+            involuntary_switches: r
+                .involuntary_switches
+                .saturating_sub(b.involuntary_switches),
+            faults: vitals_common::FaultCounters {
+                entries: r.faults.entries.saturating_sub(b.faults.entries),
+                minflt: r.faults.minflt.saturating_sub(b.faults.minflt),
+                majflt: r.faults.majflt.saturating_sub(b.faults.majflt),
+            },
+            ..*r
+        }
     }
 
     /// Stops the capture (draining and writing what is left), then the
@@ -488,6 +545,8 @@ impl Recording {
         self.writer.flush()?;
         Ok(RecordSummary {
             accounting: accounting_mode(self.proc_only.as_ref()),
+            tier: crate::sched_procfs::tier_of(self.origin),
+            sched_procfs: self.sched.as_ref().map(|s| s.stats),
             trace_path: opts.out.clone(),
             fault_source: self.fault_source,
             wall_monotonic_ns: wall,
@@ -522,7 +581,10 @@ impl Recording {
                 voluntary_switches: r.voluntary_switches,
                 involuntary_switches: r.involuntary_switches,
                 runq_wait_ns: self.runq_wait.then_some(r.runq_wait_ns),
-                faults: r.faults(self.fault_source),
+                faults: match self.origin {
+                    Some(CounterOrigin::Schedstat) => r.faults.minflt + r.faults.majflt,
+                    _ => r.faults(self.fault_source),
+                },
                 ended: r.ended,
             })
             .collect();
@@ -542,12 +604,27 @@ pub fn accounting_mode(proc_only: Option<&ProcOnly>) -> String {
 
 /// The trace's note of the accounting mode and, /proc-only, of what the
 /// trace lacks.
-fn accounting_note(proc_only: Option<&ProcOnly>, fault_source: FaultSource) -> String {
+fn accounting_note(
+    proc_only: Option<&ProcOnly>,
+    fault_source: FaultSource,
+    origin: Option<CounterOrigin>,
+) -> String {
+    let tier = crate::sched_procfs::tier_of(origin);
     match proc_only {
-        None => format!("accounting: ebpf; faults from {}", fault_source.name()),
+        None => format!(
+            "accounting: ebpf; tier {}: {}; faults from {}",
+            tier.name(),
+            tier.gives(),
+            fault_source.name()
+        ),
         Some(why) => format!(
-            "accounting: {why}; unavailable: {}; from /proc only: system CPU, load, pressure, per-process CPU time and minflt/majflt",
-            denied::PROC_ONLY_MISSING
+            "accounting: {why}; tier {}: {}; unavailable: {}",
+            tier.name(),
+            tier.gives(),
+            match tier {
+                accounting::Tier::Ticks => denied::PROC_ONLY_MISSING,
+                _ => denied::CTS_MISSING,
+            }
         ),
     }
 }

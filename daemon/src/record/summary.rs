@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::{bpf::FaultSource, capture::CaptureStats};
+use crate::{accounting::Tier, bpf::FaultSource, capture::CaptureStats};
 
 /// One process's figures over the recording.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +24,10 @@ pub struct SummaryRow {
 pub struct RecordSummary {
     /// "ebpf" or "proc-only (…)" (`accounting_mode`).
     pub accounting: String,
+    /// The tier the per-task figures come from.
+    pub tier: crate::accounting::Tier,
+    /// The procfs scheduler source's counters (CTS tier).
+    pub sched_procfs: Option<crate::sched_procfs::SchedProcfsStats>,
     pub trace_path: PathBuf,
     pub fault_source: FaultSource,
     pub wall_monotonic_ns: u64,
@@ -49,19 +53,31 @@ impl RecordSummary {
             "vitalsd record: {:.2} s, {} samples, faults from {}",
             wall_s,
             self.samples,
-            self.fault_source.describe()
+            match self.tier {
+                Tier::Ebpf => self.fault_source.describe(),
+                _ => crate::sched_procfs::PROC_FAULT_SOURCE,
+            }
         );
         let _ = writeln!(s, "accounting: {}", self.accounting);
-        if self.accounting == "ebpf" {
+        let _ = writeln!(s, "tier: {} ({})", self.tier.name(), self.tier.gives());
+        if self.tier != Tier::Ticks {
             self.render_table(&mut s, limit);
         } else {
-            // No eBPF table rather than one of zeros; the trace has the
-            // /proc counters.
+            // No per-task table rather than one of zeros; the trace has
+            // the /proc counters.
             let _ = writeln!(
                 s,
-                "no per-process eBPF table: {} unavailable",
+                "no per-process table: {} unavailable",
                 crate::bpf::denied::PROC_ONLY_MISSING
             );
+        }
+        if let Some(st) = &self.sched_procfs {
+            let c: Vec<String> = st
+                .counters()
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            let _ = writeln!(s, "schedstat source: {}", c.join(" "));
         }
         if let Some(c) = &self.capabilities_after_attach {
             let _ = writeln!(s, "capabilities after attach: {c}");
@@ -113,7 +129,9 @@ impl RecordSummary {
             );
         }
         let _ = writeln!(s, "(* = exited during the recording; CORE_EQ% = on-CPU time / wall time, may exceed 100%)");
-        let drops: Vec<String> = self.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
-        let _ = writeln!(s, "map drops: {}", drops.join(" "));
+        if self.tier == Tier::Ebpf {
+            let drops: Vec<String> = self.drops.iter().map(|(n, v)| format!("{n}={v}")).collect();
+            let _ = writeln!(s, "map drops: {}", drops.join(" "));
+        }
     }
 }

@@ -39,6 +39,7 @@ use heap::{heap_runner, RunningHeap};
 use tick::ReadErrors;
 
 use crate::{
+    accounting::CounterOrigin,
     bpf::{
         denied::{self, ProcOnly},
         totals::{ProcessCounters, Totals},
@@ -213,6 +214,9 @@ struct Service {
     /// /proc-only (BPF denied, or asked for; `proc_only` says why), and
     /// captures fail (`CaptureNeedsBpf`); see `DaemonState::accounting`.
     accounting: Option<AccountingReader>,
+    /// No eBPF: the procfs scheduler source (None also when the kernel
+    /// has no schedstat; then only clock ticks).
+    sched: Option<crate::sched_procfs::SchedProcfs>,
     proc_only: Option<ProcOnly>,
     /// The flock on `<store>/.lock`, held for the daemon's life.
     _store_lock: std::fs::File,
@@ -293,13 +297,27 @@ impl Service {
                 (None, Some(why))
             }
         };
+        let hz = system::clock_ticks_per_second()?;
+        // No eBPF: the kernel's own per-thread accounting (the CTS tier).
+        let sched = match &accounting {
+            Some(_) => None,
+            None => crate::sched_procfs::open_or_log(&cfg.sampling.proc_root, hz),
+        };
+        let origin = match (&accounting, &sched) {
+            (Some(acc), _) => Some(acc.with(|a| CounterOrigin::Ebpf {
+                fault_source: a.fault_source(),
+                runq_wait: a.runq_wait(),
+            })),
+            (None, Some(_)) => Some(CounterOrigin::Schedstat),
+            (None, None) => None,
+        };
+        let tier = crate::sched_procfs::tier_of(origin);
         let fault_source = match &accounting {
             Some(acc) => acc.with(|a| a.fault_source().describe().to_owned()),
-            None => "none from eBPF (proc-only: minflt/majflt from /proc/<pid>/stat)".to_owned(),
+            None => crate::sched_procfs::PROC_FAULT_SOURCE.to_owned(),
         };
         let accounting_mode = crate::record::accounting_mode(proc_only.as_ref());
-        let (producer, producer_off) =
-            producer::start(&cfg, accounting.as_ref(), proc_only.as_ref());
+        let (producer, producer_off) = producer::start(&cfg, origin, proc_only.as_ref());
         let mut store = Store::open(&cfg.store.dir, limits(&cfg))?;
         configure_store(&mut store, &cfg);
         let store = Arc::new(Mutex::new(store));
@@ -307,7 +325,8 @@ impl Service {
         let kept = privileges::drop_to(DAEMON_CAPS)?;
         let capabilities = privileges::describe(&kept);
         log::info!(
-            "vitalsd running; accounting {accounting_mode}; capabilities {capabilities}; store {}",
+            "vitalsd running; accounting {accounting_mode}; tier {}; capabilities {capabilities}; store {}",
+            tier.name(),
             cfg.store.dir.display()
         );
 
@@ -319,6 +338,8 @@ impl Service {
                 interval_ms: cfg.sampling.interval.0.as_millis() as u64,
                 fault_source,
                 accounting: accounting_mode,
+                tier: tier.name(),
+                tier_gives: tier.gives(),
                 capabilities,
                 config_path: config_path.display().to_string(),
                 config_toml: cfg.to_toml(),
@@ -332,7 +353,6 @@ impl Service {
         });
         server::spawn(listener, Arc::clone(&shared)).map_err(ServiceError::Thread)?;
 
-        let hz = system::clock_ticks_per_second()?;
         // Written in the order `run` once created these as locals.
         Ok(Self {
             producer,
@@ -366,6 +386,7 @@ impl Service {
             commands,
             store,
             accounting,
+            sched,
             proc_only,
             _store_lock: store_lock,
             signals,

@@ -3,7 +3,7 @@
 //! Without the `producer` feature these do nothing.
 
 use super::Service;
-use crate::bpf::totals::ProcessCounters;
+use crate::accounting::ProcessCounters;
 
 /// The producer, when built in.
 #[cfg(feature = "producer")]
@@ -14,32 +14,32 @@ pub(super) type MaybeProducer = Option<std::convert::Infallible>;
 
 /// Registers the data source if the config asks for it; the second value
 /// says why a configured producer is not running. A producer that cannot
-/// start costs the daemon nothing else: logged, and it runs on. /proc-only
-/// (`accounting` None) it does not start: everything the data source
-/// writes is eBPF counters, so it would register a source that never has
-/// data.
+/// start costs the daemon nothing else: logged, and it runs on. It runs in
+/// either tier (`origin`: the eBPF programs or the procfs scheduler
+/// source); with neither there are no per-task counters for its data
+/// source, and it does not start.
 #[cfg(feature = "producer")]
 pub(super) fn start(
     cfg: &crate::config::Config,
-    accounting: Option<&crate::bpf::AccountingReader>,
+    origin: Option<crate::accounting::CounterOrigin>,
     proc_only: Option<&crate::bpf::denied::ProcOnly>,
 ) -> (MaybeProducer, Option<String>) {
     if !cfg.producer.enabled {
         return (None, None);
     }
-    let Some(accounting) = accounting else {
+    let Some(origin) = origin else {
         let why = match proc_only {
-            Some(why) => format!("not started: accounting is {why}"),
-            None => "not started: no eBPF accounting".to_owned(),
+            Some(why) => {
+                format!("not started: accounting is {why} and the kernel has no schedstat")
+            }
+            None => "not started: no per-task accounting".to_owned(),
         };
-        log::warn!("perfetto producer {why}: its data source has only eBPF counters");
+        log::warn!("perfetto producer {why}: its data source has no per-task counters");
         return (None, Some(why));
     };
-    let (fault_source, runq_wait) = accounting.with(|acc| (acc.fault_source(), acc.runq_wait()));
     match crate::producer::Producer::start(crate::producer::ProducerOptions {
         data_source: cfg.producer.data_source.clone(),
-        fault_source,
-        runq_wait,
+        origin,
         sampling_interval: cfg.sampling.interval.0,
     }) {
         Ok(p) => (Some(p), None),
@@ -53,7 +53,7 @@ pub(super) fn start(
 #[cfg(not(feature = "producer"))]
 pub(super) fn start(
     _: &crate::config::Config,
-    _: Option<&crate::bpf::AccountingReader>,
+    _: Option<crate::accounting::CounterOrigin>,
     _: Option<&crate::bpf::denied::ProcOnly>,
 ) -> (MaybeProducer, Option<String>) {
     (None, None)

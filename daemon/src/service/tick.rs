@@ -62,8 +62,17 @@ impl Service {
     /// A failed read costs this sample, never the daemon: counted and
     /// logged (once per streak), and the next tick tries again.
     pub(super) fn sample(&mut self) -> Sampled {
-        let (bpf_window, rows, ts_boot_ns) = self.read_bpf();
-        let window = self.read_procfs();
+        let (mut bpf_window, mut rows, mut ts_boot_ns) = self.read_bpf();
+        let (scanned, window) = self.read_procfs();
+        // The CTS tier: per-task counters from this scan's schedstat.
+        if let (Some(sched), true) = (self.sched.as_mut(), scanned) {
+            rows = sched.update(&self.sample);
+            ts_boot_ns = self.sample.clock.map_or(ts_boot_ns, |c| c.boottime_ns);
+            bpf_window = bpf_deltas(&mut self.bpf_prev, &rows, &mut self.bpf_delta_drops)
+                .into_iter()
+                .map(|d| (d.tgid, d))
+                .collect();
+        }
         let mut top = Vec::new();
         if let Some(w) = &window {
             self.history.push(history::summarize(
@@ -74,7 +83,7 @@ impl Service {
             ));
             top = top_rows(w, &bpf_window);
         }
-        self.feed_producer(ts_boot_ns, rows, window.is_some());
+        self.feed_producer(ts_boot_ns, rows, scanned);
         Sampled { window, top }
     }
 
@@ -111,12 +120,13 @@ impl Service {
         (bpf_window, rows, ts_boot_ns)
     }
 
-    /// This window from procfs; None when the scan failed.
-    pub(super) fn read_procfs(&mut self) -> Option<Window> {
+    /// Whether the scan succeeded, and this window from procfs (None when
+    /// the scan failed or was the first).
+    pub(super) fn read_procfs(&mut self) -> (bool, Option<Window>) {
         match self.sampler.sample_into(&mut self.sample) {
             Ok(()) => {
                 self.read_errors.procfs_streak = 0;
-                self.tracker.update(&self.sample)
+                (true, self.tracker.update(&self.sample))
             }
             Err(e) => {
                 self.read_errors.procfs += 1;
@@ -124,7 +134,7 @@ impl Service {
                 if self.read_errors.procfs_streak == 1 {
                     log::error!("sampling procfs: {e}; skipping this sample");
                 }
-                None
+                (false, None)
             }
         }
     }
@@ -163,6 +173,9 @@ impl Service {
             ("bpf_map_reads".to_string(), self.read_errors.bpf),
             ("procfs_scans".to_string(), self.read_errors.procfs),
         ]);
+        if let Some(sched) = &self.sched {
+            st.sched_procfs = sched.stats.counters();
+        }
         // /proc-only: no eBPF drop counters, rather than zeros.
         if self.accounting.is_some() {
             st.bpf_drops = vitals_common::drop_reason::NAMES
@@ -198,12 +211,22 @@ impl Service {
 
 /// The 50 working processes using the most CPU this window.
 fn top_rows(w: &Window, bpf_window: &HashMap<u32, BpfDelta>) -> Vec<TopRow> {
-    let mut procs: Vec<&crate::tracker::TaskWindow> =
-        w.processes.iter().filter(|p| p.working).collect();
+    // Ns accounting (either tier): a process that ran at all is listed,
+    // not only one charged a clock tick (ProcessCpuTracker's working set,
+    // which leaves a quiet machine's top empty), ordered by its ns.
+    let oncpu_ns =
+        |p: &crate::tracker::TaskWindow| bpf_window.get(&(p.pid as u32)).map_or(0, |d| d.oncpu_ns);
+    let mut procs: Vec<&crate::tracker::TaskWindow> = w
+        .processes
+        .iter()
+        .filter(|p| p.working || oncpu_ns(p) > 0)
+        .collect();
     procs.sort_by(|a, b| {
-        b.core_equivalent_pct
-            .unwrap_or(0.0)
-            .total_cmp(&a.core_equivalent_pct.unwrap_or(0.0))
+        oncpu_ns(b).cmp(&oncpu_ns(a)).then(
+            b.core_equivalent_pct
+                .unwrap_or(0.0)
+                .total_cmp(&a.core_equivalent_pct.unwrap_or(0.0)),
+        )
     });
     procs
         .iter()
