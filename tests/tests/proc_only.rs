@@ -1,9 +1,10 @@
 //! `vitalsd run` and `record` with BPF denied: started as root but with
 //! CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN dropped from the bounding set
 //! (so an exec'd root process does not get them back, as in a container
-//! without them), they keep running /proc-only, say so once in the log,
-//! in status and in the trace, and the trace has the /proc counters and
-//! no eBPF ones. Root; `cargo xtask test` runs them one at a time.
+//! without them), they keep running without eBPF in the CTS tier (the
+//! kernel's schedstat/status per task), say so once in the log, in status
+//! and in the trace, and the trace has the /proc and schedstat counters
+//! and no eBPF ones. Root; `cargo xtask test` runs them one at a time.
 
 use std::{
     fs::File,
@@ -130,25 +131,27 @@ fn run_without_bpf_capabilities_is_proc_only() {
     w.expect("ready");
     let st = d.wait_status("samples with the spinner", Duration::from_secs(10), |st| {
         st["samples"].as_u64() >= Some(4)
-            && st["top"]
-                .as_array()
-                .is_some_and(|t| t.iter().any(|r| r["pid"] == w.pid()))
+            && st["top"].as_array().is_some_and(|t| {
+                t.iter()
+                    .any(|r| r["pid"] == w.pid() && r["ebpf"]["oncpu_ms"].as_f64() > Some(0.0))
+            })
     });
     let mode = st["accounting"].as_str().unwrap();
     assert!(
         mode.starts_with("proc-only (bpf denied: bpf(BPF_MAP_CREATE): EPERM"),
         "{mode}"
     );
+    assert_eq!(st["tier"], "cts", "{st}");
     // No eBPF drop counters at all, rather than zeros.
     assert_eq!(st["bpf_drops"], serde_json::json!({}), "{st}");
-    // No Perfetto producer (its data source is eBPF counters only); built
-    // with it (feature `producer`), status says why it did not start.
-    assert_eq!(st["producer"], serde_json::json!({}), "{st}");
+    assert!(
+        st["sched_procfs"]["schedstat_reads"].as_u64() > Some(0),
+        "{st}"
+    );
+    // The Perfetto producer runs in this tier too (its data source has
+    // the schedstat counters): it is never "not started".
     if let Some(e) = st["producer_error"].as_str() {
-        assert!(
-            e.starts_with("not started: accounting is proc-only (bpf denied: "),
-            "{e}"
-        );
+        assert!(!e.starts_with("not started"), "{e}");
     }
     let row = st["top"]
         .as_array()
@@ -158,14 +161,14 @@ fn run_without_bpf_capabilities_is_proc_only() {
         .unwrap()
         .clone();
     assert!(row["core_equivalent_pct"].as_f64().unwrap() > 0.0, "{row}");
-    assert!(
-        row["ebpf"].is_null(),
-        "eBPF figures in proc-only mode: {row}"
-    );
+    // The spinner never blocks: a window of it is nearly all on-CPU time,
+    // from its schedstat (the row's `ebpf` object carries either tier).
+    let oncpu_ms = row["ebpf"]["oncpu_ms"].as_f64().unwrap();
+    assert!(oncpu_ms > 0.0, "{row}");
     let text = d.vitalsctl(&["status"]);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
-        text.contains(&format!("accounting: {mode}")) && text.contains("\nperfetto producer {}"),
+        text.contains(&format!("accounting: {mode}")) && text.contains("tier: cts"),
         "vitalsctl status:\n{text}"
     );
     w.expect("done");
@@ -278,7 +281,23 @@ fn record_without_bpf_capabilities_writes_proc_counters_and_declares_the_mode() 
         note.starts_with("accounting: proc-only (bpf denied: "),
         "{note}"
     );
-    assert!(note.contains("unavailable: on-CPU ns"), "{note}");
+    assert!(note.contains("tier cts: per-task on-CPU ns"), "{note}");
+    assert!(note.contains("unavailable: eBPF fault counts"), "{note}");
+    assert!(
+        printed.contains("tier: cts") && printed.contains("schedstat source: "),
+        "{printed}"
+    );
+    // The workload's on-CPU time, from its schedstat, in the trace.
+    let oncpu = tp.query(
+        &trace,
+        &format!(
+            "select max(c.value) as v from counter c join process_counter_track t \
+             on c.track_id = t.id join process p using(upid) \
+             where p.pid = {} and t.name = 'schedstat.oncpu_ns'",
+            w.pid()
+        ),
+    );
+    assert!(oncpu[0]["v"].as_f64() > Some(0.0), "{oncpu:?}");
     let ebpf = tp.query(
         &trace,
         "select count(*) as n from counter_track where name in \

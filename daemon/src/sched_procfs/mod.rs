@@ -10,13 +10,12 @@
 //! [`ProcessCounters`] the eBPF tier produces, so every sink (trace tracks,
 //! top, rules, the Perfetto data source) takes either tier.
 //!
-//! Cost: a process whose `/proc/<pid>/stat` shows no CPU tick, no new or
-//! lost thread since its threads were last read is not re-read, except
-//! every [`REFRESH_SCANS`] scans (its counters are cumulative, so a
-//! deferred read loses nothing; a window may show its sub-tick CPU late).
-//! A thread's status is read only when it may have switched since the last
-//! read: its `pcount` moved, or it was on a CPU then (switch-ins ==
-//! switch-outs once it is off a CPU, one more while it runs).
+//! Cost: every thread's schedstat is read each scan (one small file); its
+//! status only when it may have switched since the last read: its
+//! `pcount` moved, or it was on a CPU then (switch-ins == switch-outs once
+//! it is off a CPU, one more while it runs). Skipping whole processes whose
+//! stat showed no new tick was tried and dropped: a thread that sleeps 300
+//! times in 600 ms uses under one tick, and its switches went unseen.
 //!
 //! Threads that die between two scans: the kernel folds a dead thread's
 //! runtime into the thread group (`signal->sum_sched_runtime`), which the
@@ -52,10 +51,6 @@ use crate::{
     },
 };
 
-/// The most scans a process's threads go unread while its stat does not
-/// move (the sampler refreshes a quiet process's status as often).
-pub const REFRESH_SCANS: u64 = crate::procfs::sampler::STATUS_REFRESH_SCANS;
-
 /// What the source did and could not see, cumulative since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SchedProcfsStats {
@@ -63,8 +58,6 @@ pub struct SchedProcfsStats {
     pub schedstat_reads: u64,
     /// `task/<tid>/status` files read for switch counts.
     pub status_reads: u64,
-    /// Scans of a process whose threads were not read: nothing moved.
-    pub skipped_processes: u64,
     /// On-CPU ns known only from a process's stat (clock ticks): threads
     /// that ended between scans.
     pub tick_precision_ns: u64,
@@ -84,7 +77,6 @@ impl SchedProcfsStats {
         [
             ("schedstat_reads", self.schedstat_reads),
             ("status_reads", self.status_reads),
-            ("skipped_processes", self.skipped_processes),
             ("tick_precision_ns", self.tick_precision_ns),
             ("exited_threads", self.exited_threads),
             ("tid_reuse", self.tid_reuse),
@@ -162,10 +154,6 @@ struct ThreadState {
 #[derive(Debug)]
 struct ProcessState {
     starttime_ticks: u64,
-    /// utime+stime ticks and thread count when the threads were last read.
-    fingerprint: (u64, u64),
-    /// The scan that last read the threads (0: never).
-    threads_read: u64,
     seen: u64,
     threads: HashMap<u32, ThreadState>,
     /// Final counters (as last read) of threads that are gone.
@@ -180,8 +168,6 @@ impl ProcessState {
     fn new(starttime_ticks: u64) -> Self {
         Self {
             starttime_ticks,
-            fingerprint: (0, 0),
-            threads_read: 0,
             seen: 0,
             threads: HashMap::new(),
             exited: ThreadCounters::default(),
@@ -274,27 +260,17 @@ impl SchedProcfs {
             };
             st.seen = generation;
             let cpu_ticks = p.stat.utime_ticks.saturating_add(p.stat.stime_ticks);
-            let fingerprint = (cpu_ticks, p.stat.num_threads);
-            let due = st.threads_read == 0
-                || fingerprint != st.fingerprint
-                || generation - st.threads_read >= REFRESH_SCANS;
             st.faults = FaultCounters {
                 entries: 0,
                 minflt: p.stat.minflt,
                 majflt: p.stat.majflt,
             };
-            if due {
-                let failures = self.stats.read_failures;
-                self.read_threads(pid, &mut st);
-                st.fingerprint = fingerprint;
-                st.threads_read = generation;
-                // Only threads read afresh (after the stat) bound what
-                // the dead ones did; a stale one would be counted twice.
-                if self.stats.read_failures == failures {
-                    self.reconcile(&mut st, cpu_ticks);
-                }
-            } else {
-                self.stats.skipped_processes += 1;
+            let failures = self.stats.read_failures;
+            self.read_threads(pid, &mut st);
+            // Only threads read afresh (after the stat) bound what the
+            // dead ones did; a stale one would be counted twice.
+            if self.stats.read_failures == failures {
+                self.reconcile(&mut st, cpu_ticks);
             }
             rows.push(st.row(pid, false));
             self.processes.insert(pid, st);

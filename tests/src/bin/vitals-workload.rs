@@ -242,6 +242,12 @@ fn main() {
         }
         // threads <n> <ms>: n threads that each run briefly and stay alive.
         Some("threads") => threads(arg(&args, 2), arg(&args, 3)),
+        // thread-churn <n> <ms>: after a line on stdin, runs n threads one
+        // after another, each spinning <ms> then exiting; prints "done",
+        // then "rusage <us>": utime+stime of the whole process (getrusage
+        // RUSAGE_SELF, the kernel's thread-group total with its dead
+        // threads) in microseconds.
+        Some("thread-churn") => thread_churn(arg(&args, 2), arg(&args, 3)),
         // pingpong <n>: two threads bounce a byte over two pipes n times,
         // each blocking in read() in between. Prints "tids <a> <b>"; after
         // "done", "csw <tid> <voluntary> <involuntary>" per thread: its
@@ -261,10 +267,27 @@ fn main() {
         Some("reuse-pid") => reuse_pid(&arg(&args, 2).to_string(), &arg(&args, 3).to_string()),
         Some("heap-churn") => heap_churn(&args[0]),
         _ => {
-            eprintln!("usage: vitals-workload spin|pinned-spin|spin-exit|touch|sleep|threads|pingpong|children|reuse-pid|heap-churn ...");
+            eprintln!("usage: vitals-workload spin|pinned-spin|spin-exit|touch|sleep|threads|thread-churn|pingpong|children|reuse-pid|heap-churn ...");
             std::process::exit(2);
         }
     }
+}
+
+fn thread_churn(n: u64, ms: u64) {
+    say("ready");
+    wait_line();
+    for _ in 0..n {
+        std::thread::spawn(move || spin_for(Duration::from_millis(ms)))
+            .join()
+            .unwrap();
+    }
+    say("done");
+    // Safety: getrusage fills the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) }, 0);
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    say(&format!("rusage {}", us(ru.ru_utime) + us(ru.ru_stime)));
+    wait_eof();
 }
 
 fn threads(n: u64, ms: u64) {

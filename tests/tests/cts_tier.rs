@@ -1,0 +1,238 @@
+//! The CTS tier's always-on accounting (`sched_procfs`, no eBPF) against
+//! the kernel's own figures: each workload's counters as the source folds
+//! them from /proc, against what the kernel reports for the same task
+//! (read with the `procfs` crate, not our parsers) or the process reports
+//! for itself (getrusage). Root only for the sysctl guard.
+
+use std::path::Path;
+
+use vitals_tests::*;
+use vitalsd::{
+    accounting::ProcessCounters,
+    procfs::sampler::{Sample, SampleOptions, Sampler},
+    sched_procfs::SchedProcfs,
+};
+
+/// The source over the real /proc, as the daemon runs it.
+struct Source {
+    sampler: Sampler,
+    sample: Sample,
+    sched: SchedProcfs,
+}
+
+impl Source {
+    fn open() -> Self {
+        let hz = clk_tck();
+        Self {
+            sampler: Sampler::new(
+                "/proc",
+                SampleOptions {
+                    threads: false,
+                    status: false,
+                    cmdline: false,
+                },
+            ),
+            sample: Sample::default(),
+            sched: SchedProcfs::open(Path::new("/proc"), hz).expect("this kernel has schedstat"),
+        }
+    }
+
+    /// One scan; `pid`'s live row.
+    fn row(&mut self, pid: u32) -> ProcessCounters {
+        self.sampler.sample_into(&mut self.sample).unwrap();
+        self.sched
+            .update(&self.sample)
+            .into_iter()
+            .find(|r| r.tgid == pid && !r.ended)
+            .unwrap_or_else(|| panic!("no row for {pid}"))
+    }
+}
+
+/// Waits until every thread of `pid` sleeps (a workload blocked reading
+/// its stdin), so baselines read a moment apart agree.
+fn wait_blocked(pid: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let p = procfs::process::Process::new(pid as i32).unwrap();
+    while p
+        .tasks()
+        .unwrap()
+        .flatten()
+        .any(|t| t.stat().map_or(false, |s| s.state != 'S'))
+    {
+        assert!(std::time::Instant::now() < deadline, "{pid} never blocked");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Every thread's switch-outs, as the kernel's status files count them.
+fn kernel_switches(pid: u32) -> (u64, u64) {
+    let p = procfs::process::Process::new(pid as i32).unwrap();
+    let mut sum = (0, 0);
+    for t in p.tasks().unwrap().flatten() {
+        let st = t.status().unwrap();
+        sum.0 += st.voluntary_ctxt_switches.unwrap_or(0);
+        sum.1 += st.nonvoluntary_ctxt_switches.unwrap_or(0);
+    }
+    sum
+}
+
+/// Every thread's (sum_exec_runtime, run_delay), from its schedstat.
+fn kernel_schedstat(pid: u32) -> (u64, u64) {
+    let p = procfs::process::Process::new(pid as i32).unwrap();
+    let mut sum = (0, 0);
+    for t in p.tasks().unwrap().flatten() {
+        let s = t.schedstat().unwrap();
+        sum.0 += s.sum_exec_runtime;
+        sum.1 += s.run_delay;
+    }
+    sum
+}
+
+#[test]
+fn spinner_oncpu_matches_schedstat() {
+    require_root();
+    let mut src = Source::open();
+    // Waits for `go`, so both baselines see it idle.
+    let mut w = Workload::spawn(&["pinned-spin", "1", "1000"]);
+    w.expect("ready");
+    let (k0, r0) = (kernel_schedstat(w.pid()), src.row(w.pid()));
+    w.go();
+    w.expect("done");
+    // Settled: the spinner now blocks on stdin, so its runtime is final.
+    let (k1, r1) = (kernel_schedstat(w.pid()), src.row(w.pid()));
+    let ours = (r1.oncpu_ns - r0.oncpu_ns) as f64;
+    let kernel = (k1.0 - k0.0) as f64;
+    eprintln!("spinner: source {ours} ns, schedstat {kernel} ns");
+    assert!(kernel > 0.5e9, "the spinner ran {kernel} ns");
+    assert_within_pct("spinner on-CPU vs schedstat", ours, kernel, 1.0);
+    w.finish();
+}
+
+#[test]
+fn pinned_spinners_wait_as_run_delay_says() {
+    require_root();
+    let _delayacct = DelayAcct::enable();
+    let mut src = Source::open();
+    let mut a = Workload::spawn(&["pinned-spin", "0", "1000"]);
+    let mut b = Workload::spawn(&["pinned-spin", "0", "1000"]);
+    a.expect("ready");
+    b.expect("ready");
+    wait_blocked(a.pid());
+    wait_blocked(b.pid());
+    let before: Vec<_> = [&a, &b]
+        .iter()
+        .map(|w| (kernel_schedstat(w.pid()), kernel_switches(w.pid())))
+        .collect();
+    let rows0: Vec<_> = [&a, &b].iter().map(|w| src.row(w.pid())).collect();
+    a.go();
+    b.go();
+    a.expect("done");
+    b.expect("done");
+    wait_blocked(a.pid());
+    wait_blocked(b.pid());
+    for (i, w) in [&a, &b].into_iter().enumerate() {
+        let (k0, s0) = before[i];
+        let (k1, s1) = (kernel_schedstat(w.pid()), kernel_switches(w.pid()));
+        let r1 = src.row(w.pid());
+        let wait = (r1.runq_wait_ns - rows0[i].runq_wait_ns) as f64;
+        let run_delay = (k1.1 - k0.1) as f64;
+        eprintln!("spinner {i}: runqueue wait {wait} ns, run_delay {run_delay} ns");
+        // Two spinners on one CPU: each waits about as long as the other runs.
+        assert!(run_delay > 0.3e9, "spinner {i} waited only {run_delay} ns");
+        assert_within_pct("runqueue wait vs run_delay", wait, run_delay, 5.0);
+        assert_eq!(
+            (
+                r1.voluntary_switches - rows0[i].voluntary_switches,
+                r1.involuntary_switches - rows0[i].involuntary_switches
+            ),
+            (s1.0 - s0.0, s1.1 - s0.1),
+            "spinner {i}: switches vs the kernel's status"
+        );
+        assert!(s1.1 > s0.1, "spinner {i} was never preempted");
+    }
+    a.finish();
+    b.finish();
+}
+
+/// A thread that sleeps 300 times: voluntary switches, as status counts
+/// them. (The ping-pong workload's threads exit when done, taking their
+/// status with them; the spinners above check involuntary ones.)
+#[test]
+fn sleeper_switches_equal_status() {
+    require_root();
+    let mut src = Source::open();
+    let mut w = Workload::spawn(&["pinned-sleep", "1", "300", "2"]);
+    w.expect("ready");
+    wait_blocked(w.pid());
+    let r0 = src.row(w.pid());
+    let k0 = kernel_switches(w.pid());
+    w.go();
+    // Mid-way scans, as the daemon's ticks would see it.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    src.row(w.pid());
+    w.expect("done");
+    wait_blocked(w.pid());
+    // Blocked on stdin now: its counts are final.
+    let k1 = kernel_switches(w.pid());
+    let r1 = src.row(w.pid());
+    let ours = (
+        r1.voluntary_switches - r0.voluntary_switches,
+        r1.involuntary_switches - r0.involuntary_switches,
+    );
+    let kernel = (k1.0 - k0.0, k1.1 - k0.1);
+    eprintln!("sleeper: source {ours:?}, status {kernel:?}");
+    assert!(ours.0 >= 300, "300 sleeps are 300 voluntary switches");
+    assert_eq!(ours, kernel);
+    w.finish();
+}
+
+/// 200 threads that live 20 ms each die between two scans: their time is
+/// only in the process's stat (the thread group's total). The process's
+/// on-CPU total stays complete, never above the kernel's own figure, and
+/// the part known at tick precision is counted.
+#[test]
+fn short_lived_threads_keep_their_time() {
+    require_root();
+    let mut src = Source::open();
+    let mut w = Workload::spawn(&["thread-churn", "200", "20"]);
+    w.expect("ready");
+    let r0 = src.row(w.pid());
+    let ticks0 = src.sched.stats.tick_precision_ns;
+    w.go();
+    // Scans while the threads come and go, as the daemon's ticks would.
+    let start = std::time::Instant::now();
+    let mut scans = 0;
+    while start.elapsed() < std::time::Duration::from_millis(2500) {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        src.row(w.pid());
+        scans += 1;
+    }
+    w.expect("done");
+    let rusage_ns = w.read_numbers("rusage")[0] as f64 * 1e3;
+    let r1 = src.row(w.pid());
+    let ours = r1.oncpu_ns as f64;
+    let tick_ns = 1e9 / clk_tck() as f64;
+    eprintln!(
+        "thread churn: source {ours} ns (from {} at start), getrusage {rusage_ns} ns, \
+         {} exited threads, {} ns at tick precision, {scans} scans",
+        r0.oncpu_ns,
+        r1.exited_threads,
+        src.sched.stats.tick_precision_ns - ticks0
+    );
+    assert!(rusage_ns > 3.0e9, "200 x 20 ms ran only {rusage_ns} ns");
+    // Never above the kernel's total (both count from the process's
+    // start); below it by at most stat's truncation of utime and stime.
+    assert!(
+        ours <= rusage_ns + 1e6,
+        "{ours} ns over getrusage's {rusage_ns}"
+    );
+    assert!(
+        ours >= rusage_ns - 2.0 * tick_ns,
+        "{ours} ns: lost more than two ticks of getrusage's {rusage_ns}"
+    );
+    assert!(
+        src.sched.stats.tick_precision_ns - ticks0 > 1_000_000_000,
+        "dead threads' time should come from stat"
+    );
+    w.finish();
+}
