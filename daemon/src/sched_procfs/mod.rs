@@ -10,12 +10,17 @@
 //! [`ProcessCounters`] the eBPF tier produces, so every sink (trace tracks,
 //! top, rules, the Perfetto data source) takes either tier.
 //!
-//! Cost: every thread's schedstat is read each scan (one small file); its
-//! status only when it may have switched since the last read: its
-//! `pcount` moved, or it was on a CPU then (switch-ins == switch-outs once
-//! it is off a CPU, one more while it runs). Skipping whole processes whose
-//! stat showed no new tick was tried and dropped: a thread that sleeps 300
-//! times in 600 ms uses under one tick, and its switches went unseen.
+//! Cost: a thread's status is read only when it may have switched since
+//! the last read: its `pcount` moved, or it was on a CPU then (switch-ins
+//! == switch-outs once it is off a CPU, one more while it runs). A process
+//! is read every scan while anything of it moves; one whose threads showed
+//! no movement at all is re-read after 2, 4, then at most
+//! [`MAX_BACKOFF_SCANS`] scans, unless its stat shows a new tick or thread
+//! count first. Counters are cumulative, so a deferred read loses nothing:
+//! a quiet process's sub-tick work shows up to that many scans late.
+//! (Skipping on stat's ticks alone was tried and dropped: a thread that
+//! sleeps 300 times in 600 ms uses under one tick, and its switches went
+//! unseen until the next refresh.)
 //!
 //! Threads that die between two scans: the kernel folds a dead thread's
 //! runtime into the thread group (`signal->sum_sched_runtime`), which the
@@ -51,6 +56,9 @@ use crate::{
     },
 };
 
+/// The longest a process whose threads did not move goes unread (scans).
+pub const MAX_BACKOFF_SCANS: u64 = 8;
+
 /// What the source did and could not see, cumulative since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SchedProcfsStats {
@@ -58,6 +66,8 @@ pub struct SchedProcfsStats {
     pub schedstat_reads: u64,
     /// `task/<tid>/status` files read for switch counts.
     pub status_reads: u64,
+    /// Scans of a quiet process whose threads were not read (backoff).
+    pub deferred_processes: u64,
     /// On-CPU ns known only from a process's stat (clock ticks): threads
     /// that ended between scans.
     pub tick_precision_ns: u64,
@@ -77,6 +87,7 @@ impl SchedProcfsStats {
         [
             ("schedstat_reads", self.schedstat_reads),
             ("status_reads", self.status_reads),
+            ("deferred_processes", self.deferred_processes),
             ("tick_precision_ns", self.tick_precision_ns),
             ("exited_threads", self.exited_threads),
             ("tid_reuse", self.tid_reuse),
@@ -154,6 +165,12 @@ struct ThreadState {
 #[derive(Debug)]
 struct ProcessState {
     starttime_ticks: u64,
+    /// utime+stime ticks and thread count at the last thread read.
+    fingerprint: (u64, u64),
+    /// The scan of the last thread read (0: never).
+    threads_read: u64,
+    /// Scans until the next thread read while nothing moves (1..=MAX).
+    backoff: u64,
     seen: u64,
     threads: HashMap<u32, ThreadState>,
     /// Final counters (as last read) of threads that are gone.
@@ -168,6 +185,9 @@ impl ProcessState {
     fn new(starttime_ticks: u64) -> Self {
         Self {
             starttime_ticks,
+            fingerprint: (0, 0),
+            threads_read: 0,
+            backoff: 1,
             seen: 0,
             threads: HashMap::new(),
             exited: ThreadCounters::default(),
@@ -260,17 +280,35 @@ impl SchedProcfs {
             };
             st.seen = generation;
             let cpu_ticks = p.stat.utime_ticks.saturating_add(p.stat.stime_ticks);
+            let fingerprint = (cpu_ticks, p.stat.num_threads);
             st.faults = FaultCounters {
                 entries: 0,
                 minflt: p.stat.minflt,
                 majflt: p.stat.majflt,
             };
-            let failures = self.stats.read_failures;
-            self.read_threads(pid, &mut st);
-            // Only threads read afresh (after the stat) bound what the
-            // dead ones did; a stale one would be counted twice.
-            if self.stats.read_failures == failures {
-                self.reconcile(&mut st, cpu_ticks);
+            let due = st.threads_read == 0
+                || fingerprint != st.fingerprint
+                || generation - st.threads_read >= st.backoff;
+            if due {
+                let failures = self.stats.read_failures;
+                let before = st.thread_totals();
+                let threads_before = st.threads.len();
+                self.read_threads(pid, &mut st);
+                let moved = st.thread_totals() != before || st.threads.len() != threads_before;
+                st.backoff = if moved {
+                    1
+                } else {
+                    (st.backoff * 2).min(MAX_BACKOFF_SCANS)
+                };
+                st.fingerprint = fingerprint;
+                st.threads_read = generation;
+                // Only threads read afresh (after the stat) bound what
+                // the dead ones did; a stale one would be counted twice.
+                if self.stats.read_failures == failures {
+                    self.reconcile(&mut st, cpu_ticks);
+                }
+            } else {
+                self.stats.deferred_processes += 1;
             }
             rows.push(st.row(pid, false));
             self.processes.insert(pid, st);

@@ -117,6 +117,38 @@ fn sub_tick_work_is_read() {
     assert_eq!(r.voluntary_switches, 300);
 }
 
+/// A process whose threads do not move is re-read after 1, 2, 4, then 8
+/// scans; its sub-tick work shows at the next read, and a new tick in its
+/// stat makes it read at once.
+#[test]
+fn a_quiet_process_backs_off_and_a_tick_wakes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    write_thread(root, 31, 31, 1_000_000, 0, 1, 1, 0);
+    let mut src = SchedProcfs::new(root, HZ);
+    let mut reads = Vec::new();
+    for _ in 0..16 {
+        let before = src.stats.schedstat_reads;
+        src.update(&sample(31, 0, 1, 0));
+        reads.push(src.stats.schedstat_reads - before);
+    }
+    // Scans 1, 2 (quiet: 2 next), 4 (4 next), 8 (8 next), 16.
+    let read_at: Vec<usize> = (0..16).filter(|&i| reads[i] == 1).map(|i| i + 1).collect();
+    assert_eq!(read_at, vec![1, 2, 4, 8, 16]);
+    assert_eq!(src.stats.deferred_processes, 11);
+    // Sub-tick work: seen at the next due read, then read every scan.
+    write_thread(root, 31, 31, 2_000_000, 0, 2, 2, 0);
+    let skipped = src.update(&sample(31, 0, 1, 0))[0];
+    assert_eq!(skipped.oncpu_ns, 1_000_000, "deferred, not lost");
+    // A tick in stat reads it at once.
+    let r = src.update(&sample(31, 1, 1, 0))[0];
+    assert_eq!(
+        r.oncpu_ns, 10_000_000,
+        "2 ms from schedstat, the tick from stat"
+    );
+    assert_eq!(r.voluntary_switches, 2);
+}
+
 /// status is read only when the thread may have switched since: its
 /// switch-ins moved, or it was on a CPU at the last read.
 #[test]
