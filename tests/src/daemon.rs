@@ -26,11 +26,18 @@ pub struct Daemon {
 
 /// The test config: 250 ms sampling, store and socket under `dir`, then `extra`.
 pub fn config(dir: &Path, extra: &str) -> String {
+    config_with(dir, "", extra)
+}
+
+/// [`config`] with `sampling` lines added to its `[sampling]` table (a
+/// table may not be opened twice).
+pub fn config_with(dir: &Path, sampling: &str, extra: &str) -> String {
     format!(
         r#"
 [sampling]
 interval = "250ms"
 history = "1m"
+{sampling}
 [store]
 dir = "{store}"
 [control]
@@ -50,10 +57,24 @@ impl Daemon {
     /// [`Daemon::start`] with extra environment for the daemon (and the
     /// clients it execs).
     pub fn start_with_env(extra_config: &str, envs: Vec<(&'static str, PathBuf)>) -> Self {
+        Self::start_configured("", extra_config, envs)
+    }
+
+    /// A daemon whose `[sampling]` table also has `sampling` (such as
+    /// `accounting = "proc"`, the CTS tier).
+    pub fn start_sampling(sampling: &str, extra_config: &str) -> Self {
+        Self::start_configured(sampling, extra_config, Vec::new())
+    }
+
+    fn start_configured(
+        sampling: &str,
+        extra_config: &str,
+        envs: Vec<(&'static str, PathBuf)>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
             dir.path().join("vitalsd.toml"),
-            config(dir.path(), extra_config),
+            config_with(dir.path(), sampling, extra_config),
         )
         .unwrap();
         let mut d = Self {

@@ -25,10 +25,15 @@ const DATA_SOURCE: &str = "linux.vitals";
 /// A daemon that finds `traced` through the SDK's environment variables,
 /// which it inherits from this process (tests here run one at a time).
 fn daemon_for(traced: &Traced) -> Daemon {
+    daemon_with(traced, "")
+}
+
+/// `daemon_for` with `sampling` lines in its config's `[sampling]`.
+fn daemon_with(traced: &Traced, sampling: &str) -> Daemon {
     for (k, v) in traced.env() {
         std::env::set_var(k, v);
     }
-    let d = Daemon::start("");
+    let d = Daemon::start_sampling(sampling, "");
     traced.wait_for_data_source(DATA_SOURCE, Duration::from_secs(20));
     d
 }
@@ -140,10 +145,42 @@ fn vitalsd_counter(trace: &std::path::Path, pid: u32, name: &str) -> Vec<(u64, f
         .collect()
 }
 
+/// The track names of one tier: on-CPU, then the other kinds.
+struct TierTracks {
+    oncpu: &'static str,
+    others: [&'static str; 2],
+}
+
 #[test]
 fn session_gets_vitalsd_counters_that_match_the_kernel_and_process_stats() {
+    session_check(
+        "",
+        "ebpf",
+        TierTracks {
+            oncpu: "oncpu_ns",
+            others: ["involuntary_switches", "runq_wait_ns"],
+        },
+    );
+}
+
+/// The data source in the CTS tier (no eBPF): the kernel's schedstat
+/// counters, under their own names, the same checks.
+#[test]
+fn cts_tier_session_gets_schedstat_counters() {
+    session_check(
+        "accounting = \"proc\"",
+        "cts",
+        TierTracks {
+            oncpu: "schedstat.oncpu_ns",
+            others: ["status.involuntary_switches", "schedstat.runq_wait_ns"],
+        },
+    );
+}
+
+fn session_check(config: &str, tier: &str, tracks: TierTracks) {
     let traced = Traced::start(true);
-    let d = daemon_for(&traced);
+    let d = daemon_with(&traced, config);
+    assert_eq!(d.call(&Request::Status {})["tier"], tier);
     let mut spinner = Workload::spawn(&["spin", "9000"]);
     spinner.expect("ready");
     let pid = spinner.pid();
@@ -155,7 +192,7 @@ fn session_gets_vitalsd_counters_that_match_the_kernel_and_process_stats() {
 
     // On-CPU time: over the span of vitalsd's own values, within 10% of
     // what the kernel accounted in /proc/<pid>/stat over the same span.
-    let oncpu = vitalsd_counter(&trace, pid, "oncpu_ns");
+    let oncpu = vitalsd_counter(&trace, pid, tracks.oncpu);
     assert!(
         oncpu.len() >= 4,
         "a 5 s session at 1 s intervals has at least 4 values: {oncpu:?}\n{}",
@@ -197,7 +234,7 @@ fn session_gets_vitalsd_counters_that_match_the_kernel_and_process_stats() {
         "process {pid} is named from its cmdline: {named:?}"
     );
     // Every counter kind made it, on the same process.
-    for name in ["involuntary_switches", "runq_wait_ns"] {
+    for name in tracks.others {
         let v = vitalsd_counter(&trace, pid, name);
         assert!(!v.is_empty(), "{name} written");
         assert!(

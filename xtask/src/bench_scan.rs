@@ -40,7 +40,7 @@ impl Drop for SleepChildren {
     }
 }
 
-struct ParkedThreads {
+pub(crate) struct ParkedThreads {
     stop: Arc<AtomicBool>,
     handles: Vec<JoinHandle<()>>,
 }
@@ -72,7 +72,7 @@ pub(crate) fn sleepers(n: usize) -> Result<SleepChildren> {
     Ok(children)
 }
 
-fn spawn_load() -> Result<(SleepChildren, ParkedThreads)> {
+pub(crate) fn spawn_load() -> Result<(SleepChildren, ParkedThreads)> {
     let children = sleepers(PROCESSES)?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads = ParkedThreads {

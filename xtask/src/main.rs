@@ -6,6 +6,7 @@
 
 mod android_bpf;
 mod android_check;
+mod bench_always_on;
 mod bench_capture;
 mod bench_idle;
 mod bench_overhead;
@@ -119,6 +120,14 @@ enum Bench {
     },
     /// procfs scans with 1000 processes / 5000 threads: vitalsd vs top, top -H, pidstat -t.
     Scan,
+    /// With 1000 processes / 5000 threads, all at once: CPU per 10 s of the
+    /// CTS tier, the eBPF tier and traced_probes' process_stats + sys_stats.
+    AlwaysOn {
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
     /// vitalsd run's own CPU and RSS over a minute of 1 s sampling, beside top and pidstat.
     Idle {
         #[arg(long, default_value_t = 60)]
@@ -177,6 +186,7 @@ fn main() -> Result<()> {
                 } => android_check::bench::run(rounds, loops, aosp),
                 Bench::Overhead { rounds, loops, .. } => bench_overhead::run(rounds, loops),
                 Bench::Idle { seconds } => bench_idle::run(seconds),
+                Bench::AlwaysOn { seconds, rounds } => bench_always_on::run(seconds, rounds),
                 Bench::Scan => bench_scan::run(&workspace_root().join("target/release/vitalsd")),
                 Bench::Capture { transport } => bench_capture::run(&transport),
                 Bench::Producer { seconds } => bench_producer::run(seconds),

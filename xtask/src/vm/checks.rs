@@ -22,80 +22,8 @@ use super::{
 };
 use crate::util::workspace_root;
 
-/// The test files of the matrix (tests/tests/<file>.rs).
-pub const TEST_FILES: &[&str] = &["accounting", "capture", "pins", "record", "reuse"];
-
-/// The CI subset, per the issue: load and attach, on-CPU time, faults,
-/// voluntary switches, an exited child, the sched capture, pins.
-/// (file, test, arches it applies to; empty = all)
-const CI_SUBSET: &[(&str, &str, &[Arch])] = &[
-    // On-CPU time against utime+stime, with the default (tp_btf) programs.
-    ("accounting", "oncpu_time_matches_utime_plus_stime", &[]),
-    // A running spinner against /proc/<pid>/schedstat: within 5 %, and never
-    // above the kernel's figure read after it.
-    (
-        "accounting",
-        "running_task_inflight_time_matches_schedstat",
-        &[],
-    ),
-    // Faults against minflt from the source `auto` picks: the tracepoint on
-    // x86, perf software events on arm64.
-    ("accounting", "faults_match_minflt_default_source", &[]),
-    // The perf source on x86 too (on arm64 it is the default above).
-    (
-        "accounting",
-        "faults_match_minflt_perf_source_forced",
-        &[Arch::X86_64],
-    ),
-    ("accounting", "sleeping_child_switches_voluntarily", &[]),
-    ("accounting", "exited_child_keeps_its_final_counters", &[]),
-    // record --sched, decoded with the official schema: >= 2N switches for
-    // a ping-pong of N.
-    (
-        "capture",
-        "pipe_ping_pong_gives_every_switch_sleeping_prev_state_and_monotonic_cpus",
-        &[],
-    ),
-    (
-        "pins",
-        "daemon_attaches_pinned_programs_and_reads_pinned_maps",
-        &[],
-    ),
-];
-
-/// Tests `--full` leaves out, and why (`cargo xtask test` runs them all
-/// on the host).
-const LEFT_OUT: &[(&str, &str)] = &[
-    (
-        "wakeup_wait_matches_bpftrace",
-        "its reference is bpftrace, which a guest does not have",
-    ),
-    (
-        "classic_wakeup_wait_matches_bpftrace",
-        "its reference is bpftrace, which a guest does not have",
-    ),
-    (
-        "exited_child_keeps_its_final_counters_with_the_pid_offset_from_the_record",
-        "its precondition is the host kernel's sched_process_free layout (pid at 12); \
-         6.12 and 6.1 have it at 24",
-    ),
-    (
-        "procfs_core_equivalent_agrees_with_ebpf",
-        "its reference is CPU time over a 1 s wall-clock window, which TCG \
-         stretches (81 % core-equivalent against 97.6 % by eBPF, arm64 6.1)",
-    ),
-    (
-        "batched_map_reads_match_iteration",
-        "expects 400 threads started within 700 ms of wall time; \
-         a TCG guest had started 114",
-    ),
-];
-
-/// Tests that only apply to one arch.
-const ARCH_ONLY: &[(&str, Arch)] = &[
-    // Asserts the x86 exceptions/page_fault_user tracepoint exists.
-    ("faults_match_minflt_tracepoint_source", Arch::X86_64),
-];
+pub use super::subset::TEST_FILES;
+use super::subset::{ARCH_ONLY, CI_SUBSET, LEFT_OUT};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CheckId {

@@ -32,6 +32,7 @@ mod guest;
 mod initramfs;
 mod kernel;
 mod relay;
+mod subset;
 
 use std::{
     path::PathBuf,
