@@ -14,7 +14,7 @@ use super::{
     heap::{finish_heap, heap_runner},
     Service,
 };
-use crate::config::Config;
+use crate::config::{bounded, Config, MAX_MESSAGE_BYTES};
 
 /// Signals the binary forwards: stop and reload.
 #[derive(Clone, Default)]
@@ -53,8 +53,10 @@ impl Service {
         match Config::load(&self.config_path) {
             Ok(new) => self.apply_config(new),
             Err(e) => {
+                // Bounded: it goes whole into status and dump frames.
+                let e = bounded(&e.to_string(), 2 * MAX_MESSAGE_BYTES).into_owned();
                 log::error!("config reload failed, keeping the running config: {e}");
-                self.shared.state.lock().unwrap().last_reload_error = Some(e.to_string());
+                self.shared.state.lock().unwrap().last_reload_error = Some(e);
             }
         }
     }
