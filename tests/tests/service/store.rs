@@ -82,6 +82,23 @@ fn a_store_on_a_2_mib_file_system_evicts_for_its_free_space() {
     assert_eq!(listed[listed.len() - 2..], committed[committed.len() - 2..]);
     assert!(s.counters.evicted_over_quota >= 5, "{:?}", s.counters);
     assert_eq!(s.counters.write_failures, 0);
+
+    // Another writer fills the file system: upkeep gives back room down to
+    // the reserve (5 %) by evicting, never the newest capture.
+    let evicted = s.counters.evicted_over_quota;
+    let filler = fs.fill("filler");
+    s.maintain().unwrap();
+    assert_eq!(
+        s.counters.evicted_over_quota,
+        evicted + 1,
+        "{:?}",
+        s.counters
+    );
+    assert_eq!(s.newest().unwrap().id, *committed.last().unwrap());
+    let st = nix::sys::statvfs::statvfs(fs.path()).unwrap();
+    let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+    assert!(free >= (2 << 20) / 20, "{free} bytes free");
+    std::fs::remove_file(filler).unwrap();
 }
 
 /// A full disk at start: the crash's recording cannot get its metadata
