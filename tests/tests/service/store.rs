@@ -175,3 +175,42 @@ fn start_up_repair_of_many_leftovers_logs_a_count_not_a_line_each() {
     assert_eq!(left, 0);
     d.stop();
 }
+
+/// A 300 MB `<id>.json` at start is read no further than the metadata
+/// bound: the daemon's peak RSS (the kernel's VmHWM) stays far below the
+/// file's size, and the trace beside it is kept, its metadata rebuilt.
+#[test]
+fn a_huge_metadata_file_at_start_is_not_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let id = "1700000000000-1-manual";
+    std::fs::write(store.join(format!("{id}.pftrace")), trace(3, 10)).unwrap();
+    // Sparse: costs no disk.
+    let f = std::fs::File::create(store.join(format!("{id}.json"))).unwrap();
+    f.set_len(300 << 20).unwrap();
+    drop(f);
+    std::fs::write(dir.path().join("vitalsd.toml"), config(dir.path(), "")).unwrap();
+    let mut d = Daemon {
+        child: None,
+        dir,
+        envs: Vec::new(),
+    };
+    d.spawn();
+    let list = d.list();
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0]["id"], id);
+    assert_eq!(list[0]["trace_bytes"], trace(3, 10).len());
+    assert!(
+        list[0]["status"].as_str().unwrap().starts_with("recovered"),
+        "{list:?}"
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();
+    let hwm_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(hwm_kb < 150 << 10, "peak RSS {hwm_kb} kB");
+    d.stop();
+}
