@@ -220,3 +220,41 @@ fn a_config_on_a_pipe_is_refused_with_the_reason() {
         "{err}"
     );
 }
+
+/// A reload naming another store and socket: they take effect at the next
+/// start, so `config` keeps showing the ones in use, while what a reload
+/// does change (the budget) is applied.
+#[test]
+fn config_after_a_reload_shows_the_store_and_socket_in_use() {
+    let d = Daemon::start("");
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(
+        d.config_path(),
+        config(other.path(), "[budget]\ncaptures_per_hour = 7\n"),
+    )
+    .unwrap();
+    d.signal(libc::SIGHUP);
+    let toml = {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let toml = d.call(&Request::Config {})["toml"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            if toml.contains("captures_per_hour = 7") {
+                break toml;
+            }
+            assert!(Instant::now() < deadline, "not reloaded:\n{}", d.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    assert!(
+        toml.contains(&d.store().display().to_string())
+            && toml.contains(&d.socket().display().to_string()),
+        "{toml}"
+    );
+    assert!(
+        !toml.contains(&other.path().display().to_string()),
+        "{toml}"
+    );
+}
