@@ -11,6 +11,11 @@ use thiserror::Error;
 
 use crate::bpf::{denied::AccountingChoice, FaultSourceChoice};
 
+#[path = "config_file.rs"]
+mod file;
+use file::read_config_file;
+pub use file::{bounded, MAX_CONFIG_BYTES, MAX_MESSAGE_BYTES};
+
 /// Where the OEM puts it on Android, and on Linux hosts.
 pub const DEFAULT_PATH_ANDROID: &str = "/vendor/etc/vitalsd.toml";
 pub const DEFAULT_PATH_LINUX: &str = "/etc/vitalsd.toml";
@@ -39,6 +44,17 @@ pub enum ConfigError {
         key: String,
         message: String,
     },
+    /// Only a regular file can be read without blocking and read again at
+    /// SIGHUP: open(2) of a FIFO blocks until a writer comes, and a pipe
+    /// (`--config <(…)`) is empty the second time.
+    #[error("config {path}: not a regular file ({kind}); write the config to a file")]
+    NotRegular { path: PathBuf, kind: &'static str },
+    #[error("config {path}: larger than {limit_bytes} bytes")]
+    TooLarge { path: PathBuf, limit_bytes: u64 },
+    /// An empty file is a mistake (a truncated write, a `>` redirect gone
+    /// wrong), not a request for every default.
+    #[error("config {path}: empty (a config that wants every default says so with a comment)")]
+    Empty { path: PathBuf },
 }
 
 /// The longest duration any key or flag takes. Longer values are errors,
@@ -464,10 +480,11 @@ impl Default for Config {
 
 /// The error for a value out of range at `key` of the file at `path`.
 fn invalid(path: &Path, key: &str, message: String) -> Result<(), ConfigError> {
+    // Keys name rules, and messages quote values: both come from the file.
     Err(ConfigError::Invalid {
         path: path.to_owned(),
-        key: key.into(),
-        message,
+        key: bounded(key, MAX_MESSAGE_BYTES).into_owned(),
+        message: bounded(&message, MAX_MESSAGE_BYTES).into_owned(),
     })
 }
 
@@ -475,19 +492,18 @@ impl Config {
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
         let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_owned(),
-            // toml's message names the key and the line.
-            message: e.to_string().trim().replace('\n', " "),
+            // toml's message names the key and quotes the line.
+            message: bounded(&e.to_string().trim().replace('\n', " "), MAX_MESSAGE_BYTES)
+                .into_owned(),
         })?;
         cfg.validate(path)?;
         Ok(cfg)
     }
 
+    /// Reads and checks the file at `path`: a regular file of at most
+    /// [`MAX_CONFIG_BYTES`], not empty.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::parse(path, &text)
+        Self::parse(path, &read_config_file(path)?)
     }
 
     /// Checks what serde cannot: ranges and relations between keys. Every

@@ -206,3 +206,103 @@ fn heapprofd_consumer_names_the_route_and_refuses_what_the_build_lacks() {
         );
     }
 }
+
+/// Runs `Config::load` on a thread: a load that blocks is a failure, not
+/// a hung test. `unblock` ends a blocked load (writes the FIFO).
+fn load_within(path: &Path, unblock: impl FnOnce()) -> Result<Config, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.to_owned();
+    let t = std::thread::spawn(move || {
+        let _ = tx.send(Config::load(&p).map_err(|e| e.to_string()));
+    });
+    let r = rx.recv_timeout(Duration::from_secs(10));
+    if r.is_err() {
+        unblock();
+    }
+    t.join().unwrap();
+    r.expect("Config::load blocked")
+}
+
+#[test]
+fn load_of_an_empty_or_blank_file_is_an_error_naming_it() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("vitalsd.toml");
+    for text in ["", " \n\t\n"] {
+        std::fs::write(&p, text).unwrap();
+        let e = load_within(&p, || {}).unwrap_err();
+        assert!(e.contains("empty") && e.contains("vitalsd.toml"), "{e}");
+    }
+    // Every default, said on purpose.
+    std::fs::write(&p, "# all defaults\n").unwrap();
+    assert_eq!(load_within(&p, || {}).unwrap(), Config::default());
+}
+
+#[test]
+fn load_of_a_fifo_fails_at_once_instead_of_waiting_for_a_writer() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("vitalsd.toml");
+    nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let e = load_within(&p, || {
+        // A writer ends the blocked open(2).
+        let _ = std::fs::OpenOptions::new().write(true).open(&p);
+    })
+    .unwrap_err();
+    assert!(
+        e.contains("not a regular file") && e.contains("FIFO") && e.contains("vitalsd.toml"),
+        "{e}"
+    );
+    // A directory too.
+    let e = load_within(d.path(), || {}).unwrap_err();
+    assert!(e.contains("not a regular file"), "{e}");
+}
+
+#[test]
+fn load_reads_no_more_than_the_size_limit() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("vitalsd.toml");
+    // 400 MB of NULs, sparse: reading it whole would take 400 MB of memory.
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(400 << 20).unwrap();
+    drop(f);
+    let e = load_within(&p, || {}).unwrap_err();
+    assert!(
+        e.contains(&format!("larger than {MAX_CONFIG_BYTES} bytes")),
+        "{e}"
+    );
+    // Just over the limit, in comments that would parse: refused; at the
+    // limit: read.
+    let mut text = "#".repeat(MAX_CONFIG_BYTES as usize);
+    text.replace_range(MAX_CONFIG_BYTES as usize - 1.., "\n");
+    std::fs::write(&p, &text).unwrap();
+    assert_eq!(load_within(&p, || {}).unwrap(), Config::default());
+    text.push('\n');
+    std::fs::write(&p, &text).unwrap();
+    assert!(load_within(&p, || {}).unwrap_err().contains("larger than"));
+}
+
+#[test]
+fn errors_quoting_the_file_are_bounded() {
+    // A bad line of 200 KiB: toml quotes it.
+    let long = "x".repeat(200 << 10);
+    let e = parse(&format!("[sampling]\ninterval = \"{long}\"\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.len() < 2 * MAX_MESSAGE_BYTES, "{} bytes", e.len());
+    assert!(e.contains("[truncated: "), "{e}");
+    // A rule's name in the key, a value in the message.
+    let e = parse(&format!(
+        "[[rule]]\nname = \"{long}\"\nmetric = {{ kind = \"psi_avg10\", resource = \"{long}\", full = false }}\nthreshold = 5\nwindow = \"10s\"\ncooldown = \"1m\"\n"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.len() < 3 * MAX_MESSAGE_BYTES, "{} bytes", e.len());
+    assert!(e.contains("[truncated: "), "{e}");
+}
+
+#[test]
+fn bounded_cuts_at_a_char_boundary_and_says_so() {
+    assert_eq!(bounded("short", 10), "short");
+    let s = "é".repeat(10); // 20 bytes
+    let b = bounded(&s, 5);
+    assert_eq!(b, "éé… [truncated: 20 bytes in all]");
+}

@@ -8,6 +8,7 @@ pub mod kernel_clock;
 pub mod perfetto_service;
 pub mod pid;
 pub mod proc_stat;
+pub mod tmpfs;
 pub mod trace_processor;
 pub mod traced;
 

@@ -7,7 +7,6 @@
 use std::{
     io::{Read, Write},
     os::unix::{fs::PermissionsExt, net::UnixStream, process::CommandExt},
-    path::PathBuf,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -23,6 +22,8 @@ mod control;
 mod heap;
 #[path = "service/reload.rs"]
 mod reload;
+#[path = "service/store.rs"]
+mod store;
 
 const SPINNER_RULE: &str = r#"
 [[rule]]
@@ -230,23 +231,9 @@ fn a_sched_capture_through_the_daemon_holds_the_switch_timeline() {
 /// the daemon keeps serving, and once space is back captures work again.
 #[test]
 fn a_full_disk_costs_at_most_that_capture_and_the_daemon_keeps_going() {
-    require_root();
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    std::fs::create_dir_all(&store).unwrap();
-    let st = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
-        .arg(&store)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(store.clone());
+    let _tmpfs = vitals_tests::tmpfs::Tmpfs::mount(&store, "256k");
     std::fs::write(
         dir.path().join("vitalsd.toml"),
         config(dir.path(), "[rule]\n").replace("[rule]\n", ""),

@@ -14,7 +14,7 @@ use super::{
     heap::{finish_heap, heap_runner},
     Service,
 };
-use crate::config::Config;
+use crate::config::{bounded, Config, MAX_MESSAGE_BYTES};
 
 /// Signals the binary forwards: stop and reload.
 #[derive(Clone, Default)]
@@ -53,8 +53,10 @@ impl Service {
         match Config::load(&self.config_path) {
             Ok(new) => self.apply_config(new),
             Err(e) => {
+                // Bounded: it goes whole into status and dump frames.
+                let e = bounded(&e.to_string(), 2 * MAX_MESSAGE_BYTES).into_owned();
                 log::error!("config reload failed, keeping the running config: {e}");
-                self.shared.state.lock().unwrap().last_reload_error = Some(e.to_string());
+                self.shared.state.lock().unwrap().last_reload_error = Some(e);
             }
         }
     }
@@ -62,7 +64,7 @@ impl Service {
     /// What a reload can change while running: the rules, the history's
     /// length, the store's limits, the control socket's limits and the
     /// heapprofd runner (when no session uses it).
-    pub(super) fn apply_config(&mut self, new: Config) {
+    pub(super) fn apply_config(&mut self, mut new: Config) {
         let cfg = &self.cfg;
         log::info!("config reloaded from {}", self.config_path.display());
         if new.sampling.fault_source != cfg.sampling.fault_source
@@ -75,6 +77,15 @@ impl Service {
         {
             log::warn!("eBPF, store dir and socket settings take effect at the next start");
         }
+        // Until then the running ones stay in force, and `vitalsctl config`
+        // shows those, not a store or socket the daemon is not using.
+        new.sampling.fault_source = cfg.sampling.fault_source;
+        new.sampling.max_tasks = cfg.sampling.max_tasks;
+        new.sampling.exits_per_second = cfg.sampling.exits_per_second;
+        new.sampling.runq_wait = cfg.sampling.runq_wait;
+        new.sampling.classic_tracepoints = cfg.sampling.classic_tracepoints;
+        new.store.dir = cfg.store.dir.clone();
+        new.control.socket = cfg.control.socket.clone();
         self.engine.reconfigure(
             new.rules.clone(),
             new.budget.clone(),

@@ -50,7 +50,7 @@ impl Store {
         } else {
             others().next()
         };
-        newest.filter(|&i| self.captures[i].trace_bytes <= self.limits.quota_bytes / 2)
+        newest.filter(|&i| self.captures[i].trace_bytes <= self.effective_quota_bytes() / 2)
     }
 
     /// The next capture to evict, oldest first, manual ones first for a
@@ -94,7 +94,7 @@ impl Store {
 
     /// Bytes the quota counts: traces and `heapprofd/`.
     pub(super) fn used_bytes(&self) -> u64 {
-        self.total_trace_bytes() + self.spill.bytes
+        self.total_trace_bytes().saturating_add(self.spill.bytes)
     }
 
     /// Applies the policy; `new` is the capture just committed. Returns
@@ -122,9 +122,12 @@ impl Store {
         let manual = self
             .index_of(new)
             .is_some_and(|i| self.captures[i].trigger.is_manual());
+        // Eviction frees as much room as it takes from `used`: the quota
+        // in force stays what it is now (`space.rs`).
+        let quota = self.quota_now(0);
         loop {
             let over_count = self.captures.len() > self.limits.max_captures;
-            if !over_count && self.used_bytes() <= self.limits.quota_bytes {
+            if !over_count && self.used_bytes() <= quota {
                 break;
             }
             let n = self.index_of(new);
@@ -137,8 +140,8 @@ impl Store {
             let Some(v) = victim else {
                 log::info!(
                     "store: {} bytes over the quota of {} ({} in {}/), nothing more to evict",
-                    self.used_bytes() - self.limits.quota_bytes,
-                    self.limits.quota_bytes,
+                    self.used_bytes().saturating_sub(quota),
+                    quota,
                     self.spill.bytes,
                     super::HEAPPROFD_DIR,
                 );

@@ -33,6 +33,7 @@ mod evict;
 mod meta;
 mod packets;
 mod repair;
+mod space;
 mod spill;
 #[cfg(test)]
 mod tests;
@@ -51,7 +52,7 @@ use thiserror::Error;
 pub use clock::{ClockReading, StoreClock, SystemClock, PLAUSIBLE_UNIX_MS};
 pub use meta::{AgeBasis, CaptureMeta, TriggerInfo, MANUAL_RULES};
 pub use packets::truncate_to_whole_packets;
-pub use repair::CRASH_STATUS;
+pub use repair::{CRASH_STATUS, MAX_META_BYTES, RECOVERED_STATUS};
 pub use spill::{DEFAULT_STALE_AFTER_MS, HEAPPROFD_DIR};
 
 use meta::{RecordRef, Stamp, INDEX};
@@ -105,6 +106,15 @@ pub struct StoreCounters {
     pub repaired_leftovers: u64,
     /// Recordings a crash interrupted, kept as captures at start.
     pub salvaged_after_crash: u64,
+    /// Recordings (and traces with unreadable metadata) that could not be
+    /// made captures at start (a full disk), left for the next start.
+    pub salvage_deferred: u64,
+    /// Traces kept at start with metadata rebuilt from them, theirs being
+    /// unreadable (status [`RECOVERED_STATUS`]).
+    pub metadata_recovered: u64,
+    /// Metadata whose `trace_bytes` disagreed with the trace file at
+    /// start; the file's size was taken.
+    pub sizes_corrected: u64,
     /// Captures cut at the per-capture limit.
     pub cut_at_limit: u64,
     /// Wall-clock jumps seen (`clock.rs`).
@@ -344,11 +354,18 @@ impl Store {
         self.max_capture_bytes = max;
     }
 
-    /// The most bytes one capture keeps: half the quota, or the limit set,
-    /// if lower. Half, so that the capture and the newest other one always
-    /// fit together.
+    /// The most bytes one capture keeps: half the quota in force
+    /// ([`Store::effective_quota_bytes`]), or the limit set, if lower.
+    /// Half, so that the capture and the newest other one always fit
+    /// together.
     pub fn max_capture_bytes(&self) -> u64 {
-        let half = self.limits.quota_bytes / 2;
+        self.capture_limit(0)
+    }
+
+    /// [`Store::max_capture_bytes`] while a recording of `in_flight_bytes`
+    /// is being committed (its file takes room already).
+    fn capture_limit(&self, in_flight_bytes: u64) -> u64 {
+        let half = self.quota_now(in_flight_bytes) / 2;
         self.max_capture_bytes.map_or(half, |m| m.min(half))
     }
 
@@ -365,12 +382,14 @@ impl Store {
         self.next_seq += 1;
         let id = format!("{}-{}-{}", now.unix_ms, seq, meta::label_of(label));
         let tmp_path = self.dir.join(format!(".{id}.pftrace.tmp"));
+        let limit_bytes = self.max_capture_bytes();
+        self.make_room(label, limit_bytes);
         Pending {
             id,
             tmp_path,
             seq,
             basis: AgeBasis::at(&now),
-            limit_bytes: self.max_capture_bytes(),
+            limit_bytes,
             sealed: None,
         }
     }
@@ -418,9 +437,9 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let tmp = &pending.tmp_path;
         meta.id = pending.id.clone();
-        let limit = self.max_capture_bytes();
         let f = packets::open_trace(tmp)?;
         let len = f.metadata().map_err(io("fstat", tmp))?.len();
+        let limit = self.capture_limit(len);
         let scan = match pending.sealed {
             // Sealed, unchanged since, and within today's limit.
             Some(s) if s.scan.whole_bytes == len && len <= limit => s.scan,
@@ -522,7 +541,10 @@ impl Store {
 
     /// Bytes of the stored traces.
     pub fn total_trace_bytes(&self) -> u64 {
-        self.captures.iter().map(|c| c.trace_bytes).sum()
+        // Saturating: a sum that wrapped would hide a store over its quota.
+        self.captures
+            .iter()
+            .fold(0, |sum, c| sum.saturating_add(c.trace_bytes))
     }
 
     /// Bytes in `heapprofd/` at the last look (counted in the quota).

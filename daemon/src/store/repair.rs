@@ -8,17 +8,29 @@
 //! - `.<id>.pftrace.tmp`: a capture in flight when the daemon died. Its whole
 //!   packets are kept as a capture with status [`CRASH_STATUS`], metadata
 //!   synthesised from the id (creation time, rule label); a file without a
-//!   whole packet, or that is not a singly linked regular file, is removed;
+//!   whole packet, or that is not a singly linked regular file, is removed.
+//!   A salvage that fails otherwise (a full disk: ENOSPC writing the
+//!   metadata) leaves the recording for the next start, counted in
+//!   `salvage_deferred`;
+//! - `<id>.json` that does not read (torn, over [`MAX_META_BYTES`], another
+//!   id) beside its `<id>.pftrace`: the trace is kept, with metadata rebuilt
+//!   from it and status [`RECOVERED_STATUS`] (or, when that cannot be
+//!   written, left as it is for the next start); a readable `<id>.json` has
+//!   its `trace_bytes` checked against the trace file;
 //! - anything else of ours is a leftover and removed: metadata being
-//!   written, metadata without its trace or unreadable, and a trace without
-//!   metadata. The last is never salvaged: it may be a capture whose
-//!   deletion (metadata first) was cut short, which must stay deleted.
+//!   written, metadata without its trace, and a trace without metadata. The
+//!   last is never salvaged: it may be a capture whose deletion (metadata
+//!   first) was cut short, which must stay deleted.
+//!
+//! Files are logged by name up to [`LOGGED_FILES`], then counted in one
+//! line.
 
 use std::{
     collections::HashSet,
     fs,
-    os::unix::fs::{MetadataExt, PermissionsExt},
-    path::PathBuf,
+    io::Read,
+    os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
 };
 
 use super::{
@@ -30,6 +42,106 @@ use super::{
 
 /// Status of a capture salvaged from a daemon crash.
 pub const CRASH_STATUS: &str = "cut: daemon crashed";
+
+/// Status of a capture whose metadata was unreadable at start, rebuilt
+/// from its trace.
+pub const RECOVERED_STATUS: &str = "recovered: metadata unreadable, rebuilt from the trace";
+
+/// The largest `<id>.json` read: a capture's metadata is a few KiB (the
+/// heapprofd outcome the largest part); a larger file is treated as torn.
+pub const MAX_META_BYTES: u64 = 1 << 20;
+
+/// How many files of start-up repair are logged by name; the rest are
+/// counted in one line (100k junk files must not be 100k log lines).
+const LOGGED_FILES: u64 = 10;
+
+/// Start-up repair's log lines, throttled to [`LOGGED_FILES`].
+#[derive(Default)]
+struct Throttle {
+    seen: u64,
+}
+
+impl Throttle {
+    fn line(&mut self) -> bool {
+        self.seen += 1;
+        self.seen <= LOGGED_FILES
+    }
+
+    fn warn(&mut self, what: std::fmt::Arguments) {
+        if self.line() {
+            log::warn!("store: {what}");
+        }
+    }
+
+    fn info(&mut self, what: std::fmt::Arguments) {
+        if self.line() {
+            log::info!("store: {what}");
+        }
+    }
+
+    fn summary(&self) {
+        if self.seen > LOGGED_FILES {
+            log::warn!(
+                "store: start-up repair: {} files in all, {} not logged by name (see the store counters)",
+                self.seen,
+                self.seen - LOGGED_FILES
+            );
+        }
+    }
+}
+
+/// `<id>.json`, read through a descriptor that does not follow links or
+/// wait on a FIFO, and no more than [`MAX_META_BYTES`] of it.
+fn read_record(path: &Path) -> Result<Record, String> {
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let st = f.metadata().map_err(|e| e.to_string())?;
+    if !st.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_META_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_META_BYTES {
+        return Err(format!("over {MAX_META_BYTES} bytes"));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+}
+
+/// Metadata for a trace that has none (a crash's recording, a trace whose
+/// metadata is unreadable): creation time and rule label from its id,
+/// duration up to the file's last write, size its whole packets.
+fn rebuilt_meta(
+    own: &OwnId,
+    id: &str,
+    st: &fs::Metadata,
+    whole_bytes: u64,
+    status: &str,
+) -> CaptureMeta {
+    // The last write, on the wall clock: 0 if it reads before creation.
+    let mtime_ms = (st.mtime().max(0) as u64)
+        .saturating_mul(1000)
+        .saturating_add(st.mtime_nsec().max(0) as u64 / 1_000_000);
+    CaptureMeta {
+        id: id.to_owned(),
+        created_unix_ms: own.unix_ms,
+        trigger: TriggerInfo {
+            rule: own.label.clone(),
+            value: None,
+            threshold: None,
+            offender_pid: None,
+            offender_name: None,
+        },
+        duration_ms: mtime_ms.saturating_sub(own.unix_ms),
+        trace_bytes: whole_bytes,
+        status: status.into(),
+        heapprofd: None,
+    }
+}
 
 /// What the directory listing found.
 #[derive(Debug, Default)]
@@ -102,26 +214,40 @@ impl Store {
             mut junk,
             max_seq,
         } = self.list_dir()?;
+        let mut log = Throttle::default();
+        // Traces whose metadata could not be rebuilt now (a full disk).
+        let mut later = HashSet::new();
         for (id, path) in metas {
-            let record: Option<Record> = fs::read(&path)
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok());
-            match record {
-                Some(r) if r.meta.id == id && traces.contains(&id) => {
-                    self.captures.push(r.meta);
-                    self.stamps.push(r.stamp);
-                }
-                _ => {
-                    log::warn!(
-                        "store: dropping unreadable or orphaned metadata {}",
-                        path.display()
-                    );
-                    junk.push(path);
+            if !traces.contains(&id) {
+                junk.push(path);
+                continue;
+            }
+            match read_record(&path) {
+                Ok(r) if r.meta.id == id => self.keep_checked(r),
+                // Torn, oversized or not ours: the trace beside it is
+                // intact, and is kept on what it says of itself.
+                bad => {
+                    let why = bad.err().unwrap_or_else(|| "names another id".into());
+                    match self.recover(&id) {
+                        Ok(Some(())) => log.warn(format_args!(
+                            "metadata {} unreadable ({why}); rebuilt from its trace",
+                            path.display()
+                        )),
+                        Ok(None) | Err(StoreError::NotRegular(_)) => junk.push(path),
+                        Err(e) => {
+                            log.warn(format_args!(
+                                "metadata {} unreadable ({why}); not rebuilt now, kept for a later start: {e}",
+                                path.display()
+                            ));
+                            self.counters.salvage_deferred += 1;
+                            later.insert(id);
+                        }
+                    }
                 }
             }
         }
         for id in &traces {
-            if !self.captures.iter().any(|c| &c.id == id) {
+            if !later.contains(id) && !self.captures.iter().any(|c| &c.id == id) {
                 junk.push(self.trace_path(id));
             }
         }
@@ -136,26 +262,32 @@ impl Store {
             }
             match self.salvage(&own, &id, &path) {
                 Ok(Some((m, s))) => {
-                    log::warn!(
-                        "store: salvaged {id} ({} bytes) from a crashed capture",
+                    log.warn(format_args!(
+                        "salvaged {id} ({} bytes) from a crashed capture",
                         m.trace_bytes
-                    );
+                    ));
                     self.counters.salvaged_after_crash += 1;
                     self.captures.push(m);
                     self.stamps.push(s);
                 }
-                Ok(None) => junk.push(path),
+                Ok(None) | Err(StoreError::NotRegular(_)) => junk.push(path),
                 Err(e) => {
-                    log::warn!("store: not salvaging {}: {e}", path.display());
-                    junk.push(path);
+                    // A full disk (ENOSPC writing its metadata) is no reason
+                    // to lose the recording: the next start tries again.
+                    log.warn(format_args!(
+                        "not salvaging {} now, kept for a later start: {e}",
+                        path.display()
+                    ));
+                    self.counters.salvage_deferred += 1;
                 }
             }
         }
         for p in &junk {
-            log::info!("store: removing leftover {}", p.display());
+            log.info(format_args!("removing leftover {}", p.display()));
             let _ = fs::remove_file(p);
             self.counters.repaired_leftovers += 1;
         }
+        log.summary();
         self.sort();
         let now = self.clock.now();
         self.jumps.observe(&now);
@@ -167,6 +299,59 @@ impl Store {
         Ok(())
     }
 
+    /// Lists a capture whose metadata read, with its size taken from the
+    /// trace file, not the metadata: one wrong `trace_bytes` (2^40) would
+    /// otherwise evict every other capture at the next commit.
+    fn keep_checked(&mut self, mut r: Record) {
+        let trace = self.trace_path(&r.meta.id);
+        // lstat: the listing saw a regular file, and unlink never follows.
+        if let Ok(st) = fs::symlink_metadata(&trace) {
+            if st.len() != r.meta.trace_bytes {
+                log::warn!(
+                    "store: {} says {} trace bytes, its trace has {}; using the trace's",
+                    r.meta.id,
+                    r.meta.trace_bytes,
+                    st.len()
+                );
+                r.meta.trace_bytes = st.len();
+                self.counters.sizes_corrected += 1;
+                let bytes = super::record_json(&r.meta, &r.stamp);
+                if let Err(e) = super::write_atomic(&self.meta_path(&r.meta.id), &bytes) {
+                    log::warn!("store: {e}");
+                }
+            }
+        }
+        self.captures.push(r.meta);
+        self.stamps.push(r.stamp);
+    }
+
+    /// Lists the trace of a capture whose metadata is unreadable, with
+    /// metadata rebuilt from its id (creation time, rule label), its file
+    /// (size, last write) and status [`RECOVERED_STATUS`]. `None`: the
+    /// trace has not one whole packet, it is not a trace.
+    fn recover(&mut self, id: &str) -> Result<Option<()>, StoreError> {
+        let own = meta::parse_id(id).expect("classify checked the id");
+        let path = self.trace_path(id);
+        let f = packets::open_trace(&path)?;
+        // Whole packets, whatever today's per-capture limit: it was stored.
+        let scan = packets::cut(&f, &path, u64::MAX)?;
+        if scan.whole_bytes == 0 {
+            return Ok(None);
+        }
+        let st = f.metadata().map_err(io("fstat", &path))?;
+        let m = rebuilt_meta(&own, id, &st, scan.whole_bytes, RECOVERED_STATUS);
+        let stamp = Stamp {
+            seq: Some(own.seq),
+            age_basis: None,
+            age_restarted: false,
+        };
+        super::write_atomic(&self.meta_path(id), &super::record_json(&m, &stamp))?;
+        self.counters.metadata_recovered += 1;
+        self.captures.push(m);
+        self.stamps.push(stamp);
+        Ok(Some(()))
+    }
+
     /// Keeps the whole packets of an interrupted recording as a capture;
     /// `None` when there is not one.
     fn salvage(
@@ -176,30 +361,17 @@ impl Store {
         tmp: &std::path::Path,
     ) -> Result<Option<(CaptureMeta, Stamp)>, StoreError> {
         let f = packets::open_trace(tmp)?;
-        let limit = self.max_capture_bytes();
+        // The configured limit, not the filesystem's share (`space.rs`): the
+        // recording has its room already, and cutting it frees none that
+        // eviction could not.
+        let half = self.limits.quota_bytes / 2;
+        let limit = self.max_capture_bytes.map_or(half, |m| m.min(half));
         let scan = packets::cut(&f, tmp, limit)?;
         if scan.whole_bytes == 0 {
             return Ok(None);
         }
         let st = f.metadata().map_err(io("fstat", tmp))?;
-        // The last write, on the wall clock: 0 if it reads before creation.
-        let mtime_ms =
-            (st.mtime().max(0) as u64) * 1000 + st.mtime_nsec().max(0) as u64 / 1_000_000;
-        let mut m = CaptureMeta {
-            id: id.to_owned(),
-            created_unix_ms: own.unix_ms,
-            trigger: TriggerInfo {
-                rule: own.label.clone(),
-                value: None,
-                threshold: None,
-                offender_pid: None,
-                offender_name: None,
-            },
-            duration_ms: mtime_ms.saturating_sub(own.unix_ms),
-            trace_bytes: scan.whole_bytes,
-            status: CRASH_STATUS.into(),
-            heapprofd: None,
-        };
+        let mut m = rebuilt_meta(own, id, &st, scan.whole_bytes, CRASH_STATUS);
         if scan.stop == Stop::Limit {
             super::mark_cut(&mut m, limit);
         }
@@ -215,7 +387,7 @@ impl Store {
         let trace = self.trace_path(id);
         fs::rename(tmp, &trace).map_err(io("rename", tmp))?;
         if let Err(e) = super::write_atomic(&self.meta_path(id), &super::record_json(&m, &stamp)) {
-            // Back under its temporary name, which the caller removes.
+            // Back under its temporary name, for a later start.
             let _ = fs::rename(&trace, tmp);
             return Err(e);
         }

@@ -219,3 +219,106 @@ fn store_heapprofd_is_emptied_at_start_and_stale_files_go() {
     assert_eq!(s.heapprofd_bytes(), 0);
     assert_eq!(s.counters.heapprofd_files_removed, 4);
 }
+
+/// Writes `bytes` over capture `id`'s `<id>.json`.
+fn overwrite_meta(dir: &Path, id: &str, bytes: &[u8]) {
+    fs::write(dir.join(format!("{id}.json")), bytes).unwrap();
+}
+
+#[test]
+fn store_a_torn_metadata_file_keeps_its_trace_with_rebuilt_metadata() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = FakeClock::new();
+    let mut s = open_at(d.path(), LIMITS, &clock);
+    let torn = add(&mut s, "system-cpu-busy", &packets(3, 10));
+    let big = add(&mut s, "manual", &packets(2, 10));
+    let kept = add(&mut s, "kept", &packets(1, 10));
+    drop(s);
+    // Cut mid-write by a crash of the file system, not of the store.
+    overwrite_meta(d.path(), &torn.id, b"{\"id\": \"");
+    // Valid JSON, but over the bound: read as torn, never whole.
+    let mut padded = vec![b' '; MAX_META_BYTES as usize];
+    padded.extend(serde_json::to_vec(&big).unwrap());
+    overwrite_meta(d.path(), &big.id, &padded);
+
+    let s = open_at(d.path(), LIMITS, &clock);
+    assert_eq!(ids(&s), vec![torn.id.clone(), big.id.clone(), kept.id]);
+    for (was, bytes) in [(&torn, packets(3, 10)), (&big, packets(2, 10))] {
+        let (m, path) = s.get(&was.id).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), bytes, "the trace is untouched");
+        assert_eq!(m.status, RECOVERED_STATUS);
+        assert_eq!(m.trace_bytes, bytes.len() as u64);
+        assert_eq!(m.trigger.rule, was.trigger.rule);
+        assert_eq!(m.created_unix_ms, T0_UNIX_MS);
+    }
+    assert_eq!(s.counters.metadata_recovered, 2);
+    assert_eq!(s.counters.repaired_leftovers, 0);
+    // Its rebuilt metadata reads at the next start.
+    drop(s);
+    let s = open_at(d.path(), LIMITS, &clock);
+    assert_eq!(s.get(&torn.id).unwrap().0.status, RECOVERED_STATUS);
+    assert_eq!(s.counters.metadata_recovered, 0);
+}
+
+#[test]
+fn store_a_wrong_trace_size_in_metadata_is_checked_against_the_file() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = FakeClock::new();
+    let mut s = open_at(d.path(), LIMITS, &clock);
+    let all: Vec<CaptureMeta> = (0..5)
+        .map(|i| add(&mut s, &format!("r{i}"), &packets(2, 100)))
+        .collect();
+    drop(s);
+    let rewrite = |m: &CaptureMeta, trace_bytes: u64| {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&fs::read(d.path().join(format!("{}.json", m.id))).unwrap())
+                .unwrap();
+        v["trace_bytes"] = trace_bytes.into();
+        overwrite_meta(d.path(), &m.id, &serde_json::to_vec(&v).unwrap());
+    };
+    rewrite(&all[1], 1 << 40);
+    rewrite(&all[3], u64::MAX);
+
+    let mut s = open_at(d.path(), LIMITS, &clock);
+    assert_eq!(s.counters.sizes_corrected, 2);
+    assert_eq!(s.get(&all[1].id).unwrap().0.trace_bytes, 204);
+    assert_eq!(s.total_trace_bytes(), 5 * 204);
+    // The next commit evicts nothing: all five still fit the quota.
+    let new = add(&mut s, "new", &packets(1, 10));
+    let mut want: Vec<String> = all.iter().map(|m| m.id.clone()).collect();
+    want.push(new.id);
+    assert_eq!(ids(&s), want);
+    assert_eq!(s.counters.evicted_over_quota, 0);
+    // And the corrected size is what the next start reads.
+    drop(s);
+    let s = open_at(d.path(), LIMITS, &clock);
+    assert_eq!(s.counters.sizes_corrected, 0);
+}
+
+#[test]
+fn store_a_recording_that_cannot_be_salvaged_now_is_kept_for_a_later_start() {
+    let d = tempfile::tempdir().unwrap();
+    let clock = FakeClock::new();
+    let mut s = open_at(d.path(), LIMITS, &clock);
+    let p = s.begin("system-cpu-busy");
+    fs::write(&p.tmp_path, packets(3, 10)).unwrap();
+    let (id, tmp) = (p.id.clone(), p.tmp_path.clone());
+    drop(s);
+    // Its metadata cannot be written (as on a full disk): a directory
+    // where its temporary goes.
+    let blocker = d.path().join(format!("{id}.json.tmp"));
+    fs::create_dir(&blocker).unwrap();
+
+    let s = open_at(d.path(), LIMITS, &clock);
+    assert!(s.list().is_empty());
+    assert_eq!(s.counters.salvage_deferred, 1);
+    assert_eq!(s.counters.repaired_leftovers, 0);
+    assert_eq!(fs::read(&tmp).unwrap(), packets(3, 10), "kept as it was");
+    drop(s);
+
+    fs::remove_dir(&blocker).unwrap();
+    let s = open_at(d.path(), LIMITS, &clock);
+    assert_eq!(ids(&s), vec![id.clone()]);
+    assert_eq!(s.get(&id).unwrap().0.status, CRASH_STATUS);
+    assert_eq!(s.counters.salvaged_after_crash, 1);
+}
