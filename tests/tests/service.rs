@@ -2,7 +2,8 @@
 //! a kill -9 (the capture in flight salvaged), a full disk and the capture
 //! size limit; the control socket's authentication and robustness
 //! (control.rs), what hostile peers cannot take (peers.rs), SIGHUP and
-//! config checks (reload.rs), heap profiles (heap.rs).
+//! config checks (reload.rs), heap profiles (heap.rs), vitalsctl as a
+//! shell tool (vitalsctl.rs).
 
 use std::{
     io::{Read, Write},
@@ -25,6 +26,8 @@ mod heap;
 mod peers;
 #[path = "service/reload.rs"]
 mod reload;
+#[path = "service/vitalsctl.rs"]
+mod vitalsctl;
 
 const SPINNER_RULE: &str = r#"
 [[rule]]
