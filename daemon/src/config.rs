@@ -246,6 +246,11 @@ pub struct Control {
     /// Peers (SO_PEERCRED uid) allowed to talk to the daemon.
     pub allowed_uids: Vec<u32>,
     pub max_request_bytes: u32,
+    /// The socket's group (a name or a gid), as docker's group: its members
+    /// may connect, and `allowed_uids` still decides who is served. Unset:
+    /// root's group. Linux hosts only; on Android init's `socket` line sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -430,6 +435,7 @@ impl Control {
             // root and system (AID_SYSTEM).
             allowed_uids: vec![0, 1000],
             max_request_bytes: 64 * 1024,
+            group: None,
         }
     }
 }
@@ -554,6 +560,12 @@ impl Config {
             return bad(
                 "control.max_request_bytes",
                 "must be between 64 and 16 MiB".into(),
+            );
+        }
+        if self.control.group.as_deref().is_some_and(str::is_empty) {
+            return bad(
+                "control.group",
+                "must name a group or a gid when set".into(),
             );
         }
         let b = &self.budget;

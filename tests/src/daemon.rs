@@ -86,10 +86,50 @@ impl Daemon {
         d
     }
 
+    /// A daemon whose RLIMIT_NOFILE (soft and hard) is `nofile`, as a
+    /// service manager may set it (systemd's default soft limit is 1024).
+    pub fn start_with_nofile(extra_config: &str, nofile: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("vitalsd.toml"),
+            config(dir.path(), extra_config),
+        )
+        .unwrap();
+        let mut d = Self {
+            child: None,
+            dir,
+            envs: Vec::new(),
+        };
+        d.spawn_with(|c| {
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs
+            // between fork and exec.
+            unsafe {
+                c.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: nofile,
+                        rlim_max: nofile,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        });
+        d
+    }
+
     pub fn spawn(&mut self) {
+        self.spawn_with(|_| {});
+    }
+
+    /// [`Daemon::spawn`], with `setup` applied to the command first.
+    pub fn spawn_with(&mut self, setup: impl FnOnce(&mut Command)) {
         require_root();
         let _ = std::fs::remove_file(self.socket());
-        let child = Command::new(vitalsd_bin())
+        let mut command = Command::new(vitalsd_bin());
+        setup(&mut command);
+        let child = command
             .env("FAKE_PERFETTO_MODE", "success")
             .envs(self.envs.iter().cloned())
             .process_group(0)
@@ -109,6 +149,27 @@ impl Daemon {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Lets any uid reach the socket (directory 0755, socket 0666), so the
+    /// daemon's own uid check is what decides.
+    pub fn open_socket_to_all(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |m| std::fs::Permissions::from_mode(m);
+        std::fs::set_permissions(self.dir.path(), mode(0o755)).unwrap();
+        std::fs::set_permissions(self.socket(), mode(0o666)).unwrap();
+    }
+
+    /// What the daemon's descriptors point to (/proc/<pid>/fd links).
+    pub fn fd_targets(&self) -> Vec<String> {
+        let dir = format!("/proc/{}/fd", self.pid());
+        std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                    .map(|t| t.display().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     pub fn config_path(&self) -> PathBuf {
@@ -185,6 +246,29 @@ impl Daemon {
             assert!(st.success(), "daemon exited with {st}: {}", self.log());
         }
     }
+}
+
+/// Runs `f` on a thread of its own with uid `uid`, gid `gid` and no
+/// supplementary groups: sockets it connects carry those credentials
+/// (SO_PEERCRED and the socket file's permission check use the connecting
+/// thread's). The kernel keeps credentials per thread; glibc's setuid()
+/// would change every thread of the test, the raw syscalls change this
+/// one only, and it ends with `f`.
+pub fn as_uid<T: Send + 'static>(uid: u32, gid: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        // SAFETY: plain syscalls on this thread's credentials.
+        unsafe {
+            assert_eq!(
+                libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()),
+                0
+            );
+            assert_eq!(libc::syscall(libc::SYS_setresgid, gid, gid, gid), 0);
+            assert_eq!(libc::syscall(libc::SYS_setresuid, uid, uid, uid), 0);
+        }
+        f()
+    })
+    .join()
+    .unwrap()
 }
 
 impl Drop for Daemon {

@@ -79,8 +79,16 @@ impl Workload {
 
     /// The workload run from another copy of its binary.
     pub fn spawn_exe(exe: &Path, args: &[&str]) -> Self {
-        let mut child = Command::new(exe)
-            .args(args)
+        Self::spawn_command(Command::new(exe).args(args))
+    }
+
+    /// The workload with `arg0` as its argv[0], the name top shows.
+    pub fn spawn_named(arg0: &str, args: &[&str]) -> Self {
+        Self::spawn_command(Command::new(workload_bin()).arg0(arg0).args(args))
+    }
+
+    fn spawn_command(command: &mut Command) -> Self {
+        let mut child = command
             // Its own group, which the guard kills with what it started.
             .process_group(0)
             .stdin(Stdio::piped())

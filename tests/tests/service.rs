@@ -1,8 +1,9 @@
 //! `vitalsd run` as a service: health-triggered captures, the store across
 //! a kill -9 (the capture in flight salvaged), a full disk and the capture
 //! size limit; the control socket's authentication and robustness
-//! (control.rs), SIGHUP and config checks (reload.rs), heap profiles
-//! (heap.rs).
+//! (control.rs), what hostile peers cannot take (peers.rs), SIGHUP and
+//! config checks (reload.rs), heap profiles (heap.rs), vitalsctl as a
+//! shell tool (vitalsctl.rs).
 
 use std::{
     io::{Read, Write},
@@ -20,10 +21,14 @@ use vitalsd::control::{read_frame, write_frame, Client, Request};
 mod control;
 #[path = "service/heap.rs"]
 mod heap;
+#[path = "service/peers.rs"]
+mod peers;
 #[path = "service/reload.rs"]
 mod reload;
 #[path = "service/store.rs"]
 mod store;
+#[path = "service/vitalsctl.rs"]
+mod vitalsctl;
 
 const SPINNER_RULE: &str = r#"
 [[rule]]

@@ -176,7 +176,7 @@ fn inherits_the_socket_init_created() {
     };
     // The configured path's directory does not matter: the name picks the socket.
     let configured = dir.path().join("elsewhere").join(&name);
-    let l = crate::control::server::bind_or_inherit(&configured).unwrap();
+    let l = crate::control::server::bind_or_inherit(&configured, None).unwrap();
     assert_eq!(l.as_raw_fd(), fd);
     assert!(!configured.exists(), "must not bind a second socket");
     let _client = std::os::unix::net::UnixStream::connect(&init_path).unwrap();
@@ -208,7 +208,7 @@ fn inherits_the_socket_init_created() {
             file.as_raw_fd().to_string(),
         )
     };
-    assert!(crate::control::server::bind_or_inherit(&dir.path().join(&bad)).is_err());
+    assert!(crate::control::server::bind_or_inherit(&dir.path().join(&bad), None).is_err());
 }
 
 #[test]

@@ -1,16 +1,46 @@
 //! vitalsctl: the command-line client of vitalsd's control socket.
-//! Human tables by default, `--json` for tools.
+//! Human tables by default, `--json` for tools. Every string the daemon
+//! relays from elsewhere (process names, rule names, errors) is printed
+//! through `printable`, so it cannot drive the terminal or break a table.
+//! A closed stdout (`vitalsctl top | head`) ends it as SIGPIPE ends other
+//! tools, quietly.
 
 use std::{
     io::Write,
     path::{Path, PathBuf},
+    process::ExitCode,
     time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::Value;
-use vitalsd::control::{Client, Request};
+use vitalsd::control::{printable, Client, Request};
+
+/// A write to stdout failed: told apart from the socket's errors, so that
+/// only a closed stdout (EPIPE) ends us quietly.
+#[derive(Debug, thiserror::Error)]
+#[error("writing to stdout: {0}")]
+struct StdoutError(std::io::Error);
+
+/// `println!` that returns stdout's error instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err(StdoutError)
+    };
+}
+
+/// `print!`, likewise.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        write!(std::io::stdout().lock(), $($arg)*).map_err(StdoutError)
+    };
+}
+
+/// A string field of the daemon's answer, safe to print.
+fn text<'a>(v: &'a Value, default: &'a str) -> std::borrow::Cow<'a, str> {
+    printable(v.as_str().unwrap_or(default))
+}
 
 #[derive(Parser)]
 #[command(name = "vitalsctl", version, about = "Talk to the vitalsd daemon")]
@@ -86,7 +116,30 @@ enum Cmd {
     Dump,
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e)
+            if e.downcast_ref::<StdoutError>()
+                .is_some_and(|StdoutError(io)| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            // The reader went away (`| head`): end as the default SIGPIPE
+            // disposition ends `cat` or `ps` there, with no message; Rust
+            // ignores SIGPIPE, so restore it and raise it.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                libc::raise(libc::SIGPIPE);
+            }
+            ExitCode::from(128 + libc::SIGPIPE as u8)
+        }
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     let mut c = Client::connect(&cli.socket)?;
     let json = cli.json;
@@ -119,37 +172,36 @@ fn status(c: &mut Client, json: bool) -> Result<()> {
         let st = &v["store"];
         format!(
             "vitalsd {}: {} samples every {} ms, faults from {}\naccounting: {}\ntier: {} ({}){}\ncapabilities: {}\ncpu busy {}  loadavg {}\ntriggers fired {}, skipped {}\nbpf drops {}\nprocfs drops {}\nperfetto producer {}{}\nstore {}: {} captures, {} bytes; newest {}\n{}",
-            v["version"].as_str().unwrap_or("?"),
+            text(&v["version"], "?"),
             v["samples"],
             v["interval_ms"],
-            v["fault_source"].as_str().unwrap_or("?"),
-            v["accounting"].as_str().unwrap_or("?"),
-            v["tier"].as_str().unwrap_or("?"),
-            v["tier_gives"].as_str().unwrap_or("?"),
+            text(&v["fault_source"], "?"),
+            text(&v["accounting"], "?"),
+            text(&v["tier"], "?"),
+            text(&v["tier_gives"], "?"),
             match v["sched_procfs"].as_object() {
                 Some(m) if !m.is_empty() => format!("\nschedstat source {}", v["sched_procfs"]),
                 _ => String::new(),
             },
-            v["capabilities"].as_str().unwrap_or("?"),
+            text(&v["capabilities"], "?"),
             v["local_busy_pct"].as_f64().map(|p| format!("{p:.1}%")).unwrap_or("-".into()),
             loadavg(&v["loadavg"]),
             v["triggers_fired"],
-            v["triggers_skipped"],
+            printable(&v["triggers_skipped"].to_string()),
             v["bpf_drops"],
             v["procfs_drops"],
             v["producer"],
-            v["producer_error"].as_str().map(|e| format!(" (last error: {e})")).unwrap_or_default(),
-            st["dir"].as_str().unwrap_or("?"),
+            v["producer_error"].as_str().map(|e| format!(" (last error: {})", printable(e))).unwrap_or_default(),
+            text(&st["dir"], "?"),
             st["captures"],
             st["bytes"],
-            st["newest"].as_str().unwrap_or("-"),
+            text(&st["newest"], "-"),
             match &v["capture"] {
                 Value::Null => "no capture running".to_string(),
-                cap => format!("capture running: {} ({})", cap["id"].as_str().unwrap_or("?"), cap["rule"].as_str().unwrap_or("?")),
+                cap => format!("capture running: {} ({})", text(&cap["id"], "?"), text(&cap["rule"], "?")),
             }
         )
-    });
-    Ok(())
+    })
 }
 
 /// `vitalsctl top`: the busiest processes every `interval`, redrawn in
@@ -158,15 +210,15 @@ fn top(c: &mut Client, json: bool, n: usize, once: bool, interval: Duration) -> 
     loop {
         let v = c.call(&Request::Top { n })?;
         if json {
-            println!("{v}");
+            outln!("{v}")?;
         } else {
             // Clear the screen and home the cursor: refresh in place.
             if !once {
-                print!("\x1b[2J\x1b[H");
+                out!("\x1b[2J\x1b[H")?;
             }
-            print_top(&v);
+            print_top(&v)?;
         }
-        std::io::stdout().flush()?;
+        std::io::stdout().flush().map_err(StdoutError)?;
         if once {
             return Ok(());
         }
@@ -175,16 +227,16 @@ fn top(c: &mut Client, json: bool, n: usize, once: bool, interval: Duration) -> 
 }
 
 /// One `top` answer as a table.
-fn print_top(v: &Value) {
-    println!(
+fn print_top(v: &Value) -> Result<(), StdoutError> {
+    outln!(
         "cpu busy {}  loadavg {}",
         v["local_busy_pct"]
             .as_f64()
             .map(|p| format!("{p:.1}%"))
             .unwrap_or("-".into()),
         loadavg(&v["loadavg"])
-    );
-    println!(
+    )?;
+    outln!(
         "{:>7} {:<24} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>8} {:>8} {:>10}",
         "PID",
         "PROCESS",
@@ -197,7 +249,7 @@ fn print_top(v: &Value) {
         "MINFLT",
         "MAJFLT",
         "RSS_KB"
-    );
+    )?;
     for p in v["processes"].as_array().into_iter().flatten() {
         // eBPF columns: "-" on a process's first window.
         let e = &p["ebpf"];
@@ -207,15 +259,10 @@ fn print_top(v: &Value) {
                 .unwrap_or("-".into())
         };
         let n = |k: &str| e[k].as_u64().map(|v| v.to_string()).unwrap_or("-".into());
-        println!(
+        outln!(
             "{:>7} {:<24} {:>9.1} {:>9.1} {:>9} {:>8} {:>7} {:>7} {:>8} {:>8} {:>10}",
             p["pid"].as_i64().unwrap_or(0),
-            p["name"]
-                .as_str()
-                .unwrap_or("?")
-                .chars()
-                .take(24)
-                .collect::<String>(),
+            text(&p["name"], "?").chars().take(24).collect::<String>(),
             p["core_equivalent_pct"].as_f64().unwrap_or(0.0),
             p["machine_share_pct"].as_f64().unwrap_or(0.0),
             ms("oncpu_ms"),
@@ -228,8 +275,9 @@ fn print_top(v: &Value) {
                 .as_u64()
                 .map(|k| k.to_string())
                 .unwrap_or("-".into())
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// `vitalsctl capture`: start a manual capture and, unless `no_wait`, wait
@@ -253,9 +301,9 @@ fn capture(
     }
     if !no_wait {
         let m = wait_stored(c, &id, "capture", "manual", duration, json)?;
-        print_stored(&m, json);
+        print_stored(&m, json)?;
     } else if json {
-        println!("{v}");
+        outln!("{v}")?;
     }
     Ok(())
 }
@@ -281,7 +329,7 @@ fn heap(
         eprintln!("heapprofd session {id} started ({duration:?})");
     }
     let m = wait_stored(c, &id, "heap_session", "manual-heap", duration, json)?;
-    print_stored(&m, json);
+    print_stored(&m, json)?;
     if !json {
         // What each profile caught: sampled allocations and their bytes.
         for p in m["heapprofd"]["outcome"]["processes"]
@@ -289,22 +337,22 @@ fn heap(
             .into_iter()
             .flatten()
         {
-            println!(
+            outln!(
                 "  pid {} {}: {} sampled allocation(s), {} B allocated, {} B freed, issues {}",
                 p["pid"],
-                p["name"].as_str().unwrap_or("?"),
+                text(&p["name"], "?"),
                 p["allocations"],
                 p["allocated_bytes"],
                 p["freed_bytes"],
-                p["issues"]
-            );
+                printable(&p["issues"].to_string())
+            )?;
         }
         for t in m["heapprofd"]["outcome"]["targets"]
             .as_array()
             .into_iter()
             .flatten()
         {
-            println!("  target {t}");
+            outln!("  target {}", printable(&t.to_string()))?;
         }
     }
     Ok(())
@@ -320,41 +368,87 @@ fn list(c: &mut Client, json: bool) -> Result<()> {
         for m in v.as_array().into_iter().flatten() {
             s += &format!(
                 "{:<40} {:<18} {:>10} {:>9.1}  {}\n",
-                m["id"].as_str().unwrap_or("?"),
-                m["trigger"]["rule"].as_str().unwrap_or("?"),
+                text(&m["id"], "?"),
+                text(&m["trigger"]["rule"], "?"),
                 m["trace_bytes"].as_u64().unwrap_or(0),
                 m["duration_ms"].as_f64().unwrap_or(0.0) / 1000.0,
-                m["status"].as_str().unwrap_or("?")
+                text(&m["status"], "?")
             );
         }
         s
-    });
-    Ok(())
+    })
+}
+
+/// stdout that remembers its own write error, to tell it from the socket's.
+struct Stdout(Option<std::io::Error>);
+
+impl Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::io::stdout().lock().write(buf).inspect_err(|e| {
+            self.0 = Some(std::io::Error::new(e.kind(), e.to_string()));
+        })
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stdout().lock().flush().inspect_err(|e| {
+            self.0 = Some(std::io::Error::new(e.kind(), e.to_string()));
+        })
+    }
 }
 
 /// `vitalsctl export`: the trace's bytes to `out`, or stdout for `-`.
+/// A file is written under a temporary name beside it and renamed over
+/// `out` only once the whole trace arrived: a wrong id or a cut stream
+/// leaves an existing `out` as it was.
 fn export(c: &mut Client, id: &str, out: &Path) -> Result<()> {
-    let n = if out.as_os_str() == "-" {
-        c.export(id, &mut std::io::stdout().lock())?
-    } else {
-        let mut f =
-            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+    if out.as_os_str() == "-" {
+        let mut stdout = Stdout(None);
+        let r = c.export(id, &mut stdout);
+        if let Some(e) = stdout.0.take() {
+            return Err(StdoutError(e).into());
+        }
+        r?;
+        return Ok(());
+    }
+    let name = out
+        .file_name()
+        .with_context(|| format!("{} names no file", out.display()))?;
+    let tmp = out.with_file_name(format!(
+        ".{}.vitalsctl-{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| -> Result<u64> {
+        // create_new: never through a planted file or symlink; mode 0666
+        // before the umask, as File::create would.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .with_context(|| format!("creating {}", tmp.display()))?;
         let n = c.export(id, &mut f)?;
         f.sync_all()?;
-        n
-    };
-    if out.as_os_str() != "-" {
-        eprintln!("wrote {n} bytes to {}", out.display());
+        std::fs::rename(&tmp, out)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
+        Ok(n)
+    })();
+    match written {
+        Ok(n) => {
+            eprintln!("wrote {n} bytes to {}", out.display());
+            Ok(())
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    Ok(())
 }
 
 /// `vitalsctl delete`.
 fn delete(c: &mut Client, json: bool, id: String) -> Result<()> {
     show(json, c.call(&Request::Delete { id })?, |v| {
-        format!("deleted {}\n", v["deleted"].as_str().unwrap_or("?"))
-    });
-    Ok(())
+        format!("deleted {}\n", text(&v["deleted"], "?"))
+    })
 }
 
 /// `vitalsctl config`: the daemon's effective config as TOML.
@@ -362,19 +456,22 @@ fn config(c: &mut Client, json: bool) -> Result<()> {
     show(json, c.call(&Request::Config {})?, |v| {
         format!(
             "# {}\n{}",
-            v["path"].as_str().unwrap_or("?"),
-            v["toml"].as_str().unwrap_or("")
+            text(&v["path"], "?"),
+            printable_lines(v["toml"].as_str().unwrap_or(""))
         )
-    });
-    Ok(())
+    })
 }
 
 /// `vitalsctl dump`: the bugreport section.
 fn dump(c: &mut Client, json: bool) -> Result<()> {
     show(json, c.call(&Request::Dump {})?, |v| {
-        v["text"].as_str().unwrap_or("").to_string()
-    });
-    Ok(())
+        printable_lines(v["text"].as_str().unwrap_or(""))
+    })
+}
+
+/// Multi-line text with each line made printable (its newlines kept).
+fn printable_lines(s: &str) -> String {
+    s.split('\n').map(printable).collect::<Vec<_>>().join("\n")
 }
 
 /// Polls until capture `id` is listed (returns its metadata), showing
@@ -423,29 +520,31 @@ fn wait_stored(
 }
 
 /// One stored capture's metadata: JSON, or a line for people.
-fn print_stored(m: &Value, json: bool) {
+fn print_stored(m: &Value, json: bool) -> Result<(), StdoutError> {
     if json {
-        println!("{m}");
+        outln!("{m}")
     } else {
-        println!(
+        outln!(
             "stored {}: {} bytes, {}",
-            m["id"].as_str().unwrap_or("?"),
+            text(&m["id"], "?"),
             m["trace_bytes"],
-            m["status"].as_str().unwrap_or("?")
-        );
+            text(&m["status"], "?")
+        )
     }
 }
 
-fn show(json: bool, v: Value, human: impl Fn(&Value) -> String) {
+fn show(json: bool, v: Value, human: impl Fn(&Value) -> String) -> Result<()> {
     if json {
-        println!("{v}");
+        outln!("{v}")?;
     } else {
         let s = human(&v);
-        print!("{s}");
+        out!("{s}")?;
         if !s.ends_with('\n') {
-            println!();
+            outln!()?;
         }
     }
+    std::io::stdout().flush().map_err(StdoutError)?;
+    Ok(())
 }
 
 fn loadavg(v: &Value) -> String {

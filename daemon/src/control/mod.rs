@@ -7,8 +7,10 @@
 //! bytes of the trace. Requests longer than the daemon's limit are refused
 //! and the connection closed (the stream cannot be resynchronised).
 
+mod listen;
 pub mod server;
 pub mod slots;
+mod throttle;
 
 use std::{
     io::{Read, Write},
@@ -116,6 +118,34 @@ pub enum ClientError {
     Daemon(String),
 }
 
+/// `s` safe to print to a terminal, as `ps` prints command names: control
+/// characters (C0, DEL, C1) and the bidirectional overrides that reorder
+/// text are escaped (`\x1b`, `\n`, `\u{202e}`), so a process named
+/// `\e]0;…\a\e[2J` cannot drive the reader's terminal, nor a newline break
+/// a table. Borrowed when there is nothing to escape.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    fn unsafe_char(c: char) -> bool {
+        c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    }
+    if !s.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x100 && unsafe_char(c) => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c if unsafe_char(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Writes one frame.
 pub fn write_frame(w: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
     w.write_all(&(body.len() as u32).to_be_bytes())?;
@@ -214,6 +244,21 @@ mod tests {
             serde_json::from_str::<Request>(r#"{"cmd":"top"}"#).unwrap(),
             Request::Top { n: 15 }
         );
+    }
+
+    #[test]
+    fn printable_escapes_what_drives_a_terminal() {
+        assert!(matches!(
+            printable("sh -c 'x'"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            printable("\x1b]0;owned\x07\x1b[2J\nfake row"),
+            "\\x1b]0;owned\\x07\\x1b[2J\\nfake row"
+        );
+        assert_eq!(printable("a\u{9b}b\u{7f}"), "a\\x9bb\\x7f");
+        assert_eq!(printable("\u{202e}txt.exe"), "\\u{202e}txt.exe");
+        assert_eq!(printable("zygote64 ünïcode"), "zygote64 ünïcode");
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! The control socket server: one tokio task per connection, so a slow or
 //! hostile client never holds up another; every peer checked with
-//! SO_PEERCRED against the uid allowlist; requests length-limited.
+//! SO_PEERCRED against the uid allowlist, at admission and again at every
+//! request (a reload may remove it); requests length-limited; reads and
+//! writes timed; connections bounded by an fd budget that leaves the
+//! daemon's own work (sampling, captures, the store) its descriptors.
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    os::unix::fs::{FileTypeExt, PermissionsExt},
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex,
@@ -18,11 +20,14 @@ use thiserror::Error;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{UnixListener, UnixStream},
-    sync::oneshot,
+    sync::{oneshot, Semaphore},
 };
 
+pub use super::listen::{android_socket_env, bind, bind_or_inherit};
 use super::{
-    slots::{Full, Slot, Slots, IDLE_TIMEOUT},
+    printable,
+    slots::{FdBudget, Full, Slot, Slots, IDLE_TIMEOUT},
+    throttle::LogThrottle,
     Request, Response,
 };
 use crate::store::Store;
@@ -154,6 +159,24 @@ pub struct ControlCounters {
     pub refused_full: AtomicU64,
     pub bad_requests: AtomicU64,
     pub oversized_requests: AtomicU64,
+    /// Requests refused on an open connection whose uid a reload removed
+    /// from `allowed_uids` (the connection is then closed).
+    pub refused_uid_revoked: AtomicU64,
+    /// accept() failures (EMFILE, ENFILE, ...), retried after a pause.
+    pub accept_errors: AtomicU64,
+    /// Connections dropped because the peer read nothing for `WRITE_TIMEOUT`.
+    pub write_timeouts: AtomicU64,
+    /// Accepted connections open now, and the most allowed (the fd budget).
+    pub open_connections: AtomicU64,
+    pub max_open_connections: AtomicU64,
+    /// Peer-caused log lines (refused uids, accept errors), at most one per
+    /// kind a minute; serialized as the count of lines held back.
+    #[serde(rename = "log_lines_suppressed", serialize_with = "held_back")]
+    pub log: LogThrottle,
+}
+
+fn held_back<S: serde::Serializer>(t: &LogThrottle, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(t.suppressed.load(Ordering::Relaxed))
 }
 
 pub struct Shared {
@@ -167,106 +190,37 @@ pub struct Shared {
 
 /// A client must deliver a whole request within this.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The listening socket: the one Android init created from vitalsd.rc's
-/// `socket vitalsd stream 0660 system system` line when there is one
-/// (`ANDROID_SOCKET_<name>`; /dev/socket is not writable by uid system), else
-/// a socket bound here.
-pub fn bind_or_inherit(path: &Path) -> Result<std::os::unix::net::UnixListener, ServerError> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    match inherited_socket(name) {
-        Some(result) => result.map_err(|source| ServerError::Socket {
-            op: "use the socket init created",
-            path: path.to_owned(),
-            source,
-        }),
-        None => bind(path),
-    }
-}
-
-/// The environment variable Android init sets for a `socket <name>` line
-/// (libcutils ANDROID_SOCKET_ENV_PREFIX).
-pub fn android_socket_env(name: &str) -> String {
-    format!("ANDROID_SOCKET_{name}")
-}
-
-/// `Some` when init handed us a socket for `name`: checks that the fd is a
-/// Unix stream socket, marks it close-on-exec (the heapprofd client must not
-/// inherit it), listens and makes it non-blocking.
-fn inherited_socket(name: &str) -> Option<std::io::Result<std::os::unix::net::UnixListener>> {
-    use std::os::fd::{FromRawFd, RawFd};
-    let value = std::env::var(android_socket_env(name)).ok()?;
-    Some((|| {
-        let fd: RawFd = value.trim().parse().map_err(|_| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("{}={value:?} is not a descriptor", android_socket_env(name)),
-            )
-        })?;
-        // SAFETY: only inspected here; ownership is taken below once it is
-        // known to be a socket.
-        let st = nix::sys::stat::fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("descriptor {fd} from init is not a socket"),
-            ));
-        }
-        // SAFETY: init passed us this descriptor and nothing else owns it.
-        let l = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
-        nix::fcntl::fcntl(
-            &l,
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-        )?;
-        // init binds but does not listen; a second listen() only resets the backlog.
-        if unsafe { libc::listen(fd, 128) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        l.set_nonblocking(true)?;
-        Ok(l)
-    })())
-}
-
-/// Binds the socket (replacing a stale one) with mode 0660.
-pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ServerError> {
-    let err = |op| {
-        move |source| ServerError::Socket {
-            op,
-            path: path.to_owned(),
-            source,
-        }
-    };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(err("create directory"))?;
-    }
-    // Only a stale socket is ours to remove: a misconfigured
-    // `control.socket` must not delete a file or directory (lstat, so a
-    // symlink is not followed either).
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => match std::fs::remove_file(path) {
-            Ok(()) => log::info!("removed stale control socket {}", path.display()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(err("remove stale")(e)),
-        },
-        Ok(_) => {
-            return Err(err("refusing to replace what is not a socket")(
-                std::io::Error::from(std::io::ErrorKind::AlreadyExists),
-            ))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(err("lstat")(e)),
-    }
-    let l = std::os::unix::net::UnixListener::bind(path).map_err(err("bind"))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err("chmod"))?;
-    l.set_nonblocking(true).map_err(err("set_nonblocking"))?;
-    Ok(l)
-}
+/// A peer must take some of what we send within this (a send timeout):
+/// one that stops reading an export or an answer is dropped, and with it
+/// the slot and the open trace (a deleted capture's space is freed).
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Writes are timed per chunk of this: a slow reader that keeps reading
+/// is served, however large the answer.
+const WRITE_CHUNK_BYTES: usize = 64 << 10;
 
 /// Serves forever on a dedicated thread with its own runtime.
 pub fn spawn(
     listener: std::os::unix::net::UnixListener,
     shared: Arc<Shared>,
 ) -> std::io::Result<()> {
+    let (budget, nofile) = FdBudget::of_this_process();
+    log::info!(
+        "control socket: at most {} connections open ({} per uid, {} held in all) under RLIMIT_NOFILE {nofile}, {} descriptors kept for sampling and captures",
+        budget.open,
+        budget.per_uid,
+        budget.total,
+        super::slots::FD_RESERVE
+    );
+    if nofile < super::slots::FD_RESERVE * 2 {
+        log::warn!(
+            "RLIMIT_NOFILE {nofile} is low: the control socket gets only {} connections",
+            budget.open
+        );
+    }
+    shared
+        .counters
+        .max_open_connections
+        .store(budget.open as u64, Ordering::Relaxed);
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
@@ -288,36 +242,88 @@ pub fn spawn(
                         return;
                     }
                 };
-                // Accept never waits for a slot: a peer is checked and given
-                // a slot (or refused) at once, see control/slots.rs.
-                let slots = Arc::new(Slots::default());
-                loop {
-                    let (stream, _) = match listener.accept().await {
-                        Ok(s) => s,
-                        Err(e) => {
-                            log::warn!("control socket accept: {e}");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            continue;
-                        }
-                    };
-                    let shared = Arc::clone(&shared);
-                    let slots = Arc::clone(&slots);
-                    tokio::spawn(async move {
-                        if let Err(e) = admit_and_serve(stream, &slots, &shared).await {
-                            log::debug!("control connection: {e}");
-                        }
-                    });
-                }
+                accept_loop(listener, budget, shared).await;
             });
         })?;
     Ok(())
 }
 
-async fn send(stream: &mut UnixStream, resp: &Response) -> std::io::Result<()> {
+/// Accepts while the fd budget allows: a connection takes a permit before
+/// accept() and gives it back when its socket is closed, so peers can
+/// never hold more than `budget.open` descriptors; past it they wait in
+/// the kernel's listen backlog, which costs the daemon none. A peer is
+/// then checked and given a slot (or refused) at once, see slots.rs.
+async fn accept_loop(listener: UnixListener, budget: FdBudget, shared: Arc<Shared>) {
+    let permits = Arc::new(Semaphore::new(budget.open));
+    let slots = Arc::new(Slots::new(budget.per_uid, budget.total));
+    loop {
+        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                shared
+                    .counters
+                    .accept_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                shared
+                    .counters
+                    .log
+                    .warn("accept", || format!("control socket accept: {e}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let shared = Arc::clone(&shared);
+        let slots = Arc::clone(&slots);
+        tokio::spawn(async move {
+            let open = &shared.counters.open_connections;
+            open.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = admit_and_serve(stream, &slots, &shared).await {
+                log::debug!("control connection: {e}");
+            }
+            // The stream is closed by now (moved into admit_and_serve).
+            open.fetch_sub(1, Ordering::Relaxed);
+            drop(permit);
+        });
+    }
+}
+
+/// Writes all of `bytes`, each chunk within `WRITE_TIMEOUT`.
+async fn write_timed(
+    stream: &mut UnixStream,
+    bytes: &[u8],
+    shared: &Shared,
+) -> std::io::Result<()> {
+    for chunk in bytes.chunks(WRITE_CHUNK_BYTES) {
+        if tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(chunk))
+            .await
+            .is_err()
+        {
+            shared
+                .counters
+                .write_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "peer stopped reading",
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn send(stream: &mut UnixStream, resp: &Response, shared: &Shared) -> std::io::Result<()> {
     let body = serde_json::to_vec(resp).unwrap_or_default();
-    stream.write_all(&(body.len() as u32).to_be_bytes()).await?;
-    stream.write_all(&body).await?;
-    stream.flush().await
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    write_timed(stream, &frame, shared).await
+}
+
+fn allowed(shared: &Shared, uid: u32) -> bool {
+    shared.allowed_uids.lock().unwrap().contains(&uid)
 }
 
 /// Checks the peer, takes a slot for it and serves it until it closes,
@@ -329,14 +335,13 @@ async fn admit_and_serve(
 ) -> std::io::Result<()> {
     shared.counters.connections.fetch_add(1, Ordering::Relaxed);
     let uid = stream.peer_cred()?.uid();
-    if !shared.allowed_uids.lock().unwrap().contains(&uid) {
+    if !allowed(shared, uid) {
         shared.counters.refused_uid.fetch_add(1, Ordering::Relaxed);
-        log::warn!("control socket: refused uid {uid}");
-        return send(
-            &mut stream,
-            &Response::err(format!("uid {uid} is not allowed")),
-        )
-        .await;
+        shared.counters.log.warn(&format!("refused {uid}"), || {
+            format!("control socket: refused uid {uid}")
+        });
+        let why = Response::err(format!("uid {uid} is not allowed"));
+        return send(&mut stream, &why, shared).await;
     }
     let slot = match slots.take(uid) {
         Ok((slot, evicted)) => {
@@ -352,68 +357,119 @@ async fn admit_and_serve(
                 Full::Uid => format!("uid {uid} has too many busy connections"),
                 Full::Total => "too many busy connections".to_string(),
             };
-            return send(&mut stream, &Response::err(why)).await;
+            return send(&mut stream, &Response::err(why), shared).await;
         }
     };
-    serve(stream, &slot, shared).await
+    serve(stream, uid, &slot, shared).await
 }
 
-async fn serve(mut stream: UnixStream, slot: &Slot, shared: &Shared) -> std::io::Result<()> {
-    loop {
-        // Waiting for a request: evictable, and closed after IDLE_TIMEOUT.
-        slot.set_idle(true);
-        let mut len = [0u8; 4];
-        tokio::select! {
-            r = tokio::time::timeout(IDLE_TIMEOUT, stream.read_exact(&mut len)) => match r {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-                Ok(Err(e)) => return Err(e),
-                Err(_) => {
-                    shared.counters.idle_closed.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
-                }
-            },
-            _ = slot.evict.notified() => return Ok(()),
+/// What waiting for a request ended with.
+enum Next {
+    Request(Vec<u8>),
+    /// Answer this, then close (the stream cannot be resynchronised).
+    Refuse(Response),
+    Close,
+}
+
+/// Reads one request: its header within `IDLE_TIMEOUT`, its body within
+/// `REQUEST_TIMEOUT`. The caller races this against eviction, so an
+/// evicted connection is closed at once, whichever part it was stuck in.
+async fn read_request(stream: &mut UnixStream, shared: &Shared) -> std::io::Result<Next> {
+    let mut len = [0u8; 4];
+    match tokio::time::timeout(IDLE_TIMEOUT, stream.read_exact(&mut len)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(Next::Close),
+        Ok(Err(e)) => return Err(e),
+        Err(_) => {
+            shared.counters.idle_closed.fetch_add(1, Ordering::Relaxed);
+            return Ok(Next::Close);
         }
-        let len = u32::from_be_bytes(len);
-        let max = shared.max_request_bytes.load(Ordering::Relaxed) as u32;
-        if len > max {
+    }
+    let len = u32::from_be_bytes(len);
+    let max = shared.max_request_bytes.load(Ordering::Relaxed) as u32;
+    if len > max {
+        shared
+            .counters
+            .oversized_requests
+            .fetch_add(1, Ordering::Relaxed);
+        return Ok(Next::Refuse(Response::err(format!(
+            "request of {len} bytes exceeds the limit of {max}"
+        ))));
+    }
+    let mut body = vec![0u8; len as usize];
+    match tokio::time::timeout(REQUEST_TIMEOUT, stream.read_exact(&mut body)).await {
+        Ok(r) => r?,
+        Err(_) => return Ok(Next::Refuse(Response::err("request timed out"))),
+    };
+    Ok(Next::Request(body))
+}
+
+async fn serve(
+    mut stream: UnixStream,
+    uid: u32,
+    slot: &Slot,
+    shared: &Shared,
+) -> std::io::Result<()> {
+    loop {
+        // Waiting for or receiving a request: evictable.
+        slot.set_idle(true);
+        let next = tokio::select! {
+            next = read_request(&mut stream, shared) => next?,
+            _ = slot.evict.notified() => return Ok(()),
+        };
+        let body = match next {
+            Next::Request(body) => body,
+            Next::Refuse(resp) => return send(&mut stream, &resp, shared).await,
+            Next::Close => return Ok(()),
+        };
+        slot.set_idle(false);
+        // The allowlist of now, not of admission: a reload may have
+        // removed this uid while its connection stayed open.
+        if !allowed(shared, uid) {
             shared
                 .counters
-                .oversized_requests
+                .refused_uid_revoked
                 .fetch_add(1, Ordering::Relaxed);
-            return send(
-                &mut stream,
-                &Response::err(format!("request of {len} bytes exceeds the limit of {max}")),
-            )
-            .await;
+            shared.counters.log.warn(&format!("revoked {uid}"), || {
+                format!("control socket: uid {uid} is no longer allowed; closing its connection")
+            });
+            let why = Response::err(format!("uid {uid} is not allowed"));
+            return send(&mut stream, &why, shared).await;
         }
-        let mut body = vec![0u8; len as usize];
-        match tokio::time::timeout(REQUEST_TIMEOUT, stream.read_exact(&mut body)).await {
-            Ok(r) => r?,
-            Err(_) => return send(&mut stream, &Response::err("request timed out")).await,
-        };
         let req: Request = match serde_json::from_slice(&body) {
             Ok(r) => r,
             Err(e) => {
                 shared.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
-                send(
-                    &mut stream,
-                    &Response::err(format!("malformed request: {e}")),
-                )
-                .await?;
+                let why = Response::err(format!("malformed request: {e}"));
+                send(&mut stream, &why, shared).await?;
                 continue;
             }
         };
         if let Request::Export { id } = &req {
-            slot.set_idle(false);
             export(&mut stream, shared, id).await?;
             continue;
         }
-        slot.set_idle(false);
         let resp = handle(req, shared).await;
-        send(&mut stream, &resp).await?;
+        send(&mut stream, &resp, shared).await?;
     }
+}
+
+/// Opens a stored trace for export: O_NOFOLLOW (a symlink planted as
+/// `<id>.pftrace` is not followed out of the store, ELOOP) and O_NONBLOCK
+/// (a FIFO there cannot block the open), then it must be a regular file.
+async fn open_trace(path: &std::path::Path) -> std::io::Result<tokio::fs::File> {
+    let file = tokio::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .await?;
+    if !file.metadata().await?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
 }
 
 async fn export(stream: &mut UnixStream, shared: &Shared, id: &str) -> std::io::Result<()> {
@@ -425,28 +481,35 @@ async fn export(stream: &mut UnixStream, shared: &Shared, id: &str) -> std::io::
         .map(|(m, p)| (m.clone(), p));
     let (meta, path) = match found {
         Ok(x) => x,
-        Err(e) => return send(stream, &Response::err(e)).await,
+        Err(e) => return send(stream, &Response::err(e), shared).await,
     };
     // Opened before the header: an eviction racing us cannot cut the
     // stream short, the open file stays readable.
-    let mut file = match tokio::fs::File::open(&path).await {
+    let mut file = match open_trace(&path).await {
         Ok(f) => f,
-        Err(e) => return send(stream, &Response::err(format!("{}: {e}", path.display()))).await,
+        Err(e) => {
+            let why = Response::err(format!("{}: {e}", path.display()));
+            return send(stream, &why, shared).await;
+        }
     };
     let bytes = file.metadata().await?.len();
-    send(
-        stream,
-        &Response::ok(serde_json::json!({ "id": meta.id, "bytes": bytes })),
-    )
-    .await?;
-    let copied = tokio::io::copy(&mut (&mut file).take(bytes), stream).await?;
-    if copied != bytes {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "capture shrank during export",
-        ));
+    let head = Response::ok(serde_json::json!({ "id": meta.id, "bytes": bytes }));
+    send(stream, &head, shared).await?;
+    let mut buf = vec![0u8; WRITE_CHUNK_BYTES];
+    let mut copied = 0u64;
+    while copied < bytes {
+        let want = (bytes - copied).min(buf.len() as u64) as usize;
+        let n = file.read(&mut buf[..want]).await?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "capture shrank during export",
+            ));
+        }
+        write_timed(stream, &buf[..n], shared).await?;
+        copied += n as u64;
     }
-    stream.flush().await
+    Ok(())
 }
 
 async fn handle(req: Request, shared: &Shared) -> Response {
@@ -583,11 +646,13 @@ pub fn dump_text(shared: &Shared) -> String {
             s,
             "  {} {} value={:?} threshold={:?} offender={} -> {}",
             t.unix_ms,
-            t.rule,
+            printable(&t.rule),
             t.value,
             t.threshold,
-            t.offender.as_deref().unwrap_or("-"),
-            t.outcome
+            // A process names itself: its control characters would reach
+            // the bugreport's reader raw, or forge a line of this section.
+            printable(t.offender.as_deref().unwrap_or("-")),
+            printable(&t.outcome)
         );
     }
     let _ = writeln!(
@@ -618,30 +683,4 @@ pub fn dump_text(shared: &Shared) -> String {
         let _ = writeln!(s, "last config reload failed: {e}");
     }
     s
-}
-
-#[cfg(test)]
-mod bind_tests {
-    use super::*;
-
-    #[test]
-    fn bind_replaces_a_stale_socket_but_nothing_else() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("s.sock");
-        drop(bind(&sock).unwrap());
-        // A stale socket from an earlier run is replaced.
-        assert!(bind(&sock).is_ok());
-
-        let file = dir.path().join("precious");
-        std::fs::write(&file, b"keep").unwrap();
-        let e = bind(&file).unwrap_err().to_string();
-        assert!(e.contains("not a socket"), "{e}");
-        assert_eq!(std::fs::read(&file).unwrap(), b"keep");
-
-        // A symlink to a socket is not followed into removing it.
-        let link = dir.path().join("link.sock");
-        std::os::unix::fs::symlink(&sock, &link).unwrap();
-        assert!(bind(&link).is_err());
-        assert!(sock.exists());
-    }
 }

@@ -25,6 +25,49 @@ pub const PER_UID: usize = 16;
 pub const TOTAL: usize = 64;
 /// A connection that sends no request for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Descriptors below RLIMIT_NOFILE kept for the daemon's own work
+/// (procfs reads, BPF maps and perf events, captures, the store): no peer
+/// can have them.
+pub const FD_RESERVE: u64 = 256;
+/// Connections open at once beyond the slots: room to admit (or refuse)
+/// a new peer while every slot is held.
+pub const ADMISSION: usize = 16;
+
+/// How many connections the socket may have open, from RLIMIT_NOFILE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdBudget {
+    /// Accepted connections open at once (the accept loop waits past it,
+    /// peers queue in the kernel's backlog, which costs us no descriptor).
+    pub open: usize,
+    /// Slots over all uids (`TOTAL`, less when the limit is low).
+    pub total: usize,
+    /// Slots of one uid.
+    pub per_uid: usize,
+}
+
+impl FdBudget {
+    /// The budget under a soft RLIMIT_NOFILE of `nofile`: what is left
+    /// after `FD_RESERVE`, at most `TOTAL + ADMISSION`, at least 2.
+    pub fn from_nofile(nofile: u64) -> Self {
+        let room = nofile.saturating_sub(FD_RESERVE);
+        let open = room.clamp(2, (TOTAL + ADMISSION) as u64) as usize;
+        let admission = (open / 5).max(1);
+        let total = open - admission;
+        Self {
+            open,
+            total,
+            per_uid: PER_UID.min(total),
+        }
+    }
+
+    /// The budget under this process's soft RLIMIT_NOFILE.
+    pub fn of_this_process() -> (Self, u64) {
+        let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map(|(soft, _)| soft)
+            .unwrap_or(1024);
+        (Self::from_nofile(nofile), nofile)
+    }
+}
 
 struct Conn {
     id: u64,
@@ -32,8 +75,9 @@ struct Conn {
     evict: Arc<Notify>,
 }
 
-#[derive(Default)]
 struct Inner {
+    per_uid: usize,
+    total_max: usize,
     next_id: u64,
     /// Per uid, oldest first.
     by_uid: HashMap<u32, Vec<Conn>>,
@@ -75,9 +119,14 @@ pub enum Full {
     Total,
 }
 
-#[derive(Default)]
 pub struct Slots {
     inner: Mutex<Inner>,
+}
+
+impl Default for Slots {
+    fn default() -> Self {
+        Self::new(PER_UID, TOTAL)
+    }
 }
 
 /// A held slot; dropping it frees it.
@@ -110,19 +159,32 @@ impl Drop for Slot {
 }
 
 impl Slots {
+    /// Slots for at most `per_uid` connections of one uid, `total` in all.
+    pub fn new(per_uid: usize, total: usize) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                per_uid,
+                total_max: total,
+                next_id: 0,
+                by_uid: HashMap::new(),
+                total: 0,
+            }),
+        }
+    }
+
     /// A slot for a new connection of `uid`, evicting idle connections as
     /// needed; Err when every connection in the way is busy. Returns how
     /// many idle connections were evicted.
     pub fn take(self: &Arc<Self>, uid: u32) -> Result<(Slot, u64), Full> {
         let mut inner = self.inner.lock().unwrap();
         let mut evicted = 0;
-        if inner.by_uid.get(&uid).map_or(0, Vec::len) >= PER_UID {
+        if inner.by_uid.get(&uid).map_or(0, Vec::len) >= inner.per_uid {
             if !inner.evict_oldest_idle(Some(uid)) {
                 return Err(Full::Uid);
             }
             evicted += 1;
         }
-        if inner.total >= TOTAL {
+        if inner.total >= inner.total_max {
             if !inner.evict_oldest_idle(None) {
                 return Err(Full::Total);
             }
@@ -155,6 +217,21 @@ impl Slots {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fd_budget_keeps_the_reserve_and_room_to_admit() {
+        // A systemd default soft limit: the whole budget fits.
+        let b = FdBudget::from_nofile(1024);
+        assert_eq!(
+            (b.open, b.total, b.per_uid),
+            (TOTAL + ADMISSION, TOTAL, PER_UID)
+        );
+        // A low limit: the reserve first, slots shrink, admission stays.
+        let b = FdBudget::from_nofile(FD_RESERVE + 40);
+        assert_eq!((b.open, b.total, b.per_uid), (40, 32, PER_UID));
+        let b = FdBudget::from_nofile(10);
+        assert_eq!((b.open, b.total, b.per_uid), (2, 1, 1));
+    }
 
     #[test]
     fn idle_connections_make_room_and_busy_ones_keep_it() {

@@ -321,7 +321,7 @@ impl Service {
         let mut store = Store::open(&cfg.store.dir, limits(&cfg))?;
         configure_store(&mut store, &cfg);
         let store = Arc::new(Mutex::new(store));
-        let listener = server::bind_or_inherit(&cfg.control.socket)?;
+        let listener = server::bind_or_inherit(&cfg.control.socket, cfg.control.group.as_deref())?;
         let kept = privileges::drop_to(DAEMON_CAPS)?;
         let capabilities = privileges::describe(&kept);
         log::info!(

@@ -74,6 +74,7 @@ impl Service {
             || new.sampling.classic_tracepoints != cfg.sampling.classic_tracepoints
             || new.store.dir != cfg.store.dir
             || new.control.socket != cfg.control.socket
+            || new.control.group != cfg.control.group
         {
             log::warn!("eBPF, store dir and socket settings take effect at the next start");
         }
