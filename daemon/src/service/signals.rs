@@ -65,28 +65,13 @@ impl Service {
     /// length, the store's limits, the control socket's limits and the
     /// heapprofd runner (when no session uses it).
     pub(super) fn apply_config(&mut self, mut new: Config) {
-        let cfg = &self.cfg;
         log::info!("config reloaded from {}", self.config_path.display());
-        if new.sampling.fault_source != cfg.sampling.fault_source
-            || new.sampling.max_tasks != cfg.sampling.max_tasks
-            || new.sampling.exits_per_second != cfg.sampling.exits_per_second
-            || new.sampling.runq_wait != cfg.sampling.runq_wait
-            || new.sampling.classic_tracepoints != cfg.sampling.classic_tracepoints
-            || new.store.dir != cfg.store.dir
-            || new.control.socket != cfg.control.socket
-            || new.control.group != cfg.control.group
-        {
-            log::warn!("eBPF, store dir and socket settings take effect at the next start");
+        if keep_start_only(&mut new, &self.cfg) {
+            log::warn!(
+                "accounting, eBPF, procfs root, store dir and socket settings take effect at the \
+                 next start"
+            );
         }
-        // Until then the running ones stay in force, and `vitalsctl config`
-        // shows those, not a store or socket the daemon is not using.
-        new.sampling.fault_source = cfg.sampling.fault_source;
-        new.sampling.max_tasks = cfg.sampling.max_tasks;
-        new.sampling.exits_per_second = cfg.sampling.exits_per_second;
-        new.sampling.runq_wait = cfg.sampling.runq_wait;
-        new.sampling.classic_tracepoints = cfg.sampling.classic_tracepoints;
-        new.store.dir = cfg.store.dir.clone();
-        new.control.socket = cfg.control.socket.clone();
         self.engine.reconfigure(
             new.rules.clone(),
             new.budget.clone(),
@@ -107,5 +92,64 @@ impl Service {
         if self.heap.is_none() {
             self.runner = Arc::new(heap_runner(&self.cfg));
         }
+    }
+}
+
+/// Puts the running values back into `new` for the settings only start-up
+/// reads (the tier and its programs, the procfs root the sampler was made
+/// with, the store and the socket), so `vitalsctl config` shows what is in
+/// force; true when `new` asked to change any of them.
+fn keep_start_only(new: &mut Config, running: &Config) -> bool {
+    let (n, r) = (&mut new.sampling, &running.sampling);
+    let changed = n.accounting != r.accounting
+        || n.proc_root != r.proc_root
+        || n.pin_dir != r.pin_dir
+        || n.fault_source != r.fault_source
+        || n.max_tasks != r.max_tasks
+        || n.exits_per_second != r.exits_per_second
+        || n.runq_wait != r.runq_wait
+        || n.classic_tracepoints != r.classic_tracepoints
+        || new.store.dir != running.store.dir
+        || new.control.socket != running.control.socket
+        || new.control.group != running.control.group;
+    let n = &mut new.sampling;
+    n.accounting = r.accounting;
+    n.proc_root = r.proc_root.clone();
+    n.pin_dir = r.pin_dir.clone();
+    n.fault_source = r.fault_source;
+    n.max_tasks = r.max_tasks;
+    n.exits_per_second = r.exits_per_second;
+    n.runq_wait = r.runq_wait;
+    n.classic_tracepoints = r.classic_tracepoints;
+    new.store.dir = running.store.dir.clone();
+    new.control.socket = running.control.socket.clone();
+    new.control.group = running.control.group.clone();
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// A reload that asks for another tier, procfs root or socket group
+    /// keeps the running ones (start-up alone reads them) and says so.
+    #[test]
+    fn start_only_settings_keep_their_running_values() {
+        let running = Config::parse(Path::new("t.toml"), "").unwrap();
+        let mut new = Config::parse(
+            Path::new("t.toml"),
+            "[sampling]\naccounting = \"proc\"\nproc_root = \"/elsewhere\"\n\
+             [control]\ngroup = \"4242\"\n[store]\nquota_bytes = 1048576\n",
+        )
+        .unwrap();
+        assert!(keep_start_only(&mut new, &running));
+        assert_eq!(new.sampling.accounting, running.sampling.accounting);
+        assert_eq!(new.sampling.proc_root, running.sampling.proc_root);
+        assert_eq!(new.control.group, running.control.group);
+        assert_eq!(new.store.quota_bytes, 1048576, "reloadable settings apply");
+        let mut same = Config::parse(Path::new("t.toml"), "").unwrap();
+        assert!(!keep_start_only(&mut same, &running));
     }
 }
