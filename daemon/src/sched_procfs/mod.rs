@@ -16,8 +16,13 @@
 //! is read every scan while anything of it moves; one whose threads showed
 //! no movement at all is re-read after 2, 4, then at most
 //! [`MAX_BACKOFF_SCANS`] scans, unless its stat shows a new tick or thread
-//! count first. Counters are cumulative, so a deferred read loses nothing:
-//! a quiet process's sub-tick work shows up to that many scans late.
+//! count first. Within a process that is read, a thread that did not move
+//! at its last read backs off the same way, unless the process's stat
+//! shows more CPU (beyond two ticks of rounding) than the threads read
+//! explain, which reads them all; every thread is read at least every
+//! [`MAX_BACKOFF_SCANS`] scans, and only such a full read reconciles with
+//! the process's stat. Counters are cumulative, so a deferred read loses
+//! nothing: a quiet thread's sub-tick work shows up to that many scans late.
 //! (Skipping on stat's ticks alone was tried and dropped: a thread that
 //! sleeps 300 times in 600 ms uses under one tick, and its switches went
 //! unseen until the next refresh.)
@@ -36,6 +41,7 @@
 
 #[cfg(test)]
 mod tests;
+mod threads;
 
 use std::{
     collections::HashMap,
@@ -68,6 +74,11 @@ pub struct SchedProcfsStats {
     pub status_reads: u64,
     /// Scans of a quiet process whose threads were not read (backoff).
     pub deferred_processes: u64,
+    /// Quiet threads of a process that was read, left unread (backoff).
+    pub deferred_threads: u64,
+    /// Reads of every thread because the process's stat showed more CPU
+    /// than the threads read explained.
+    pub escalated_reads: u64,
     /// On-CPU ns known only from a process's stat (clock ticks): threads
     /// that ended between scans.
     pub tick_precision_ns: u64,
@@ -88,6 +99,8 @@ impl SchedProcfsStats {
             ("schedstat_reads", self.schedstat_reads),
             ("status_reads", self.status_reads),
             ("deferred_processes", self.deferred_processes),
+            ("deferred_threads", self.deferred_threads),
+            ("escalated_reads", self.escalated_reads),
             ("tick_precision_ns", self.tick_precision_ns),
             ("exited_threads", self.exited_threads),
             ("tid_reuse", self.tid_reuse),
@@ -160,6 +173,18 @@ struct ThreadState {
     /// `last`'s switch counts are current as of `last.timeslices`.
     quiescent: bool,
     seen: u64,
+    /// The scan that last read it, and the scans until the next read
+    /// while it does not move (1..=MAX_BACKOFF_SCANS).
+    read_at: u64,
+    backoff: u64,
+}
+
+/// What one pass over a process's threads read.
+struct ThreadsRead {
+    /// Every listed thread was read.
+    all: bool,
+    /// On-CPU ns the threads read gained since their last read.
+    fresh_oncpu_ns: u64,
 }
 
 #[derive(Debug)]
@@ -171,6 +196,8 @@ struct ProcessState {
     threads_read: u64,
     /// Scans until the next thread read while nothing moves (1..=MAX).
     backoff: u64,
+    /// The scan that last read every thread (0: never).
+    full_read: u64,
     seen: u64,
     threads: HashMap<u32, ThreadState>,
     /// Final counters (as last read) of threads that are gone.
@@ -188,6 +215,7 @@ impl ProcessState {
             fingerprint: (0, 0),
             threads_read: 0,
             backoff: 1,
+            full_read: 0,
             seen: 0,
             threads: HashMap::new(),
             exited: ThreadCounters::default(),
@@ -290,23 +318,7 @@ impl SchedProcfs {
                 || fingerprint != st.fingerprint
                 || generation - st.threads_read >= st.backoff;
             if due {
-                let failures = self.stats.read_failures;
-                let before = st.thread_totals();
-                let threads_before = st.threads.len();
-                self.read_threads(pid, &mut st);
-                let moved = st.thread_totals() != before || st.threads.len() != threads_before;
-                st.backoff = if moved {
-                    1
-                } else {
-                    (st.backoff * 2).min(MAX_BACKOFF_SCANS)
-                };
-                st.fingerprint = fingerprint;
-                st.threads_read = generation;
-                // Only threads read afresh (after the stat) bound what
-                // the dead ones did; a stale one would be counted twice.
-                if self.stats.read_failures == failures {
-                    self.reconcile(&mut st, cpu_ticks);
-                }
+                self.read_process(pid, &mut st, fingerprint);
             } else {
                 self.stats.deferred_processes += 1;
             }
@@ -328,6 +340,47 @@ impl SchedProcfs {
             }
         }
         rows
+    }
+
+    /// Reads the threads of a process that is due: those whose own backoff
+    /// is up, or all of them when its last full read is [`MAX_BACKOFF_SCANS`]
+    /// old, its thread set changed, or its stat shows more CPU than the
+    /// threads just read explain (a deferred thread is running).
+    fn read_process(&mut self, pid: u32, st: &mut ProcessState, fingerprint: (u64, u64)) {
+        let generation = self.generation;
+        let failures = self.stats.read_failures;
+        let before = st.thread_totals();
+        let threads_before = st.threads.len();
+        // One thread: whatever moved the process's stat was it.
+        let full = st.full_read == 0
+            || generation - st.full_read >= MAX_BACKOFF_SCANS
+            || st.threads.len() <= 1;
+        let mut read = self.read_threads(pid, st, full);
+        if !read.all {
+            // stat's utime and stime are each truncated to ticks, so a
+            // delta within two ticks of the threads read may be rounding.
+            let tick_ns = 1_000_000_000 / self.hz;
+            let stat_ns = fingerprint.0.saturating_sub(st.fingerprint.0) * tick_ns;
+            if stat_ns > read.fresh_oncpu_ns + 2 * tick_ns {
+                self.stats.escalated_reads += 1;
+                read = self.read_threads(pid, st, true);
+            }
+        }
+        let moved = st.thread_totals() != before || st.threads.len() != threads_before;
+        st.backoff = if moved {
+            1
+        } else {
+            (st.backoff * 2).min(MAX_BACKOFF_SCANS)
+        };
+        st.fingerprint = fingerprint;
+        st.threads_read = generation;
+        // Only when every thread was read afresh (after the stat) do the
+        // threads bound what the dead ones did; a stale one would be
+        // counted twice.
+        if read.all && self.stats.read_failures == failures {
+            st.full_read = generation;
+            self.reconcile(st, fingerprint.0);
+        }
     }
 
     /// Adds what the process's stat shows beyond its threads' counters
@@ -366,121 +419,6 @@ impl SchedProcfs {
                 self.stats.read_failures += 1;
                 Err(())
             }
-        }
-    }
-
-    /// Reads every thread of `pid`; threads no longer listed are folded
-    /// into the process's exited counters.
-    fn read_threads(&mut self, pid: u32, st: &mut ProcessState) {
-        let generation = self.generation;
-        let mut tids = std::mem::take(&mut self.tids);
-        let task_dir = self.set_path(format_args!("/{pid}/task")).to_owned();
-        match list_numeric(&task_dir, &mut self.dirent_buf, &mut tids) {
-            Ok(()) => {}
-            Err(e) => {
-                if !is_vanished(&e) {
-                    log::debug!("listing {}: {e}", task_dir.display());
-                }
-                // Unreadable, or gone (then no reconciling either: the
-                // process's stat was read before it went).
-                self.stats.read_failures += u64::from(!is_vanished(&e));
-                self.tids = tids;
-                return;
-            }
-        }
-        for &tid in &tids {
-            self.read_thread(pid, tid, st);
-        }
-        self.tids = tids;
-        let before = st.threads.len();
-        let exited = &mut st.exited;
-        st.threads.retain(|_, th| {
-            let keep = th.seen == generation;
-            if !keep {
-                exited.add(&th.last);
-            }
-            keep
-        });
-        let left = (before - st.threads.len()) as u32;
-        st.exited_threads += left;
-        self.stats.exited_threads += u64::from(left);
-    }
-
-    fn read_thread(&mut self, pid: u32, tid: u32, st: &mut ProcessState) {
-        let generation = self.generation;
-        self.set_path(format_args!("/{pid}/task/{tid}/schedstat"));
-        self.stats.schedstat_reads += 1;
-        let s = match self.read_current() {
-            Ok(true) => match parse_schedstat(&self.buf) {
-                Ok(s) => s,
-                Err(e) => {
-                    log::debug!("parsing /{pid}/task/{tid}/schedstat: {e}");
-                    self.stats.read_failures += 1;
-                    return self.keep_unread(st, tid);
-                }
-            },
-            // Exited after the listing: folded as gone below.
-            Ok(false) => return,
-            Err(()) => return self.keep_unread(st, tid),
-        };
-        let prev = st.threads.get(&tid).map(|th| (th.last, th.quiescent));
-        let prev = match prev {
-            Some((last, _))
-                if s.sum_exec_runtime_ns < last.oncpu_ns || s.timeslices < last.timeslices =>
-            {
-                // The same (pid, tid) with smaller counters: a new thread.
-                st.exited.add(&last);
-                st.exited_threads += 1;
-                self.stats.tid_reuse += 1;
-                st.threads.remove(&tid);
-                None
-            }
-            other => other,
-        };
-        let mut next = ThreadCounters {
-            oncpu_ns: s.sum_exec_runtime_ns,
-            runq_wait_ns: s.run_delay_ns,
-            timeslices: s.timeslices,
-            ..prev.map(|(last, _)| last).unwrap_or_default()
-        };
-        let mut quiescent = prev.is_some_and(|(_, q)| q);
-        let switched = prev.is_none_or(|(last, q)| !q || last.timeslices != s.timeslices);
-        if switched {
-            self.set_path(format_args!("/{pid}/task/{tid}/status"));
-            self.stats.status_reads += 1;
-            match self.read_current() {
-                Ok(true) => match parse_ctxt_switches(&self.buf) {
-                    Ok(c) => {
-                        next.voluntary_switches = c.voluntary.max(next.voluntary_switches);
-                        next.involuntary_switches = c.involuntary.max(next.involuntary_switches);
-                        quiescent = next.quiescent();
-                    }
-                    Err(e) => {
-                        log::debug!("parsing /{pid}/task/{tid}/status: {e}");
-                        self.stats.read_failures += 1;
-                        quiescent = false;
-                    }
-                },
-                // Exited between the two reads: its schedstat stands.
-                Ok(false) | Err(()) => quiescent = false,
-            }
-        }
-        st.threads.insert(
-            tid,
-            ThreadState {
-                last: next,
-                quiescent,
-                seen: generation,
-            },
-        );
-    }
-
-    /// A thread that exists but could not be read this time: keep its
-    /// last counters (it is alive, not gone).
-    fn keep_unread(&mut self, st: &mut ProcessState, tid: u32) {
-        if let Some(th) = st.threads.get_mut(&tid) {
-            th.seen = self.generation;
-            th.quiescent = false;
         }
     }
 }

@@ -252,3 +252,42 @@ fn bad_files_are_counted_not_fatal() {
         "alive, no row, not ended"
     );
 }
+
+/// A busy thread beside 20 quiet ones: the quiet ones back off, the busy
+/// one is read every scan; when a deferred one starts running (the
+/// process's stat gains more than the threads read explain) all are read
+/// at once.
+#[test]
+fn quiet_threads_of_a_busy_process_back_off_until_stat_says_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for tid in 101..=120 {
+        write_thread(root, 100, tid, 1_000_000, 0, 1, 1, 0);
+    }
+    let mut busy_ns = 10_000_000;
+    write_thread(root, 100, 100, busy_ns, 0, 1, 1, 0);
+    let mut src = SchedProcfs::new(root, HZ);
+    let mut ticks = 3;
+    src.update(&sample(100, ticks, 21, 0));
+    let mut reads = Vec::new();
+    for _ in 0..5 {
+        busy_ns += 10_000_000;
+        ticks += 1;
+        write_thread(root, 100, 100, busy_ns, 0, 1, 1, 0);
+        let before = src.stats.schedstat_reads;
+        src.update(&sample(100, ticks, 21, 0));
+        reads.push(src.stats.schedstat_reads - before);
+    }
+    // Scan 2 reads all (nothing deferred yet: each thread's backoff is 1),
+    // then the quiet 20 wait 2 and 4 scans while the busy one is read.
+    assert_eq!(reads, vec![21, 1, 21, 1, 1]);
+    assert!(src.stats.deferred_threads > 0);
+    // Thread 107 runs 50 ms: stat gains 6 ticks, the busy thread 10 ms.
+    write_thread(root, 100, 107, 51_000_000, 0, 2, 2, 0);
+    busy_ns += 10_000_000;
+    write_thread(root, 100, 100, busy_ns, 0, 1, 1, 0);
+    ticks += 6;
+    let r = src.update(&sample(100, ticks, 21, 0))[0];
+    assert_eq!(src.stats.escalated_reads, 1);
+    assert_eq!(r.oncpu_ns, busy_ns + 19 * 1_000_000 + 51_000_000);
+}
