@@ -9,7 +9,7 @@ use std::{
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
-use crate::bpf::{denied::AccountingChoice, FaultSourceChoice};
+use crate::bpf::{denied::AccountingChoice, CaptureMemory, FaultSourceChoice};
 
 /// Where the OEM puts it on Android, and on Linux hosts.
 pub const DEFAULT_PATH_ANDROID: &str = "/vendor/etc/vitalsd.toml";
@@ -145,6 +145,7 @@ fn accounting_ser<S: Serializer>(v: &AccountingChoice, s: S) -> Result<S::Ok, S:
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub sampling: Sampling,
+    pub capture: CaptureMemory,
     pub store: StoreConfig,
     pub control: Control,
     pub budget: Budget,
@@ -444,6 +445,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             sampling: Sampling::default(),
+            capture: CaptureMemory::default(),
             store: StoreConfig::default(),
             control: Control::default(),
             budget: Budget::default(),
@@ -524,6 +526,9 @@ impl Config {
                 "sampling.history_processes",
                 "must be between 1 and 10000".into(),
             );
+        }
+        if let Err((key, message)) = self.capture.check() {
+            return bad(&format!("capture.{key}"), message);
         }
         if self.store.quota_bytes < 1 << 20 {
             return bad("store.quota_bytes", "must be at least 1 MiB".into());

@@ -70,6 +70,7 @@ impl Service {
             || new.sampling.exits_per_second != cfg.sampling.exits_per_second
             || new.sampling.runq_wait != cfg.sampling.runq_wait
             || new.sampling.classic_tracepoints != cfg.sampling.classic_tracepoints
+            || new.capture != cfg.capture
             || new.store.dir != cfg.store.dir
             || new.control.socket != cfg.control.socket
         {
