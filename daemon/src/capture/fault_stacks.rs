@@ -19,7 +19,7 @@
 //! samples held back meanwhile, `RESOLVE_ATTEMPTS` times at most.
 
 use std::{
-    collections::HashMap,
+    collections::{hash_map::Entry, HashMap},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -182,9 +182,9 @@ impl FaultStacks {
             if f.stack_id < 0 {
                 continue;
             }
-            if !todo.contains_key(&f.tgid) {
+            if let Entry::Vacant(e) = todo.entry(f.tgid) {
+                e.insert(Vec::new());
                 self.check_image(f.tgid);
-                todo.insert(f.tgid, Vec::new());
             }
             let id = f.stack_id as u32;
             let ips = self
