@@ -198,14 +198,36 @@ impl FaultStacks {
                     .filter(|ip| !known.is_some_and(|p| p.done.contains_key(ip))),
             );
         }
+        // The processes whose frames waited longest first: a flush whose
+        // budget runs out leaves the rest to the next, where they come
+        // before new work, so none is starved by a busy neighbour.
+        let mut todo: Vec<(u32, u32, Vec<u64>)> = todo
+            .into_iter()
+            .map(|(pid, mut addrs)| {
+                addrs.sort_unstable();
+                addrs.dedup();
+                (self.attempts_so_far(pid, &addrs), pid, addrs)
+            })
+            .collect();
+        todo.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         let deadline = Instant::now() + RESOLVE_BUDGET;
-        for (pid, mut addrs) in todo {
-            addrs.sort_unstable();
-            addrs.dedup();
+        for (_, pid, addrs) in todo {
             if !addrs.is_empty() {
                 self.resolve(pid, &addrs, deadline);
             }
         }
+    }
+
+    /// The most attempts any of `addrs` of `pid` had already.
+    fn attempts_so_far(&self, pid: u32, addrs: &[u64]) -> u32 {
+        let Some(p) = self.processes.get(&pid) else {
+            return 0;
+        };
+        addrs
+            .iter()
+            .filter_map(|a| p.retrying.get(a).map(|(n, _)| *n))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Drops what is cached for `pid` when it is another image now: the
