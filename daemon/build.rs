@@ -12,6 +12,7 @@ use std::{env, path::PathBuf, process::Command};
 const BPF_RUSTC: &str = "/usr/bin/rustc";
 
 fn main() {
+    perfetto_shim();
     println!("cargo:rerun-if-env-changed=VITALS_EBPF_OBJ");
     if let Ok(obj) = env::var("VITALS_EBPF_OBJ") {
         println!("cargo:rerun-if-changed={obj}");
@@ -95,4 +96,24 @@ fn main() {
     }
     let obj = target_dir.join("bpfel-unknown-none/release/vitals-ebpf");
     println!("cargo:rustc-env=VITALS_EBPF_OBJ={}", obj.display());
+}
+
+/// With the `producer` feature (the Perfetto SDK), the C++ shim that gets
+/// traced's reason for ending a session (`cc/perfetto_session_error.cc`),
+/// built by the same kind of compiler as perfetto-sdk-sys builds the SDK.
+fn perfetto_shim() {
+    if env::var_os("CARGO_FEATURE_PRODUCER").is_none() {
+        return;
+    }
+    let src = "cc/perfetto_session_error.cc";
+    println!("cargo:rerun-if-changed={src}");
+    let mut build = cc::Build::new();
+    if env::var_os("CXX").is_none() && Command::new("clang++").arg("--version").output().is_ok() {
+        build.compiler("clang++");
+    }
+    build
+        .cpp(true)
+        .std("c++17")
+        .file(src)
+        .compile("vitals_perfetto_shim");
 }

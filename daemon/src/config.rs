@@ -9,7 +9,7 @@ use std::{
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
-use crate::bpf::{denied::AccountingChoice, FaultSourceChoice};
+use crate::bpf::{denied::AccountingChoice, CaptureMemory, FaultSourceChoice};
 
 #[path = "config_file.rs"]
 mod file;
@@ -161,6 +161,7 @@ fn accounting_ser<S: Serializer>(v: &AccountingChoice, s: S) -> Result<S::Ok, S:
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub sampling: Sampling,
+    pub capture: CaptureMemory,
     pub store: StoreConfig,
     pub control: Control,
     pub budget: Budget,
@@ -466,6 +467,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             sampling: Sampling::default(),
+            capture: CaptureMemory::default(),
             store: StoreConfig::default(),
             control: Control::default(),
             budget: Budget::default(),
@@ -546,6 +548,9 @@ impl Config {
                 "sampling.history_processes",
                 "must be between 1 and 10000".into(),
             );
+        }
+        if let Err((key, message)) = self.capture.check() {
+            return bad(&format!("capture.{key}"), message);
         }
         if self.store.quota_bytes < 1 << 20 {
             return bad("store.quota_bytes", "must be at least 1 MiB".into());

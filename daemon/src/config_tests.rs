@@ -40,6 +40,17 @@ fn bad_values_name_the_key() {
     assert!(e.contains("sampling.interval"), "{e}");
     let e = parse("[store]\nquota_bytes = 5\n").unwrap_err().to_string();
     assert!(e.contains("store.quota_bytes"), "{e}");
+    let e = parse("[capture]\nbuffer_bytes = 3000000\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("capture.buffer_bytes") && e.contains("power of two"),
+        "{e}"
+    );
+    let e = parse("[capture]\nstack_entries = 1\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("capture.stack_entries"), "{e}");
     let e = parse(
         "[[rule]]\nname = \"x\"\nmetric = { kind = \"psi_avg10\", resource = \"gpu\", full = false }\nthreshold = 5\nwindow = \"10s\"\ncooldown = \"1m\"\n",
     )

@@ -79,6 +79,48 @@ pub fn programs_of(pid: i32) -> Vec<ProgRuns> {
     out
 }
 
+/// One BPF map a process holds an fd of, as its fdinfo says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapInfo {
+    pub id: u32,
+    /// enum bpf_map_type (27 ring buffer, 7 stack trace, ...).
+    pub map_type: u32,
+    pub max_entries: u64,
+    /// The kernel memory it charges, in bytes.
+    pub memlock: u64,
+}
+
+pub const BPF_MAP_TYPE_STACK_TRACE: u32 = 7;
+pub const BPF_MAP_TYPE_RINGBUF: u32 = 27;
+
+/// Every BPF map `pid` holds an fd of, once per map.
+pub fn maps_of(pid: i32) -> Vec<MapInfo> {
+    let mut out: Vec<MapInfo> = Vec::new();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("listing the fds");
+    for fd in fds.filter_map(Result::ok) {
+        let is_map = std::fs::read_link(fd.path())
+            .is_ok_and(|l| l.to_string_lossy() == "anon_inode:bpf-map");
+        let info = format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy());
+        let Some(f) = is_map
+            .then(|| std::fs::read_to_string(info).ok())
+            .flatten()
+            .map(|s| fdinfo_fields(&s))
+        else {
+            continue;
+        };
+        let id = f["map_id"] as u32;
+        if out.iter().all(|m| m.id != id) {
+            out.push(MapInfo {
+                id,
+                map_type: f["map_type"] as u32,
+                max_entries: f["max_entries"],
+                memlock: f.get("memlock").copied().unwrap_or(0),
+            });
+        }
+    }
+    out
+}
+
 /// The numeric `key:\tvalue` lines of an fdinfo file.
 fn fdinfo_fields(s: &str) -> HashMap<String, u64> {
     s.lines()

@@ -173,6 +173,11 @@ impl PerfettoService {
         service
     }
 
+    /// traced's pid (its process group's leader).
+    pub fn traced_pid(&self) -> u32 {
+        self._traced.pid()
+    }
+
     /// PERFETTO_PRODUCER_SOCK_NAME and PERFETTO_CONSUMER_SOCK_NAME: every
     /// client of this service (perfetto, a preloaded target) needs both.
     pub fn env(&self) -> Vec<(&'static str, PathBuf)> {

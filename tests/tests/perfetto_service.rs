@@ -332,9 +332,9 @@ fn a_target_not_running_gets_no_profile_and_is_named_as_not_running(route: Route
 
 /// traced refuses a second session under the same unique_session_name
 /// while the first runs: the real client then exits 0 without a trace,
-/// the SDK reads back nothing. vitalsd reports the refusal (with traced's
-/// reason where the route has it: the SDK's C API does not pass it on)
-/// and stores nothing; the first session is unharmed.
+/// the SDK reads back nothing. vitalsd reports the refusal with traced's
+/// reason on both routes and stores nothing; the first session is
+/// unharmed.
 fn a_refused_session_is_reported_with_traceds_reason_and_stores_nothing(route: Route) {
     require_root();
     let tp = trace_processor();
@@ -362,14 +362,11 @@ fn a_refused_session_is_reported_with_traceds_reason_and_stores_nothing(route: R
     let o = vitalsd_heap(service.env(), dir.path(), &strs(&args));
     let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
     assert!(!o.status.success(), "{stdout}");
-    let reason = match route {
-        // traced's own words, from the client's "Service error: ".
-        Route::PerfettoClient => "already exists",
-        // What vitalsd can know: a reachable traced that gave no data.
-        Route::InProcess => "traced ended the session without any data",
-    };
+    // traced's own words ("A trace with this unique session name already
+    // exists"): from the client's "Service error: ", or through the SDK's
+    // error callback.
     assert!(
-        stderr.contains("traced refused the session") && stderr.contains(reason),
+        stderr.contains("traced refused the session") && stderr.contains("already exists"),
         "{stdout}\n{stderr}"
     );
     assert!(stdout.contains("nothing stored"), "{stdout}");
@@ -468,4 +465,74 @@ fn a_rule_heap_profiles_its_offender_through_the_real_service(route: Route) {
         (i.allocations, i.allocated_bytes, i.freed_bytes),
         "{h}"
     );
+}
+
+/// The daemon's threads named `heapprofd-sdk` (the in-process consumer's
+/// session threads), from /proc.
+fn sdk_threads(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "heapprofd-sdk")
+        })
+        .count()
+}
+
+/// A traced that hangs (SIGSTOP: its sockets still accept, nothing
+/// answers) holds the in-process consumer's SDK call past the deadline.
+/// The thread blocked in it cannot be interrupted, but it must be the
+/// only one: the sessions after it are refused at once, saying why,
+/// instead of each leaving a thread behind. Once traced answers again
+/// the thread ends.
+#[test]
+fn a_hung_traced_costs_the_in_process_consumer_one_thread_not_one_per_session() {
+    require_root();
+    let service = PerfettoService::start();
+    let config = format!(
+        "[heapprofd]\n{}allowlist = [\"{TARGET}\"]\n\
+         system_per_hour = 100\nsystem_per_day = 100\ntarget_per_hour = 100\ntarget_per_day = 100\n",
+        Route::InProcess.config(&service.perfetto_bin())
+    );
+    let d = Daemon::start_with_env(&config, service.env());
+    d.wait_status("a sample", Duration::from_secs(10), |st| {
+        st["samples"].as_u64().unwrap_or(0) > 0
+    });
+    let traced = nix::unistd::Pid::from_raw(service.traced_pid() as i32);
+    nix::sys::signal::kill(traced, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let mut outputs = Vec::new();
+    for _ in 0..3 {
+        let o = d.vitalsctl(&["heap", "--name", TARGET, "--duration", "1s"]);
+        assert!(!o.status.success(), "{}", text(&o.stdout));
+        outputs.push(format!("{}{}", text(&o.stdout), text(&o.stderr)));
+    }
+    let stuck = sdk_threads(d.pid());
+    nix::sys::signal::kill(traced, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert_eq!(
+        stuck, 1,
+        "session threads left behind by 3 sessions against a hung traced"
+    );
+    assert!(
+        outputs[0].contains("did not answer"),
+        "the first session: {}\n{}",
+        outputs[0],
+        d.log()
+    );
+    for o in &outputs[1..] {
+        assert!(
+            o.contains("previous in-process session"),
+            "{o}\n{}",
+            d.log()
+        );
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while sdk_threads(d.pid()) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abandoned session thread did not end once traced answered\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

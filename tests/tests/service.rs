@@ -472,3 +472,41 @@ fn the_capture_ring_is_mapped_only_while_a_capture_runs() {
         );
     }
 }
+
+/// `[capture]` sizes the capture memory `vitalsd run` reserves at start,
+/// as the kernel reports the maps it holds (fdinfo): the ring buffer's
+/// bytes and the stack map's entries, by default and as configured.
+#[test]
+fn capture_memory_is_sized_by_the_config() {
+    use vitals_tests::bpf_stats::{maps_of, BPF_MAP_TYPE_RINGBUF, BPF_MAP_TYPE_STACK_TRACE};
+    let sizes = |extra: &str| {
+        let d = Daemon::start(extra);
+        d.wait_status("a sample", Duration::from_secs(10), |st| {
+            st["samples"].as_u64().unwrap_or(0) > 0
+        });
+        let maps = maps_of(d.pid());
+        let of = |t: u32| {
+            let m: Vec<_> = maps.iter().filter(|m| m.map_type == t).collect();
+            assert_eq!(m.len(), 1, "maps of type {t}: {maps:?}\n{}", d.log());
+            (m[0].max_entries, m[0].memlock)
+        };
+        (of(BPF_MAP_TYPE_RINGBUF), of(BPF_MAP_TYPE_STACK_TRACE))
+    };
+    let ((ring, ring_memlock), (stacks, _)) = sizes("");
+    assert_eq!((ring, stacks), (8 << 20, 4096), "the defaults");
+    assert!(
+        ring_memlock >= ring,
+        "{ring_memlock} bytes charged for the ring"
+    );
+    let ((ring, ring_memlock), (stacks, stacks_memlock)) =
+        sizes("[capture]\nbuffer_bytes = 1048576\nstack_entries = 256\n");
+    assert_eq!((ring, stacks), (1 << 20, 256));
+    assert!(
+        (1 << 20..2 << 20).contains(&ring_memlock),
+        "{ring_memlock} bytes charged for a 1 MiB ring"
+    );
+    assert!(
+        stacks_memlock < 1 << 20,
+        "{stacks_memlock} bytes for 256 stacks"
+    );
+}

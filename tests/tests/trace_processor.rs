@@ -16,6 +16,7 @@
 //! - `threads_whose_tgid_was_never_seen_are_not_attached_to_pid_0`
 //! - `a_pid_reused_within_one_recording_is_two_processes_each_with_its_own_tracks_and_row`
 //! - `short_lived_processes_are_named_in_the_table_and_in_the_process_table`
+//! - `every_process_with_counters_has_a_name_beside_short_lived_shells`
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -503,4 +504,72 @@ fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
         unnamed_in_trace.len(),
         &unnamed_in_trace[..unnamed_in_trace.len().min(5)],
     );
+}
+
+/// Issue 23: a 3 s `record` beside 40 short-lived `sh -c 'sleep 0.05'`
+/// children and a 3-thread spinner once gave 10 process counter tracks
+/// whose process had no name in trace_processor. Every process with
+/// counters must have one. A failing run keeps its trace
+/// (`$VITALS_KEEP_TRACE_DIR`, else the temporary directory is kept and
+/// printed).
+#[test]
+fn every_process_with_counters_has_a_name_beside_short_lived_shells() {
+    use std::sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    };
+    let tp = trace_processor();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("shells.pftrace");
+    let rec = Recording::start(
+        &record_args(&trace, &["--duration", "3s"]),
+        "eBPF accounting attached",
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinners: Vec<_> = (0..3)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    for _ in 0..40 {
+        let status = std::process::Command::new("sh")
+            .args(["-c", "sleep 0.05"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for s in spinners {
+        s.join().unwrap();
+    }
+    rec.wait();
+
+    let t = Imported::new(&tp, &trace);
+    let unnamed = t.q(
+        "select t.name as track, p.upid as upid, p.pid as pid, p.cmdline as cmdline \
+         from process_counter_track t join process p using(upid) \
+         where p.name is null or p.name = '' order by p.pid",
+    );
+    if !unnamed.is_empty() {
+        let kept = match std::env::var_os("VITALS_KEEP_TRACE_DIR") {
+            Some(d) => {
+                let to = PathBuf::from(d).join(format!("unnamed-{}.pftrace", std::process::id()));
+                std::fs::copy(&trace, &to).unwrap();
+                to
+            }
+            None => dir.keep().join("shells.pftrace"),
+        };
+        panic!(
+            "{} process counter tracks belong to processes with no name (trace kept at {}): {:?}",
+            unnamed.len(),
+            kept.display(),
+            &unnamed[..unnamed.len().min(10)]
+        );
+    }
 }

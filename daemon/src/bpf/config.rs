@@ -3,8 +3,9 @@
 //! (`CaptureSizing`), where programs come from (`PinMode`), and the fault
 //! source asked for (`FaultSourceChoice`) and in use (`FaultSource`).
 
-use std::{path::PathBuf, time::Duration};
+use std::{ops::RangeInclusive, path::PathBuf, time::Duration};
 
+use serde::{Deserialize, Serialize};
 use vitals_common::FaultCounters;
 
 use super::CaptureTransportChoice;
@@ -194,6 +195,71 @@ impl Default for CaptureSizing {
     }
 }
 
+/// `[capture]` of the daemon's config: the capture tier's kernel memory,
+/// which `vitalsd run` reserves when its programs load (a map's size is
+/// fixed then) and holds for its life, for the captures of its rules and
+/// of `vitalsctl capture`. A reload cannot resize it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CaptureMemory {
+    /// Capture ring buffer bytes (with the perf array, split over the
+    /// online CPUs): a power of two in [`CaptureMemory::BUFFER_BYTES`].
+    /// Records that find it full are dropped and counted.
+    pub buffer_bytes: u32,
+    /// Distinct sampled-fault user stacks the stack map holds, about 1 KiB
+    /// each; in [`CaptureMemory::STACK_ENTRIES`]. A stack that finds it
+    /// full is counted (`lost_stacks`) and its sample kept without it.
+    pub stack_entries: u32,
+}
+
+impl Default for CaptureMemory {
+    fn default() -> Self {
+        let d = CaptureSizing::default();
+        Self {
+            buffer_bytes: d.ring_bytes,
+            stack_entries: d.stack_entries,
+        }
+    }
+}
+
+impl CaptureMemory {
+    /// 64 KiB (a page on every Linux page size) to 256 MiB.
+    pub const BUFFER_BYTES: RangeInclusive<u32> = (64 << 10)..=(256 << 20);
+    pub const STACK_ENTRIES: RangeInclusive<u32> = 64..=65536;
+
+    /// The key (under `capture.`) out of range, and why.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        let (lo, hi) = Self::BUFFER_BYTES.into_inner();
+        if !self.buffer_bytes.is_power_of_two() || !Self::BUFFER_BYTES.contains(&self.buffer_bytes)
+        {
+            return Err((
+                "buffer_bytes",
+                format!(
+                    "{} is not a power of two between {lo} (64 KiB) and {hi} (256 MiB)",
+                    self.buffer_bytes
+                ),
+            ));
+        }
+        if !Self::STACK_ENTRIES.contains(&self.stack_entries) {
+            let (lo, hi) = Self::STACK_ENTRIES.into_inner();
+            return Err((
+                "stack_entries",
+                format!("{} is not between {lo} and {hi}", self.stack_entries),
+            ));
+        }
+        Ok(())
+    }
+
+    /// What the programs load with.
+    pub fn sizing(&self) -> CaptureSizing {
+        CaptureSizing {
+            ring_bytes: self.buffer_bytes,
+            stack_entries: self.stack_entries,
+            ..CaptureSizing::default()
+        }
+    }
+}
+
 impl Default for AccountingConfig {
     fn default() -> Self {
         Self {
@@ -224,5 +290,38 @@ mod tests {
         assert_eq!(exited_entries(100, Duration::from_millis(250)), 50);
         assert_eq!(exited_entries(1, s), MIN_EXITED);
         assert_eq!(exited_entries(1_000_000, 3600 * s), MAX_EXITED);
+    }
+
+    #[test]
+    fn capture_memory_is_a_bounded_power_of_two() {
+        let ok = CaptureMemory::default();
+        assert_eq!(ok.check(), Ok(()));
+        assert_eq!(ok.sizing(), CaptureSizing::default());
+        for bytes in [0, 3 << 20, 32 << 10, 512 << 20] {
+            let (key, why) = CaptureMemory {
+                buffer_bytes: bytes,
+                ..ok
+            }
+            .check()
+            .unwrap_err();
+            assert_eq!(key, "buffer_bytes");
+            assert!(why.contains("power of two between 65536"), "{why}");
+        }
+        for entries in [0, 63, 65537] {
+            let (key, _) = CaptureMemory {
+                stack_entries: entries,
+                ..ok
+            }
+            .check()
+            .unwrap_err();
+            assert_eq!(key, "stack_entries");
+        }
+        let small = CaptureMemory {
+            buffer_bytes: 64 << 10,
+            stack_entries: 64,
+        };
+        assert_eq!(small.check(), Ok(()));
+        assert_eq!(small.sizing().ring_bytes, 64 << 10);
+        assert_eq!(small.sizing().stack_entries, 64);
     }
 }

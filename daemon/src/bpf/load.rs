@@ -63,18 +63,22 @@ impl Accounting {
         let mut ebpf = settings.load(cfg, &offsets)?;
         let layout = offsets.layout(&tracefs, cfg.force_portable_layout)?;
         let waking_layout = offsets.waking_layout(cfg.force_portable_layout);
-        let sched_programs = attach_sched(
-            &mut ebpf,
-            cfg.runq_wait,
-            layout,
-            settings.btf_offsets.is_some(),
-            pin_to,
-        )?;
+        // sched_process_free before the programs that insert tasks: a task
+        // sched_switch counted and that was freed before this attached
+        // would stay in TASKS for good, a process that never ends and is
+        // no longer in /proc to be named.
         attach_tracepoint(
             &mut ebpf,
             names::PROG_SCHED_PROCESS_FREE,
             "sched",
             "sched_process_free",
+            pin_to,
+        )?;
+        let sched_programs = attach_sched(
+            &mut ebpf,
+            cfg.runq_wait,
+            layout,
+            settings.btf_offsets.is_some(),
             pin_to,
         )?;
         let fault_source = attach_fault_source(&mut ebpf, fault_source, cfg.fault_source, pin_to)?;

@@ -45,8 +45,8 @@ pub use self::capture_maps::{
     perf_pages_per_cpu, CaptureOutput, CaptureTransport, CaptureTransportChoice,
 };
 pub use self::config::{
-    exited_entries, AccountingConfig, CaptureSizing, FaultSource, FaultSourceChoice, MapLimits,
-    PinMode, DEFAULT_EXITS_PER_SECOND, MAX_EXITED, MIN_EXITED,
+    exited_entries, AccountingConfig, CaptureMemory, CaptureSizing, FaultSource, FaultSourceChoice,
+    MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND, MAX_EXITED, MIN_EXITED,
 };
 pub use self::features::{
     markdown_table, Feature, FeatureRow, Features, SchedPrograms, TracepointLayout,

@@ -4,25 +4,22 @@
 //! the user instruction pointers. Here they are symbolised with blazesym
 //! (ELF symbol tables of the files in /proc/<pid>/maps, while the process is
 //! alive: `resolve` runs every sample interval) into `SampleFrame`s, which
-//! perfetto/fault_samples.rs interns and writes as PerfSample packets.
+//! perfetto/fault_samples.rs interns and writes as PerfSample packets. The
+//! mapped files are opened as `mapped_files.rs` says. Frames that could not
+//! be symbolised say why, in the frame's function name.
 //!
-//! The paths in a target's maps are the target's to choose: it can unlink
-//! its mapped file and put a FIFO named `<path> (deleted)` in its place, or
-//! live in another mount namespace. So a mapped file is opened through
-//! `/proc/<pid>/map_files/` (needs CAP_SYS_ADMIN) or else the target's own
-//! root `/proc/<pid>/root/<path>`, non-blocking, and used only if it is a
-//! regular file of bounded size whose device and inode are the mapping's.
-//! blazesym then reads that open file through `/proc/self/fd/<n>`, never
-//! the path again. Frames that could not be symbolised say why, in the
-//! frame's function name.
+//! Resolved frames are cached per process image: an address means
+//! something only in the image that faulted, so the cache of a pid is
+//! dropped when its starttime (the pid was reused) or its exec'd layout
+//! (start_code, end_code, start_stack of /proc/<pid>/stat, which exec
+//! sets) changes; a child that faults between fork and exec does not lend
+//! the parent's names to its new image. A failure is cached only when it
+//! is for good; a passing one (the flush's time budget spent, maps
+//! unreadable for a moment) is tried again at the next flushes, its
+//! samples held back meanwhile, `RESOLVE_ATTEMPTS` times at most.
 
 use std::{
-    collections::HashMap,
-    fs::File,
-    os::{
-        fd::AsRawFd,
-        unix::fs::{MetadataExt, OpenOptionsExt},
-    },
+    collections::{hash_map::Entry, HashMap},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -32,54 +29,34 @@ use vitals_proto::protos::TracePacket;
 
 use crate::perfetto::fault_samples::{FaultSamples, SampleFrame, SampleMapping};
 
-use super::decode::FaultRec;
+use super::{
+    decode::FaultRec,
+    mapped_files::{fd_path, open_mapped_file, parse_maps, FileId, MapEntry, Unsymbolised},
+};
 
-/// Largest ELF file read for symbols; a larger one is left unsymbolised.
-const MAX_ELF_BYTES: u64 = 1 << 30;
-
-/// Time one flush may spend symbolising; what is left says so.
+/// Time one flush may spend symbolising; what is left waits for the next.
 const RESOLVE_BUDGET: Duration = Duration::from_secs(2);
 
-/// A file's identity: (device (major, minor), inode).
-type FileId = ((u32, u32), u64);
+/// Flushes that try a frame whose symbolisation failed for a passing
+/// reason; after that (or at the capture's last flush) it is written with
+/// that reason.
+const RESOLVE_ATTEMPTS: u32 = 3;
 
-/// One line of /proc/<pid>/maps.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MapEntry {
-    pub start: u64,
-    pub end: u64,
-    pub offset: u64,
-    /// Device of the mapped file, (major, minor).
-    pub dev: (u32, u32),
-    pub inode: u64,
-    pub path: String,
-}
+/// Which image of a process its addresses belong to: fields 22
+/// (starttime), 26 (startcode), 27 (endcode) and 28 (startstack) of
+/// /proc/<pid>/stat. exec sets the last three (a new mm), so they tell a
+/// forked child's parent image from the one it exec'd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Image([u64; 4]);
 
-/// Parses /proc/<pid>/maps text; lines it cannot read are skipped.
-pub fn parse_maps(text: &str) -> Vec<MapEntry> {
-    text.lines()
-        .filter_map(|l| {
-            let mut it = l.split_ascii_whitespace();
-            let range = it.next()?;
-            let _perms = it.next()?;
-            let offset = u64::from_str_radix(it.next()?, 16).ok()?;
-            let (major, minor) = it.next()?.split_once(':')?;
-            let inode = it.next()?.parse().ok()?;
-            let path = it.collect::<Vec<_>>().join(" ");
-            let (s, e) = range.split_once('-')?;
-            Some(MapEntry {
-                start: u64::from_str_radix(s, 16).ok()?,
-                end: u64::from_str_radix(e, 16).ok()?,
-                offset,
-                dev: (
-                    u32::from_str_radix(major, 16).ok()?,
-                    u32::from_str_radix(minor, 16).ok()?,
-                ),
-                inode,
-                path,
-            })
-        })
-        .collect()
+/// The image of `pid` now; None when it is gone or unreadable.
+fn read_image(proc_root: &Path, pid: u32) -> Option<Image> {
+    let text = std::fs::read_to_string(proc_root.join(format!("{pid}/stat"))).ok()?;
+    // comm (field 2) may hold spaces and ')': the fields follow the last one.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    Some(Image([field(22)?, field(26)?, field(27)?, field(28)?]))
 }
 
 /// Counts for the capture summary.
@@ -89,6 +66,20 @@ pub struct FaultStats {
     pub samples_without_stack: u64,
     pub frames_symbolised: u64,
     pub frames_unsymbolised: u64,
+    /// Frame symbolisations that failed for a passing reason and were
+    /// tried again at a later flush.
+    pub frames_retried: u64,
+}
+
+/// One process's resolved frames, for the image they were resolved in.
+#[derive(Default)]
+struct ProcessFrames {
+    image: Option<Image>,
+    /// Symbolised, or failed for good (or out of attempts).
+    done: HashMap<u64, SampleFrame>,
+    /// Failed for a passing reason: the attempts so far and the frame
+    /// written if no attempt is left.
+    retrying: HashMap<u64, (u32, SampleFrame)>,
 }
 
 /// The symboliser's caches plus the sample sequence's interning state.
@@ -99,9 +90,11 @@ pub struct FaultStacks {
     /// the kernel never replaces a used stack-map bucket without
     /// BPF_F_REUSE_STACKID.
     stacks: HashMap<u32, Vec<u64>>,
-    resolved: HashMap<(u32, u64), SampleFrame>,
+    processes: HashMap<u32, ProcessFrames>,
     /// A mapped file's build id, by its identity.
     build_ids: HashMap<FileId, Option<Vec<u8>>>,
+    /// Samples not written yet, oldest first: new ones, and those held
+    /// back for a frame being tried again.
     pending: Vec<FaultRec>,
     samples: FaultSamples,
     pub stats: FaultStats,
@@ -113,7 +106,7 @@ impl FaultStacks {
             proc_root: proc_root.to_owned(),
             symbolizer: Symbolizer::new(),
             stacks: HashMap::new(),
-            resolved: HashMap::new(),
+            processes: HashMap::new(),
             build_ids: HashMap::new(),
             pending: Vec::new(),
             samples: FaultSamples::new(),
@@ -127,24 +120,35 @@ impl FaultStacks {
 
     /// Symbolises the pending samples and returns the packets to write:
     /// the first carries the new interned data. `read_stack` reads a stack
-    /// id from the kernel's stack-trace map.
+    /// id from the kernel's stack-trace map. A sample with a frame to try
+    /// again is held for the next call, unless `last` (the capture ends).
     pub fn take_packets(
         &mut self,
+        last: bool,
         read_stack: impl FnMut(u32) -> Option<Vec<u64>>,
     ) -> Vec<TracePacket> {
         let pending = std::mem::take(&mut self.pending);
         self.resolve_pending(&pending, read_stack);
+        if last {
+            self.give_up_retries();
+        }
         let mut packets = Vec::with_capacity(pending.len());
-        for f in &pending {
+        for f in pending {
             let ips = match f.stack_id {
                 id if id >= 0 => self.stacks.get(&(id as u32)).map_or(&[][..], Vec::as_slice),
                 _ => &[],
             };
+            let frames = self.processes.get(&f.tgid);
+            let frame = |ip: &u64| frames.and_then(|p| p.done.get(ip));
+            if !ips.iter().all(|ip| frame(ip).is_some()) {
+                self.pending.push(f);
+                continue;
+            }
             if ips.is_empty() {
                 self.stats.samples_without_stack += 1;
             }
             // Perfetto wants the outermost frame first.
-            let frames = ips.iter().rev().map(|ip| &self.resolved[&(f.tgid, *ip)]);
+            let frames = ips.iter().rev().filter_map(frame);
             let p = self
                 .samples
                 .sample_packet(f.ts, f.cpu, f.tgid, f.tid, frames);
@@ -155,8 +159,19 @@ impl FaultStacks {
         packets
     }
 
+    /// The capture ends: frames still failing for a passing reason are
+    /// written with it.
+    fn give_up_retries(&mut self) {
+        for p in self.processes.values_mut() {
+            for (ip, (_, frame)) in p.retrying.drain() {
+                self.stats.frames_unsymbolised += 1;
+                p.done.insert(ip, frame);
+            }
+        }
+    }
+
     /// Reads the stacks of `pending` not seen yet and resolves, per
-    /// process, the addresses not resolved yet.
+    /// process, the addresses not resolved yet (or to try again).
     fn resolve_pending(
         &mut self,
         pending: &[FaultRec],
@@ -167,30 +182,90 @@ impl FaultStacks {
             if f.stack_id < 0 {
                 continue;
             }
+            if let Entry::Vacant(e) = todo.entry(f.tgid) {
+                e.insert(Vec::new());
+                self.check_image(f.tgid);
+            }
             let id = f.stack_id as u32;
             let ips = self
                 .stacks
                 .entry(id)
                 .or_insert_with(|| read_stack(id).unwrap_or_default());
-            for &ip in ips.iter() {
-                if !self.resolved.contains_key(&(f.tgid, ip)) {
-                    todo.entry(f.tgid).or_default().push(ip);
-                }
+            let known = self.processes.get(&f.tgid);
+            let addrs = todo.get_mut(&f.tgid).expect("inserted above");
+            addrs.extend(
+                ips.iter()
+                    .filter(|ip| !known.is_some_and(|p| p.done.contains_key(ip))),
+            );
+        }
+        // The processes whose frames waited longest first: a flush whose
+        // budget runs out leaves the rest to the next, where they come
+        // before new work, so none is starved by a busy neighbour.
+        let mut todo: Vec<(u32, u32, Vec<u64>)> = todo
+            .into_iter()
+            .map(|(pid, mut addrs)| {
+                addrs.sort_unstable();
+                addrs.dedup();
+                (self.attempts_so_far(pid, &addrs), pid, addrs)
+            })
+            .collect();
+        todo.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let deadline = Instant::now() + RESOLVE_BUDGET;
+        for (_, pid, addrs) in todo {
+            if !addrs.is_empty() {
+                self.resolve(pid, &addrs, deadline);
             }
         }
-        let deadline = Instant::now() + RESOLVE_BUDGET;
-        for (pid, mut addrs) in todo {
-            addrs.sort_unstable();
-            addrs.dedup();
-            self.resolve(pid, &addrs, deadline);
+    }
+
+    /// The most attempts any of `addrs` of `pid` had already.
+    fn attempts_so_far(&self, pid: u32, addrs: &[u64]) -> u32 {
+        let Some(p) = self.processes.get(&pid) else {
+            return 0;
+        };
+        addrs
+            .iter()
+            .filter_map(|a| p.retrying.get(a).map(|(n, _)| *n))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Drops what is cached for `pid` when it is another image now: the
+    /// pid was reused, or the process exec'd. A process gone keeps its
+    /// frames, for its samples still to write.
+    fn check_image(&mut self, pid: u32) {
+        let Some(now) = read_image(&self.proc_root, pid) else {
+            return;
+        };
+        let p = self.processes.entry(pid).or_default();
+        if p.image.is_some_and(|was| was != now) {
+            log::debug!("pid {pid}: a new image (exec or pid reuse); its frames are resolved anew");
+            *p = ProcessFrames::default();
         }
+        p.image = Some(now);
     }
 
     /// Resolves `addrs` of process `pid`, one mapped file at a time.
     fn resolve(&mut self, pid: u32, addrs: &[u64], deadline: Instant) {
-        let maps = std::fs::read_to_string(self.proc_root.join(format!("{pid}/maps")))
-            .map(|t| parse_maps(&t))
-            .unwrap_or_default();
+        let maps = match std::fs::read_to_string(self.proc_root.join(format!("{pid}/maps"))) {
+            Ok(text) => parse_maps(&text),
+            Err(e) => {
+                let why = if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)) {
+                    Unsymbolised::permanent("the process exited before its stack was read")
+                } else {
+                    // Not ours to read is for good; anything else (out of
+                    // memory or fds, interrupted) may pass.
+                    Unsymbolised {
+                        transient: !matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)),
+                        why: format!("reading /proc/{pid}/maps: {e}"),
+                    }
+                };
+                for &addr in addrs {
+                    self.insert(pid, addr, unknown_mapping(), Err(why.clone()));
+                }
+                return;
+            }
+        };
         // Group the addresses by the mapping that holds them.
         let mut by_mapping: HashMap<Option<usize>, Vec<u64>> = HashMap::new();
         for &addr in addrs {
@@ -198,248 +273,148 @@ impl FaultStacks {
             by_mapping.entry(m).or_default().push(addr);
         }
         for (m, addrs) in by_mapping {
-            let Some(m) = m.map(|i| &maps[i]) else {
-                log::debug!(
-                    "pid {pid}: {} addresses in none of its mappings",
-                    addrs.len()
-                );
-                for addr in addrs {
-                    let mapping = SampleMapping {
-                        start: 0,
-                        end: 0,
-                        offset: 0,
-                        path: "[unknown]".into(),
-                        build_id: None,
-                    };
-                    self.insert(pid, addr, mapping, Err("in no mapping".into()));
+            match m {
+                Some(i) => self.resolve_in(pid, &maps[i], &addrs, deadline),
+                None => {
+                    log::debug!(
+                        "pid {pid}: {} addresses in none of its mappings",
+                        addrs.len()
+                    );
+                    for addr in addrs {
+                        let why = Unsymbolised::permanent("in no mapping");
+                        self.insert(pid, addr, unknown_mapping(), Err(why));
+                    }
                 }
-                continue;
-            };
-            let opened = if Instant::now() > deadline {
-                Err("symbolisation time budget of this flush spent".to_string())
-            } else {
-                open_mapped_file(&self.proc_root, pid, m)
-            };
-            let build_id = match &opened {
-                Ok(f) => self
-                    .build_ids
-                    .entry((m.dev, m.inode))
-                    .or_insert_with(|| {
-                        blazesym::helper::read_elf_build_id(&fd_path(f))
-                            .ok()
-                            .flatten()
-                            .map(|b| b.into_owned())
-                    })
-                    .clone(),
-                Err(_) => None,
-            };
-            let mapping = SampleMapping {
-                start: m.start,
-                end: m.end,
-                offset: m.offset,
-                build_id,
-                path: m.path.clone(),
-            };
-            let file_offsets: Vec<u64> = addrs
-                .iter()
-                .map(|a| a.wrapping_sub(m.start).wrapping_add(m.offset))
-                .collect();
-            // Owned names: the symbolizer's results borrow it.
-            let names: Result<Vec<Option<String>>, String> = match &opened {
-                Ok(f) => {
-                    let mut src = source::Elf::new(fd_path(f));
-                    src.debug_syms = false;
-                    self.symbolizer
-                        .symbolize(&source::Source::Elf(src), Input::FileOffset(&file_offsets))
-                        .map(|syms| {
-                            syms.iter()
-                                .map(|s| match s {
-                                    Symbolized::Sym(s) => Some(s.name.to_string()),
-                                    _ => None,
-                                })
-                                .collect()
-                        })
-                        .map_err(|e| format!("reading its symbols: {e}"))
-                }
-                Err(why) => Err(why.clone()),
-            };
-            if let Err(why) = &names {
-                log::debug!("pid {pid}: {}: {why}", m.path);
-            }
-            for (i, addr) in addrs.into_iter().enumerate() {
-                let function = match &names {
-                    Ok(names) => names
-                        .get(i)
-                        .cloned()
-                        .flatten()
-                        .ok_or_else(|| "no symbol covers it".to_string()),
-                    Err(why) => Err(why.clone()),
-                };
-                self.insert(pid, addr, mapping.clone(), function);
             }
         }
     }
 
+    /// Resolves `addrs` of `pid`, all in mapping `m`.
+    fn resolve_in(&mut self, pid: u32, m: &MapEntry, addrs: &[u64], deadline: Instant) {
+        let opened = if Instant::now() > deadline {
+            Err(Unsymbolised::transient(
+                "symbolisation time budget of its flushes spent",
+            ))
+        } else {
+            open_mapped_file(&self.proc_root, pid, m)
+        };
+        let build_id = match &opened {
+            Ok(f) => self
+                .build_ids
+                .entry((m.dev, m.inode))
+                .or_insert_with(|| {
+                    blazesym::helper::read_elf_build_id(&fd_path(f))
+                        .ok()
+                        .flatten()
+                        .map(|b| b.into_owned())
+                })
+                .clone(),
+            Err(_) => None,
+        };
+        let mapping = SampleMapping {
+            start: m.start,
+            end: m.end,
+            offset: m.offset,
+            build_id,
+            path: m.path.clone(),
+        };
+        let file_offsets: Vec<u64> = addrs
+            .iter()
+            .map(|a| a.wrapping_sub(m.start).wrapping_add(m.offset))
+            .collect();
+        // Owned names: the symbolizer's results borrow it.
+        let names: Result<Vec<Option<String>>, Unsymbolised> = match &opened {
+            Ok(f) => {
+                let mut src = source::Elf::new(fd_path(f));
+                src.debug_syms = false;
+                self.symbolizer
+                    .symbolize(&source::Source::Elf(src), Input::FileOffset(&file_offsets))
+                    .map(|syms| {
+                        syms.iter()
+                            .map(|s| match s {
+                                Symbolized::Sym(s) => Some(s.name.to_string()),
+                                _ => None,
+                            })
+                            .collect()
+                    })
+                    .map_err(|e| Unsymbolised::permanent(format!("reading its symbols: {e}")))
+            }
+            Err(why) => Err(why.clone()),
+        };
+        if let Err(why) = &names {
+            log::debug!("pid {pid}: {}: {}", m.path, why.why);
+        }
+        for (i, &addr) in addrs.iter().enumerate() {
+            let function = match &names {
+                Ok(names) => names
+                    .get(i)
+                    .cloned()
+                    .flatten()
+                    .ok_or_else(|| Unsymbolised::permanent("no symbol covers it")),
+                Err(why) => Err(why.clone()),
+            };
+            self.insert(pid, addr, mapping.clone(), function);
+        }
+    }
+
     /// Records one resolved frame; an unsymbolised one carries its reason
-    /// as its function name, so the flamegraph says why.
+    /// as its function name, so the flamegraph says why. A passing failure
+    /// with attempts left is kept aside, to try again.
     fn insert(
         &mut self,
         pid: u32,
         addr: u64,
         mapping: SampleMapping,
-        function: Result<String, String>,
+        function: Result<String, Unsymbolised>,
     ) {
-        let function = match function {
-            Ok(name) => {
-                self.stats.frames_symbolised += 1;
-                name
-            }
-            Err(why) => {
-                self.stats.frames_unsymbolised += 1;
-                format!("[unsymbolised: {why}]")
-            }
-        };
+        let p = self.processes.entry(pid).or_default();
         let rel_pc = addr
             .wrapping_sub(mapping.start)
             .wrapping_add(mapping.offset);
-        self.resolved.insert(
-            (pid, addr),
-            SampleFrame {
-                mapping,
-                function: Some(function),
-                rel_pc,
-            },
-        );
-    }
-}
-
-/// A path to an open file that blazesym can open again: the same file,
-/// whatever happens to the name it was mapped from.
-fn fd_path(f: &File) -> PathBuf {
-    PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))
-}
-
-/// Opens the file behind mapping `m` of `pid`, or says why not. Never
-/// blocks (O_NONBLOCK: a FIFO opens at once and is then refused), never
-/// resolves the target's path in our mount namespace, and only accepts the
-/// very file mapped (device and inode as in maps).
-fn open_mapped_file(proc_root: &Path, pid: u32, m: &MapEntry) -> Result<File, String> {
-    if !m.path.starts_with('/') || m.inode == 0 {
-        return Err("not a file mapping".into());
-    }
-    let pid_dir = proc_root.join(pid.to_string());
-    // map_files/ opens the mapped file itself, even unlinked; it needs
-    // CAP_SYS_ADMIN. Else the target's root: its mount namespace, its path
-    // (minus the " (deleted)" the kernel appends, which then cannot match);
-    // that needs ptrace access, which the daemon, with its capabilities
-    // dropped, lacks for processes with more. Last, the path in our own
-    // namespace: right when the target shares it, and refused by the
-    // device/inode check when it does not.
-    let path = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
-    let map_file = pid_dir.join(format!("map_files/{:x}-{:x}", m.start, m.end));
-    let rooted = pid_dir.join("root").join(path.trim_start_matches('/'));
-    let mut why = Vec::new();
-    for candidate in [map_file, rooted, PathBuf::from(path)] {
-        let f = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-            .open(&candidate)
-        {
-            Ok(f) => f,
-            Err(e) => {
-                why.push(format!("opening {}: {e}", candidate.display()));
-                continue;
-            }
+        let frame = |function: String| SampleFrame {
+            mapping,
+            function: Some(function),
+            rel_pc,
         };
-        let meta = f.metadata().map_err(|e| format!("fstat: {e}"))?;
-        let dev = (libc::major(meta.dev()), libc::minor(meta.dev()));
-        if !meta.file_type().is_file() {
-            return Err("not a regular file".into());
+        let before = p.retrying.remove(&addr).map_or(0, |(n, _)| n);
+        if before > 0 {
+            self.stats.frames_retried += 1;
         }
-        if dev != m.dev || meta.ino() != m.inode {
-            why.push(format!(
-                "{} is not the file mapped (replaced, or another namespace's)",
-                candidate.display()
-            ));
-            continue;
+        match function {
+            Ok(name) => {
+                self.stats.frames_symbolised += 1;
+                p.done.insert(addr, frame(name));
+            }
+            Err(why) => {
+                let named = frame(format!("[unsymbolised: {}]", why.why));
+                let attempts = before + 1;
+                if why.transient && attempts < RESOLVE_ATTEMPTS {
+                    p.retrying.insert(addr, (attempts, named));
+                } else {
+                    self.stats.frames_unsymbolised += 1;
+                    p.done.insert(addr, named);
+                }
+            }
         }
-        if meta.len() > MAX_ELF_BYTES {
-            return Err(format!("file over {} MiB", MAX_ELF_BYTES >> 20));
-        }
-        return Ok(f);
     }
-    Err(why.join("; "))
+}
+
+/// The mapping of a frame whose address no mapping holds (or whose maps
+/// could not be read).
+fn unknown_mapping() -> SampleMapping {
+    SampleMapping {
+        start: 0,
+        end: 0,
+        offset: 0,
+        path: "[unknown]".into(),
+        build_id: None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use vitals_proto::protos::trace_packet;
-
-    #[test]
-    fn maps_lines_parse_with_and_without_paths() {
-        let m = parse_maps(
-            "5581a000-5581b000 r-xp 00001000 08:01 1234   /usr/bin/my prog\n\
-             7ffd0000-7ffd1000 rw-p 00000000 00:00 0 \n\
-             garbage\n",
-        );
-        assert_eq!(m.len(), 2);
-        assert_eq!(m[0].start, 0x5581a000);
-        assert_eq!(m[0].offset, 0x1000);
-        assert_eq!(m[0].path, "/usr/bin/my prog");
-        assert_eq!((m[0].dev, m[0].inode), ((8, 1), 1234));
-        assert_eq!(m[1].path, "");
-    }
-
-    /// A fake /proc/<pid> whose root/ holds `name`; the mapping names it.
-    fn fake_mapping(proc_root: &Path, name: &str, make: impl FnOnce(&Path)) -> MapEntry {
-        let root = proc_root.join("42/root");
-        std::fs::create_dir_all(&root).unwrap();
-        let p = root.join(name);
-        make(&p);
-        let meta = std::fs::metadata(&p).unwrap();
-        MapEntry {
-            start: 0x1000,
-            end: 0x2000,
-            offset: 0,
-            dev: (libc::major(meta.dev()), libc::minor(meta.dev())),
-            inode: meta.ino(),
-            path: format!("/{name}"),
-        }
-    }
-
-    #[test]
-    fn only_the_regular_file_mapped_is_opened() {
-        let dir = tempfile::tempdir().unwrap();
-        let ok = fake_mapping(dir.path(), "lib.so", |p| std::fs::write(p, b"x").unwrap());
-        assert!(open_mapped_file(dir.path(), 42, &ok).is_ok());
-
-        // The same name, another file: the mapping's inode no longer matches.
-        let root = dir.path().join("42/root");
-        // (Written before the old one goes, so it cannot reuse its inode.)
-        std::fs::write(root.join("lib.so.new"), b"y").unwrap();
-        std::fs::rename(root.join("lib.so.new"), root.join("lib.so")).unwrap();
-        let e = open_mapped_file(dir.path(), 42, &ok).unwrap_err();
-        assert!(e.contains("not the file mapped"), "{e}");
-
-        // A FIFO opens at once (O_NONBLOCK) and is refused, not read.
-        let fifo = fake_mapping(dir.path(), "fifo (deleted)", |p| {
-            nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()
-        });
-        let fifo = MapEntry {
-            path: "/fifo (deleted) (deleted)".into(),
-            ..fifo
-        };
-        let e = open_mapped_file(dir.path(), 42, &fifo).unwrap_err();
-        assert!(e.contains("not a regular file"), "{e}");
-
-        let anon = MapEntry {
-            path: "[heap]".into(),
-            inode: 0,
-            ..ok
-        };
-        assert!(open_mapped_file(dir.path(), 42, &anon).is_err());
-    }
 
     #[test]
     fn own_stack_is_symbolised_and_interned_once() {
@@ -463,7 +438,7 @@ mod tests {
             tid: me,
             stack_id: -14,
         });
-        let packets = fs.take_packets(|id| (id == 7).then(|| vec![ip]));
+        let packets = fs.take_packets(false, |id| (id == 7).then(|| vec![ip]));
         assert_eq!(packets.len(), 3);
         let interned = packets[0].interned_data.as_ref().expect("interned data");
         assert_eq!(interned.callstacks.len(), 1);
@@ -485,5 +460,139 @@ mod tests {
         // The mapping is this test binary, with its path split in parts.
         assert!(!interned.mappings.is_empty());
         assert!(!interned.mapping_paths.is_empty());
+    }
+
+    /// A fake /proc holding this process's stat, a maps (a directory until
+    /// `maps` is given: reading it fails, as a passing failure would) and
+    /// a root/ that is the real /, so its mapped files open.
+    fn fake_proc(maps: Option<&str>) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let me = dir.path().join(std::process::id().to_string());
+        std::fs::create_dir(&me).unwrap();
+        std::fs::write(me.join("stat"), std::fs::read("/proc/self/stat").unwrap()).unwrap();
+        std::os::unix::fs::symlink("/", me.join("root")).unwrap();
+        match maps {
+            Some(text) => std::fs::write(me.join("maps"), text).unwrap(),
+            None => std::fs::create_dir(me.join("maps")).unwrap(),
+        }
+        dir
+    }
+
+    fn set_maps(proc: &Path, text: &str) {
+        let maps = proc.join(format!("{}/maps", std::process::id()));
+        let _ = std::fs::remove_dir(&maps);
+        std::fs::write(maps, text).unwrap();
+    }
+
+    /// One sample of this process with a one-frame stack at `ip`.
+    fn sample_at(fs: &mut FaultStacks, ts: u64) {
+        let me = std::process::id();
+        fs.push(FaultRec {
+            ts,
+            cpu: 0,
+            tgid: me,
+            tid: me,
+            stack_id: 3,
+        });
+    }
+
+    fn own_ip() -> u64 {
+        a_passing_failure_is_tried_again_not_cached as *const () as usize as u64
+    }
+
+    /// The function names interned by `packets`.
+    fn names(packets: &[TracePacket]) -> Vec<String> {
+        packets
+            .iter()
+            .filter_map(|p| p.interned_data.as_ref())
+            .flat_map(|i| i.function_names.iter())
+            .map(|n| String::from_utf8(n.str.clone().unwrap()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_passing_failure_is_tried_again_not_cached() {
+        let proc = fake_proc(None);
+        let mut fs = FaultStacks::new(proc.path());
+        sample_at(&mut fs, 10);
+        let stack = |id| (id == 3).then(|| vec![own_ip()]);
+        // maps unreadable for now: the sample waits, nothing is cached.
+        assert!(fs.take_packets(false, stack).is_empty());
+        assert_eq!(fs.stats.frames_unsymbolised, 0);
+        set_maps(
+            proc.path(),
+            &std::fs::read_to_string("/proc/self/maps").unwrap(),
+        );
+        sample_at(&mut fs, 20);
+        let packets = fs.take_packets(false, stack);
+        assert_eq!(packets.len(), 2, "the held sample and the new one");
+        let names = names(&packets);
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert!(
+            names[0].contains("a_passing_failure_is_tried_again_not_cached"),
+            "{names:?}"
+        );
+        assert_eq!(fs.stats.frames_retried, 1);
+        assert_eq!(fs.stats.frames_unsymbolised, 0);
+    }
+
+    #[test]
+    fn a_passing_failure_is_written_after_bounded_attempts_or_at_the_end() {
+        let proc = fake_proc(None);
+        let stack = |id| (id == 3).then(|| vec![own_ip()]);
+        let mut fs = FaultStacks::new(proc.path());
+        sample_at(&mut fs, 10);
+        for _ in 1..RESOLVE_ATTEMPTS {
+            assert!(fs.take_packets(false, stack).is_empty());
+        }
+        let packets = fs.take_packets(false, stack);
+        assert_eq!(packets.len(), 1);
+        let names = names(&packets);
+        assert!(
+            names[0].starts_with("[unsymbolised: reading /proc/") && names[0].contains("/maps"),
+            "{names:?}"
+        );
+        assert_eq!(fs.stats.frames_unsymbolised, 1);
+
+        // The capture's last flush holds nothing back.
+        let mut fs = FaultStacks::new(proc.path());
+        sample_at(&mut fs, 10);
+        assert_eq!(fs.take_packets(true, stack).len(), 1);
+    }
+
+    /// A fork's child faults in its parent's image, then execs: the names
+    /// cached for the old image must not be served for the new one.
+    #[test]
+    fn a_new_image_of_the_pid_is_resolved_anew() {
+        let proc = fake_proc(Some(&std::fs::read_to_string("/proc/self/maps").unwrap()));
+        let stack = |id| (id == 3).then(|| vec![own_ip()]);
+        let mut fs = FaultStacks::new(proc.path());
+        sample_at(&mut fs, 10);
+        let names_before = names(&fs.take_packets(false, stack));
+        assert!(
+            names_before[0].contains("a_passing_failure"),
+            "{names_before:?}"
+        );
+        // exec: a new start_code (field 26) and an empty layout here.
+        let stat_path = proc.path().join(format!("{}/stat", std::process::id()));
+        let stat = std::fs::read_to_string(&stat_path).unwrap();
+        let close = stat.rfind(')').unwrap();
+        let mut fields: Vec<String> = stat[close + 1..]
+            .split_ascii_whitespace()
+            .map(str::to_owned)
+            .collect();
+        fields[26 - 3] = "4096".into();
+        std::fs::write(
+            &stat_path,
+            format!("{} {}\n", &stat[..=close], fields.join(" ")),
+        )
+        .unwrap();
+        set_maps(proc.path(), "");
+        sample_at(&mut fs, 20);
+        let names_after = names(&fs.take_packets(false, stack));
+        assert_eq!(
+            names_after,
+            vec!["[unsymbolised: in no mapping]".to_owned()]
+        );
     }
 }

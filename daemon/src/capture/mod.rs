@@ -12,6 +12,7 @@
 pub mod decode;
 pub mod drain;
 pub mod fault_stacks;
+mod mapped_files;
 pub mod perf_array;
 pub mod ringbuf;
 
@@ -114,7 +115,7 @@ pub struct CaptureStats {
 impl CaptureStats {
     pub fn render(&self) -> String {
         format!(
-            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not); ring buffer lost: {} sched, {} fault records; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
+            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); ring buffer lost: {} sched, {} fault records; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
             self.switch_events,
             self.waking_events,
             self.bundles,
@@ -124,6 +125,7 @@ impl CaptureStats {
             self.fault.samples_without_stack,
             self.fault.frames_symbolised,
             self.fault.frames_unsymbolised,
+            self.fault.frames_retried,
             self.lost_sched,
             self.lost_faults,
             self.lost_stacks,
@@ -323,7 +325,7 @@ impl Capture {
     ) -> Result<(), CaptureError> {
         self.write_thread_names(writer, ts_boot_ns, last)?;
         self.write_bundles(writer, lost)?;
-        self.write_fault_samples(acc, writer)?;
+        self.write_fault_samples(acc, writer, last)?;
         self.write_lost(writer, ts_boot_ns, lost)?;
         self.last_lost = lost.to_vec();
         Ok(())
@@ -424,16 +426,18 @@ impl Capture {
     }
 
     /// The fault samples since the last flush, symbolised now while their
-    /// processes are alive, on their own sequence.
+    /// processes are alive, on their own sequence; `last`: none is held
+    /// back for a later try.
     fn write_fault_samples<W: Write>(
         &mut self,
         acc: &Accounting,
         writer: &mut TraceWriter<W>,
+        last: bool,
     ) -> Result<(), CaptureError> {
         let seq = NonZeroU32::new(SAMPLE_SEQUENCE_ID).expect("nonzero");
         for p in self
             .faults
-            .take_packets(|id| acc.capture_stack(id).ok().flatten())
+            .take_packets(last, |id| acc.capture_stack(id).ok().flatten())
         {
             writer.write_packet_on_sequence(seq, p)?;
         }

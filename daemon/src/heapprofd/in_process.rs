@@ -12,7 +12,10 @@
 //!   and read return (read with no data); the SDK says nothing else, so
 //!   we connect() to the consumer socket first and name the error;
 //! - refuses the session (a unique_session_name in use): start returns,
-//!   read returns no data; the C API does not pass traced's reason on.
+//!   read returns no data; the C API does not pass traced's reason on,
+//!   so a C++ shim (cc/perfetto_session_error.cc) sets the C++ API's
+//!   error callback on the same session, and the report gives traced's
+//!   own words, as the client route's "Service error: " does.
 //!   A flush of that session never returns (traced drops a Flush from a
 //!   consumer without a session, uncalled), so we flush only on cancel;
 //!   at the end we wait, as perfetto_cmd does, for traced to end the
@@ -31,18 +34,21 @@
 //! deadline. A call that has not returned by then cannot be interrupted:
 //! the thread is abandoned (it ends if the call ever returns, with nobody
 //! listening), the partial file is removed and the session is reported
-//! `Unanswered`, never stored as complete.
+//! `Unanswered`, never stored as complete. Until that thread ends, no new
+//! session starts (`TracedUnreachable`, saying so): a traced that hangs
+//! costs one thread, not one per session.
 
 use std::{
-    ffi::{c_void, OsString},
+    ffi::{c_char, c_void, OsString},
     io::Write,
     os::unix::net::UnixStream,
     path::Path,
     sync::{
         atomic::{AtomicBool, Ordering},
         mpsc::{self, Receiver, RecvTimeoutError, Sender},
+        Mutex,
     },
-    thread,
+    thread::{self, JoinHandle},
     time::{Duration, Instant},
 };
 
@@ -59,6 +65,31 @@ use super::{
 };
 
 const NO_TRACE: &str = "the in-process consumer read no trace back from traced";
+
+/// The session thread of the last session abandoned at its deadline, with
+/// the stage it was stuck in, while it may still be blocked in the SDK.
+static ABANDONED: Mutex<Option<(JoinHandle<()>, &'static str)>> = Mutex::new(None);
+
+/// The stage a previous session's thread is still stuck in, if it is.
+fn still_abandoned() -> Option<&'static str> {
+    let mut a = ABANDONED.lock().unwrap_or_else(|e| e.into_inner());
+    match a.as_ref() {
+        Some((h, stage)) if !h.is_finished() => Some(stage),
+        _ => {
+            *a = None;
+            None
+        }
+    }
+}
+
+unsafe extern "C" {
+    /// cc/perfetto_session_error.cc: TracingSession::SetOnErrorCallback.
+    fn VitalsPerfettoTracingSessionSetErrorCb(
+        session: *mut PerfettoTracingSessionImpl,
+        cb: Option<unsafe extern "C" fn(*mut c_void, u32, *const c_char, usize)>,
+        user_arg: *mut c_void,
+    );
+}
 
 /// traced's consumer socket as the SDK picks it (perfetto's
 /// GetConsumerSocket()): PERFETTO_CONSUMER_SOCK_NAME, else the platform's.
@@ -98,6 +129,9 @@ enum Msg {
     TracedStopped,
     Stopped,
     Chunk(Vec<u8>),
+    /// What traced said when it ended the session (or the SDK, when the
+    /// connection dropped).
+    TracedError(String),
     Done,
     Failed(String),
 }
@@ -130,6 +164,29 @@ unsafe extern "C" fn on_traced_stop(_: *mut PerfettoTracingSessionImpl, user_arg
     // session traced never stops leaks the Sender: a few bytes.
     let tx = unsafe { Box::from_raw(user_arg as *mut Sender<Msg>) };
     let _ = tx.send(Msg::TracedStopped);
+}
+
+/// Runs on the SDK's thread when traced ends the session with an error.
+unsafe extern "C" fn on_traced_error(
+    user_arg: *mut c_void,
+    _code: u32,
+    message: *const c_char,
+    len: usize,
+) {
+    // SAFETY: user_arg is the Box<Sender<Msg>> leaked by on_error; the SDK
+    // moves the error callback out before it runs it
+    // (ConsumerImpl::NotifyError), so this runs at most once. A session
+    // that ends without an error leaks the Sender: a few bytes.
+    let tx = unsafe { Box::from_raw(user_arg as *mut Sender<Msg>) };
+    let text = if message.is_null() {
+        String::new()
+    } else {
+        // SAFETY: the shim passes the error string's `len` bytes, valid
+        // during the call.
+        let bytes = unsafe { std::slice::from_raw_parts(message as *const u8, len) };
+        String::from_utf8_lossy(bytes).into_owned()
+    };
+    let _ = tx.send(Msg::TracedError(text));
 }
 
 /// A system tracing session of the Perfetto C SDK, owned here rather than
@@ -188,6 +245,16 @@ fn on_stop(s: &Session, tx: Sender<Msg>) {
     unsafe { PerfettoTracingSessionSetStopCb(s.0, Some(on_traced_stop), arg) };
 }
 
+/// The C++ API's error callback (through the shim): `tx` gets TracedError
+/// with traced's reason when it ends the session with one.
+fn on_error(s: &Session, tx: Sender<Msg>) {
+    let arg = Box::into_raw(Box::new(tx)) as *mut c_void;
+    // SAFETY: a live session, a perfetto::TracingSession as the shim
+    // expects (PerfettoTracingSessionSystemCreate); the SDK keeps the
+    // callback with the session's consumer and calls it at most once.
+    unsafe { VitalsPerfettoTracingSessionSetErrorCb(s.0, Some(on_traced_error), arg) };
+}
+
 /// Runs on the SDK's thread for each part of the trace read back.
 unsafe extern "C" fn on_read(
     _: *mut PerfettoTracingSessionImpl,
@@ -232,6 +299,7 @@ fn session(config: Vec<u8>, tx: Sender<Msg>, stop: Receiver<bool>) {
     };
     // Before start: the SDK runs these in order on its own thread.
     on_stop(&s, tx.clone());
+    on_error(&s, tx.clone());
     s.setup(&config);
     s.start_blocking();
     let _ = tx.send(Msg::Started);
@@ -275,12 +343,20 @@ pub(super) fn run(
             stderr_tail: detail,
         }));
     }
+    if let Some(stage) = still_abandoned() {
+        let stderr_tail = format!(
+            "traced has not answered the {stage} of the previous in-process session, \
+             abandoned at its deadline; no new session starts until it does"
+        );
+        log::warn!("in-process heapprofd consumer: {stderr_tail}");
+        return Ok(end(SessionStatus::TracedUnreachable { stderr_tail }));
+    }
     crate::producer::init_system_backend();
     let mut file = create_trace_file(out)?;
     let (tx, rx) = mpsc::channel();
     let (stop_tx, stop_rx) = mpsc::channel();
     let cfg = bytes.to_vec();
-    thread::Builder::new()
+    let thread = thread::Builder::new()
         .name("heapprofd-sdk".into())
         .spawn(move || session(cfg, tx, stop_rx))
         .map_err(|source| RunError::Spawn {
@@ -297,6 +373,9 @@ pub(super) fn run(
     let deadline = Instant::now() + config.timeout_for(request);
     let w = drive(&rx, &stop_tx, &mut file, deadline, cancel);
     let (written, write_err, cancelled) = (w.written, w.write_err, w.cancelled);
+    if let Ended::Unanswered(stage) = w.ended {
+        *ABANDONED.lock().unwrap_or_else(|e| e.into_inner()) = Some((thread, stage.name()));
+    }
     drop(file);
     let discard = || {
         let _ = std::fs::remove_file(out);
@@ -330,7 +409,7 @@ pub(super) fn run(
             }
             if written == 0 {
                 discard();
-                return Ok(end(empty_status(&socket)));
+                return Ok(end(empty_status(&socket, w.traced_error)));
             }
             Ok(RouteEnd {
                 status: if cancelled {
@@ -351,6 +430,7 @@ struct Watched {
     written: u64,
     write_err: Option<std::io::Error>,
     cancelled: bool,
+    traced_error: Option<String>,
 }
 
 /// Writes the chunks read back into `file`, lets the thread stop and read
@@ -365,7 +445,7 @@ fn drive(
 ) -> Watched {
     let mut stage = Stage::Start;
     let (mut traced_stopped, mut stop_sent, mut cancelled) = (false, false, false);
-    let (mut written, mut write_err) = (0u64, None);
+    let (mut written, mut write_err, mut traced_error) = (0u64, None, None);
     let ended = loop {
         match rx.recv_timeout(POLL) {
             Ok(Msg::Started) if !stop_sent => stage = Stage::Running,
@@ -378,6 +458,7 @@ fn drive(
                 Err(e) => write_err = Some(e),
             },
             Ok(Msg::Chunk(_)) => {}
+            Ok(Msg::TracedError(e)) => traced_error = Some(e),
             Ok(Msg::Done) => break Ended::Done,
             Ok(Msg::Failed(m)) => break Ended::Failed(m),
             Err(RecvTimeoutError::Timeout) => {}
@@ -406,6 +487,7 @@ fn drive(
         written,
         write_err,
         cancelled,
+        traced_error,
     }
 }
 
@@ -419,8 +501,8 @@ fn end(status: SessionStatus) -> RouteEnd {
 
 /// A session traced accepted always has packets of its own (the config,
 /// clock snapshots, stats), so an empty read means traced refused it or
-/// went away; which, the socket says now.
-fn empty_status(socket: &OsString) -> SessionStatus {
+/// went away; which, the socket says now, and why, `traced_error`.
+fn empty_status(socket: &OsString, traced_error: Option<String>) -> SessionStatus {
     match probe(socket) {
         Err(detail) => {
             let stderr_tail = format!("traced went away during the session: {detail}");
@@ -428,10 +510,12 @@ fn empty_status(socket: &OsString) -> SessionStatus {
             SessionStatus::TracedUnreachable { stderr_tail }
         }
         Ok(()) => {
-            let reason = "traced ended the session without any data: it refused it (a \
-                          unique_session_name in use, a config it rejects) or restarted \
-                          during it; the SDK does not pass traced's reason on, traced logs it"
-                .to_owned();
+            let reason = match traced_error.filter(|e| !e.trim().is_empty()) {
+                Some(said) => said,
+                None => "traced ended the session without any data and without a reason: \
+                         it refused it or restarted during it"
+                    .to_owned(),
+            };
             log::warn!("in-process heapprofd consumer: {reason}");
             SessionStatus::Refused { reason }
         }

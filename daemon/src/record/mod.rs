@@ -197,6 +197,13 @@ struct Recording {
     /// Pids whose naming waited one tick: gone from /proc before the scan
     /// and not yet freed, so their exit record (and comm) is due.
     waiting: HashSet<u32>,
+    /// Processes named in ProcessTree from a scan before any eBPF row of
+    /// theirs (born after that tick's eBPF read): their ProcessStats are
+    /// in the trace, and their row, if one comes, takes this identity.
+    scanned_only: HashMap<u32, ProcessIdentity>,
+    /// Process instances never named (gone from /proc before any scan
+    /// and ended without a comm): in the table, not in the trace.
+    unnamed_left_out: u64,
     sample: Sample,
     tracker: Tracker,
     sampler: Sampler,
@@ -324,6 +331,8 @@ impl Recording {
             sample,
             known,
             waiting: HashSet::new(),
+            scanned_only: HashMap::new(),
+            unnamed_left_out: 0,
             totals: Totals::new(),
             tracks,
             final_rows: HashMap::new(),
@@ -403,8 +412,9 @@ impl Recording {
                 known
             });
         self.write_counters(&old, clocks.boottime_ns)?;
-        let (new, entries) = self.name_new_processes(new);
+        let (new, mut entries) = self.name_new_processes(new);
         self.write_counters(&new, clocks.boottime_ns)?;
+        entries.extend(self.name_scanned_only());
         // The ProcessTree entries after the new instances' counters:
         // trace_processor starts a new process for a pid when a process
         // track descriptor with a new uuid resolves (its first counter);
@@ -422,10 +432,10 @@ impl Recording {
     /// tick's scan, else from the comm their leader's free record carries.
     /// One gone before the scan and not freed yet waits a tick for that
     /// record (its row is cumulative: nothing is lost); after that, or
-    /// ended without a comm, it is counted unnamed and left out of
-    /// ProcessTree (a `<pid>` name there would also rename its main
-    /// thread). Returns the rows to write and the identities for
-    /// ProcessTree.
+    /// ended without a comm, it is counted unnamed, in the table but left
+    /// out of ProcessTree (a `<pid>` name there would also rename its main
+    /// thread) and of the counter tracks. Returns the rows to write and
+    /// the identities for ProcessTree.
     fn name_new_processes(
         &mut self,
         rows: Vec<ProcessCounters>,
@@ -443,13 +453,18 @@ impl Recording {
         let mut entries = Vec::new();
         for r in rows {
             let pid = r.tgid;
+            let earlier = self.scanned_only.remove(&pid);
             let id = match (scanned.get(&pid), r.exit_comm_str()) {
                 (Some(p), _) => Some(ProcessIdentity::of(p)),
+                (None, _) if earlier.is_some() => earlier,
                 (None, Some(comm)) if !comm.is_empty() => {
                     Some(ProcessIdentity::from_comm(pid, comm))
                 }
                 _ if !r.ended && self.waiting.insert(pid) => continue,
-                _ => None,
+                _ => {
+                    self.unnamed_left_out += 1;
+                    None
+                }
             };
             self.waiting.remove(&pid);
             entries.extend(id.clone());
@@ -457,6 +472,31 @@ impl Recording {
             write.push(r);
         }
         (write, entries)
+    }
+
+    /// The processes of this tick's scan that have no counters in the
+    /// trace and were not named yet: their ProcessStats (export) are
+    /// written all the same, so trace_processor would list them without a
+    /// name (issue 23: one born after the last tick's eBPF read). A pid
+    /// that already had an instance here is left to its eBPF row: an
+    /// entry before the new instance's tracks would rename the old one.
+    fn name_scanned_only(&mut self) -> Vec<ProcessIdentity> {
+        let mut out = Vec::new();
+        for p in &self.sample.processes {
+            let pid = p.stat.pid as u32;
+            let named = self.known.contains_key(&pid)
+                || self.ended_per_pid.contains_key(&pid)
+                || self
+                    .scanned_only
+                    .get(&pid)
+                    .is_some_and(|id| id.starttime_ticks == p.stat.starttime_ticks);
+            if !named {
+                let id = ProcessIdentity::of(p);
+                out.push(id.clone());
+                self.scanned_only.insert(pid, id);
+            }
+        }
+        out
     }
 
     /// Each process's counter tracks (created on its first row, anew when
@@ -477,9 +517,13 @@ impl Recording {
                     _ => self.ended_per_pid.get(&r.tgid).copied().unwrap_or(0),
                 },
             };
-            let name = id.as_ref().map_or("", |i| i.name());
-            self.tracks
-                .write(&mut self.writer, key, name, r, ts_boot_ns)?;
+            // Counters of a process with no name would be listed by
+            // trace_processor as a nameless process (issue 23): it stays
+            // in the table, counted, out of the trace.
+            if let Some(id) = id {
+                self.tracks
+                    .write(&mut self.writer, key, id.name(), r, ts_boot_ns)?;
+            }
             let during = self.during_recording(r);
             if r.ended {
                 // Its last counters are written: the instance is over, and
@@ -521,6 +565,13 @@ impl Recording {
     /// Stops the capture (draining and writing what is left), then the
     /// summary: every process seen, by on-CPU time.
     fn finish(mut self, opts: &RecordOptions) -> Result<RecordSummary, RecordError> {
+        if self.unnamed_left_out > 0 {
+            log::info!(
+                "{} processes ended before they could be named (gone from /proc before a scan, \
+                 no comm in their exit record): their counters are in the table, not the trace",
+                self.unnamed_left_out
+            );
+        }
         let capture_stats = self
             .tier
             .stop(&mut self.writer, ClockPair::now().boottime_ns)?;

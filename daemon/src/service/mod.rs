@@ -43,7 +43,7 @@ use crate::{
     bpf::{
         denied::{self, ProcOnly},
         totals::{ProcessCounters, Totals},
-        AccountingConfig, AccountingReader, BpfError, CaptureSizing, MapLimits, SharedAccounting,
+        AccountingConfig, AccountingReader, BpfError, MapLimits, SharedAccounting,
     },
     config::Config,
     control::server::{self, Command, DaemonState, ServerError, Shared, TriggerRecord},
@@ -271,7 +271,7 @@ fn accounting_config(cfg: &Config) -> AccountingConfig {
         // Captures (a rule's, `vitalsctl capture`) switch the capture tier
         // on in these programs, so its kernel memory is reserved now: the
         // maps' sizes are fixed once the programs that use them load.
-        capture: Some(CaptureSizing::default()),
+        capture: Some(cfg.capture.sizing()),
         pins: cfg
             .sampling
             .pin_dir

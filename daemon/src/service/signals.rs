@@ -68,8 +68,8 @@ impl Service {
         log::info!("config reloaded from {}", self.config_path.display());
         if keep_start_only(&mut new, &self.cfg) {
             log::warn!(
-                "accounting, eBPF, procfs root, store dir and socket settings take effect at the \
-                 next start"
+                "accounting, eBPF, capture memory, procfs root, store dir and socket settings take \
+                 effect at the next start"
             );
         }
         self.engine.reconfigure(
@@ -109,6 +109,7 @@ fn keep_start_only(new: &mut Config, running: &Config) -> bool {
         || n.exits_per_second != r.exits_per_second
         || n.runq_wait != r.runq_wait
         || n.classic_tracepoints != r.classic_tracepoints
+        || new.capture != running.capture
         || new.store.dir != running.store.dir
         || new.control.socket != running.control.socket
         || new.control.group != running.control.group;
@@ -121,6 +122,7 @@ fn keep_start_only(new: &mut Config, running: &Config) -> bool {
     n.exits_per_second = r.exits_per_second;
     n.runq_wait = r.runq_wait;
     n.classic_tracepoints = r.classic_tracepoints;
+    new.capture = running.capture.clone();
     new.store.dir = running.store.dir.clone();
     new.control.socket = running.control.socket.clone();
     new.control.group = running.control.group.clone();

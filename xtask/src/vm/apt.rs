@@ -2,7 +2,9 @@
 //! a private apt configuration (sources list, lists and cache under
 //! target/vm/apt/<arch>/), so the machine's own apt setup is left alone and
 //! no foreign architecture is enabled on it. Everything fetched is cached
-//! under target/vm/: a second run finds it and never calls apt.
+//! under target/vm/: a second run finds it and never calls apt. The
+//! mirror is the one the machine's apt sources name (`mirrors_in`); with
+//! none there it fails rather than reach a public mirror on its own.
 //!
 //! - kernels: `linux-image-cloud-<arch>` of the suite that ships the series
 //!   (bullseye 5.10, bookworm 6.1, trixie 6.12) names the concrete image
@@ -32,53 +34,95 @@ fn vm_dir() -> PathBuf {
 /// Arches whose private lists this run has refreshed.
 static UPDATED: Mutex<Vec<Arch>> = Mutex::new(Vec::new());
 
-/// The machine's Debian mirror (from /etc/apt/sources.list*), reused for
-/// the other suites.
-fn mirrors() -> (String, String) {
-    let mut texts = Vec::new();
-    if let Ok(s) = std::fs::read_to_string("/etc/apt/sources.list") {
-        texts.push(s);
-    }
-    if let Ok(dir) = std::fs::read_dir("/etc/apt/sources.list.d") {
-        for e in dir.flatten() {
-            let p = e.path();
-            if p.extension().is_some_and(|x| x == "list" || x == "sources") {
-                texts.push(std::fs::read_to_string(&p).unwrap_or_default());
+/// The Debian mirrors the machine's apt sources name, reused for the
+/// other suites (bullseye, trixie) the guests' kernels come from.
+#[derive(Debug, PartialEq, Eq)]
+struct Mirrors {
+    /// A URI ending in `/debian`.
+    main: String,
+    /// A URI ending in `/debian-security`, when the sources name one.
+    security: Option<String>,
+}
+
+/// The URIs of the enabled `deb` entries of one sources file: one-line
+/// style (`deb [opts] URI suite comps`) or deb822 (stanzas of `Types:`,
+/// `URIs:`, `Enabled:` …, sources.list(5)).
+fn source_uris(text: &str) -> Vec<String> {
+    let mut uris = Vec::new();
+    for stanza in text.split("\n\n") {
+        let lines: Vec<&str> = stanza
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect();
+        let field = |name: &str| {
+            lines.iter().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+            })
+        };
+        if let Some(list) = field("URIs") {
+            let is_deb = field("Types").is_some_and(|t| t.split_whitespace().any(|t| t == "deb"));
+            let enabled = field("Enabled").is_none_or(|e| !e.eq_ignore_ascii_case("no"));
+            if is_deb && enabled {
+                uris.extend(list.split_whitespace().map(str::to_owned));
+            }
+            continue;
+        }
+        for l in lines {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            if words.first() == Some(&"deb") {
+                // Options in brackets may hold spaces; the URI is the first word with a scheme.
+                if let Some(u) = words[1..].iter().find(|w| w.contains("://")) {
+                    uris.push((*u).to_owned());
+                }
             }
         }
     }
-    let uris: Vec<String> = texts
-        .iter()
-        .flat_map(|t| t.lines())
-        .map(str::trim)
-        .filter(|l| !l.starts_with('#'))
-        .flat_map(|l| {
-            // One-line style (`deb [opts] URI suite comps`) or deb822 (`URIs: …`).
-            let words: Vec<&str> = l.split_whitespace().collect();
-            match words.first() {
-                Some(&"deb") => words
-                    .iter()
-                    .skip(1)
-                    .find(|w| w.contains("://"))
-                    .map(|w| vec![w.to_string()])
-                    .unwrap_or_default(),
-                Some(&"URIs:") => words[1..].iter().map(|w| w.to_string()).collect(),
-                _ => vec![],
-            }
-        })
+    uris.into_iter()
         .map(|u| u.trim_end_matches('/').to_owned())
-        .collect();
-    let main = uris
-        .iter()
-        .find(|u| u.ends_with("/debian"))
-        .cloned()
-        .unwrap_or_else(|| "http://deb.debian.org/debian".into());
+        .collect()
+}
+
+/// The mirrors named by `<etc_apt>/sources.list` and
+/// `<etc_apt>/sources.list.d/*.{list,sources}` (apt reads no other file
+/// names there). Only what is configured: a machine whose sources name no
+/// Debian mirror is an error, never a guessed public one.
+fn mirrors_in(etc_apt: &Path) -> Result<Mirrors> {
+    let mut files = vec![etc_apt.join("sources.list")];
+    let parts = etc_apt.join("sources.list.d");
+    if let Ok(dir) = std::fs::read_dir(&parts) {
+        let mut found: Vec<PathBuf> = dir
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "list" || x == "sources"))
+            .collect();
+        found.sort();
+        files.extend(found);
+    }
+    let mut uris = Vec::new();
+    for f in &files {
+        match std::fs::read_to_string(f) {
+            Ok(text) => uris.extend(source_uris(&text)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("reading {}", f.display())),
+        }
+    }
+    let Some(main) = uris.iter().find(|u| u.ends_with("/debian")).cloned() else {
+        bail!(
+            "the machine's apt sources ({}, {}/*.list, *.sources) name no Debian mirror \
+             (an enabled `deb` entry whose URI ends in /debian): the guests' kernels \
+             are fetched only from a configured mirror; add one (any Debian mirror or \
+             a local proxy of one) and run again",
+            etc_apt.join("sources.list").display(),
+            parts.display()
+        );
+    };
     let security = uris
         .iter()
         .find(|u| u.ends_with("/debian-security"))
-        .cloned()
-        .unwrap_or_else(|| format!("{main}-security"));
-    (main, security)
+        .cloned();
+    Ok(Mirrors { main, security })
 }
 
 /// `apt-get`/`apt-cache` with the private configuration of `arch`.
@@ -95,14 +139,18 @@ fn apt(tool: &str, arch: Arch) -> Result<Command> {
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
     let list = root.join("etc/sources.list");
-    let (main, security) = mirrors();
+    let Mirrors { main, security } = mirrors_in(Path::new("/etc/apt"))?;
     let key = "/usr/share/keyrings/debian-archive-keyring.gpg";
     let mut text = String::new();
     for suite in ["bullseye", "bookworm", "trixie"] {
         text.push_str(&format!("deb [signed-by={key}] {main} {suite} main\n"));
-        text.push_str(&format!(
-            "deb [signed-by={key}] {security} {suite}-security main\n"
-        ));
+        // Without a configured security mirror the point releases' kernels
+        // (on the main mirror) are used; none is guessed.
+        if let Some(security) = &security {
+            text.push_str(&format!(
+                "deb [signed-by={key}] {security} {suite}-security main\n"
+            ));
+        }
     }
     std::fs::write(&list, text).with_context(|| format!("writing {}", list.display()))?;
     let mut c = Command::new(tool);
@@ -333,5 +381,96 @@ pub fn busybox(arch: Arch) -> Result<PathBuf> {
             std::fs::remove_dir_all(&tmp)?;
             Ok(out)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake /etc/apt holding `files` (path under it, text).
+    fn etc_apt(name: &str, files: &[(&str, &str)]) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("xtask-apt-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("sources.list.d")).unwrap();
+        for (p, text) in files {
+            std::fs::write(d.join(p), text).unwrap();
+        }
+        d
+    }
+
+    #[test]
+    fn deb822_sources_give_the_configured_mirrors() {
+        let d = etc_apt(
+            "deb822",
+            &[(
+                "sources.list.d/debian.sources",
+                "Types: deb\n# http://snapshot.debian.org/archive/debian/20250520T000000Z\n\
+                 URIs: http://mirror.example/debian/\nSuites: bookworm\nComponents: main\n\n\
+                 Types: deb\nURIs: http://mirror.example/debian-security\n\
+                 Suites: bookworm-security\nComponents: main\n",
+            )],
+        );
+        let m = mirrors_in(&d).unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(
+            m,
+            Mirrors {
+                main: "http://mirror.example/debian".into(),
+                security: Some("http://mirror.example/debian-security".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn one_line_sources_and_disabled_entries() {
+        let d = etc_apt(
+            "oneline",
+            &[
+                (
+                    "sources.list",
+                    "# deb http://commented.example/debian bookworm main\n\
+                     deb [ arch=amd64 signed-by=/k.gpg ] http://one.example/debian bookworm main\n",
+                ),
+                // Not read by apt: neither .list nor .sources.
+                (
+                    "sources.list.d/x.list.disabled",
+                    "deb http://disabled.example/debian-security bookworm-security main\n",
+                ),
+                (
+                    "sources.list.d/off.sources",
+                    "Types: deb\nURIs: http://off.example/debian-security\nEnabled: no\n",
+                ),
+            ],
+        );
+        let m = mirrors_in(&d).unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(
+            m,
+            Mirrors {
+                main: "http://one.example/debian".into(),
+                security: None,
+            }
+        );
+    }
+
+    #[test]
+    fn sources_without_a_debian_mirror_are_an_error_not_a_public_fallback() {
+        let d = etc_apt(
+            "none",
+            &[(
+                "sources.list.d/other.list",
+                "deb https://packages.cloud.google.com/apt cloud-sdk-bookworm main\n\
+                 deb-src http://src-only.example/debian bookworm main\n",
+            )],
+        );
+        let err = format!("{:#}", mirrors_in(&d).unwrap_err());
+        std::fs::remove_dir_all(&d).unwrap();
+        assert!(err.contains("name no Debian mirror"), "{err}");
+        assert!(
+            err.contains(&d.join("sources.list").display().to_string()),
+            "{err}"
+        );
+        assert!(!err.contains("deb.debian.org"), "{err}");
     }
 }
