@@ -151,8 +151,20 @@ pub struct Config {
     pub conditions: Conditions,
     pub heapprofd: HeapprofdSettings,
     pub producer: ProducerSettings,
+    pub capture: CaptureSettings,
     #[serde(rename = "rule")]
     pub rules: Vec<Rule>,
+}
+
+/// How the daemon's captures (rules', `vitalsctl capture`) record.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CaptureSettings {
+    /// "auto": the eBPF capture tier when the daemon has eBPF accounting,
+    /// else a Perfetto session of traced's own data sources; "ebpf" (a
+    /// capture /proc-only then fails); "perfetto" (through
+    /// `heapprofd.consumer`, as heap profiles).
+    pub backend: crate::perfetto_capture::BackendChoice,
 }
 
 /// `vitalsd run` as a producer of the system tracing service (traced), in
@@ -450,6 +462,7 @@ impl Default for Config {
             conditions: Conditions::default(),
             heapprofd: HeapprofdSettings::default(),
             producer: ProducerSettings::default(),
+            capture: CaptureSettings::default(),
             rules: vec![Rule {
                 name: "system-cpu-busy".into(),
                 metric: Metric::SystemCpuBusyPct,

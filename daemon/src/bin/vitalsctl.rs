@@ -118,12 +118,13 @@ fn status(c: &mut Client, json: bool) -> Result<()> {
     show(json, c.call(&Request::Status {})?, |v| {
         let st = &v["store"];
         format!(
-            "vitalsd {}: {} samples every {} ms, faults from {}\naccounting: {}\ncapabilities: {}\ncpu busy {}  loadavg {}\ntriggers fired {}, skipped {}\nbpf drops {}\nprocfs drops {}\nperfetto producer {}{}\nstore {}: {} captures, {} bytes; newest {}\n{}",
+            "vitalsd {}: {} samples every {} ms, faults from {}\naccounting: {}, captures on {}\ncapabilities: {}\ncpu busy {}  loadavg {}\ntriggers fired {}, skipped {}\nbpf drops {}\nprocfs drops {}\nperfetto producer {}{}\nstore {}: {} captures, {} bytes; newest {}\n{}",
             v["version"].as_str().unwrap_or("?"),
             v["samples"],
             v["interval_ms"],
             v["fault_source"].as_str().unwrap_or("?"),
             v["accounting"].as_str().unwrap_or("?"),
+            v["capture_backend"].as_str().unwrap_or("?"),
             v["capabilities"].as_str().unwrap_or("?"),
             v["local_busy_pct"].as_f64().map(|p| format!("{p:.1}%")).unwrap_or("-".into()),
             loadavg(&v["loadavg"]),

@@ -129,6 +129,7 @@ pub(super) fn start_heap(
         rule: trigger.rule.clone(),
         started_unix_ms,
         duration_ms: u64::from(request.duration_ms),
+        backend: "",
     });
     log::info!(
         "heapprofd session {} started for {:?} {:?}",
@@ -185,6 +186,7 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
                 trace_bytes: 0,
                 status,
                 heapprofd: serde_json::to_value(&report).ok(),
+                backend: None,
             };
             if pending.tmp_path.exists() {
                 match store.commit(pending, meta) {

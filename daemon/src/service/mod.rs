@@ -319,6 +319,7 @@ impl Service {
                 interval_ms: cfg.sampling.interval.0.as_millis() as u64,
                 fault_source,
                 accounting: accounting_mode,
+                capture_backend: cfg.capture.backend.resolve(accounting.is_some()).name(),
                 capabilities,
                 config_path: config_path.display().to_string(),
                 config_toml: cfg.to_toml(),

@@ -71,7 +71,7 @@ impl Service {
         };
         let c = start_capture(
             &self.cfg,
-            self.capture_accounting(),
+            self.capture_engine(),
             &self.store,
             &self.history,
             &spec,

@@ -36,7 +36,7 @@ impl Service {
         }
         self.capture = Some(start_capture(
             &self.cfg,
-            self.capture_accounting(),
+            self.capture_engine(),
             &self.store,
             &self.history,
             &fired.capture,

@@ -199,6 +199,7 @@ impl Store {
             trace_bytes: scan.whole_bytes,
             status: CRASH_STATUS.into(),
             heapprofd: None,
+            backend: None,
         };
         if scan.stop == Stop::Limit {
             super::mark_cut(&mut m, limit);
