@@ -154,6 +154,14 @@ fn sched_capture_without_ebpf(route: Route) {
 
     let id = start_capture(&d, 8.0, true, true);
     wait_session_running(&service);
+    // The session writes where the perfetto domain may write on Android
+    // (the store's heapprofd/), not into the store itself.
+    let session_file = d.store().join("heapprofd").join(format!("{id}.pftrace"));
+    assert!(
+        session_file.exists(),
+        "{} while the session runs",
+        session_file.display()
+    );
     // Started within the capture: the threads' every switch, from their
     // first, is in it, as in the kernel's counts.
     let (mut pp, tids) = Workload::spawn_ping_pong(N);
@@ -183,6 +191,7 @@ fn sched_capture_without_ebpf(route: Route) {
     kids.finish();
     eprintln!("stored: {meta}");
     assert_eq!(meta["status"], "complete", "{meta}");
+    assert!(!session_file.exists(), "moved into the store");
     assert_eq!(meta["backend"]["name"], "perfetto", "{meta}");
     let notes = notes(&meta);
     assert!(

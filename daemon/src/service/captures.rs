@@ -83,6 +83,8 @@ pub(super) struct RunningCapture {
     trigger: TriggerInfo,
     started_unix_ms: u64,
     backend: Backend,
+    /// Where a Perfetto session writes its trace before it is stored.
+    session_out: Option<std::path::PathBuf>,
     pub(super) stop: Arc<AtomicBool>,
     pub(super) thread: JoinHandle<Result<Captured, CaptureFailed>>,
 }
@@ -113,8 +115,23 @@ pub(super) fn start_capture(
     trigger: TriggerInfo,
     shared: &Shared,
 ) -> RunningCapture {
-    let pending = store.lock().unwrap().begin(&trigger.rule);
     let backend = engine.backend();
+    let (pending, session_out) = {
+        let mut store = store.lock().unwrap();
+        let pending = store.begin(&trigger.rule);
+        // As heapprofd's sessions: the perfetto client writes the trace
+        // into heapprofd/, the one directory its domain may write on
+        // Android (sepolicy: vitalsd_heapprofd_data_file); it moves into
+        // the store when the session ends.
+        let out = (backend == Backend::Perfetto).then(|| {
+            let dir = store.heapprofd_dir();
+            if let Err(e) = std::fs::create_dir_all(&dir) {
+                log::error!("creating {}: {e}", dir.display());
+            }
+            dir.join(format!("{}.pftrace", pending.id))
+        });
+        (pending, out)
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let thread_stop = Arc::clone(&stop);
     log::info!(
@@ -161,7 +178,9 @@ pub(super) fn start_capture(
                     .then(|| cfg.producer.data_source.clone()),
                 poll: cfg.sampling.interval.0.min(Duration::from_secs(1)),
             };
-            let out = pending.tmp_path.clone();
+            let out = session_out
+                .clone()
+                .expect("a perfetto capture's session file");
             Box::new(move || {
                 let s = perfetto_capture::run(&runner, &req, &out, &thread_stop)?;
                 Ok(Captured {
@@ -181,6 +200,7 @@ pub(super) fn start_capture(
         trigger,
         started_unix_ms,
         backend,
+        session_out,
         stop,
         thread,
     }
@@ -216,6 +236,11 @@ pub(super) fn finish_capture(
     how: &str,
 ) {
     let result = c.thread.join();
+    if let Some(out) = c.session_out.as_ref().filter(|o| o.exists()) {
+        if let Err(e) = std::fs::rename(out, &c.pending.tmp_path) {
+            log::error!("moving {} into the store: {e}", out.display());
+        }
+    }
     // Scan before taking the lock the control socket also needs; commit
     // redoes and reports whatever failed here.
     let mut pending = c.pending;

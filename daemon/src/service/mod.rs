@@ -148,9 +148,18 @@ const RECENT_TRIGGERS: usize = 32;
 fn configure_store(store: &mut Store, cfg: &Config) {
     store.set_limits(limits(cfg));
     store.set_max_capture_bytes(Some(cfg.store.max_capture_bytes));
-    // A heapprofd session's output older than the longest session plus
-    // perfetto's flush and stop timeouts is a crash's leftover.
-    store.set_heapprofd_stale_after(cfg.heapprofd.max_duration.0 + Duration::from_secs(600));
+    // A session's output (heapprofd's, or a Perfetto-backend capture's,
+    // which may run up to MAX_CAPTURE_DURATION) older than the longest
+    // session plus perfetto's flush and stop timeouts is a crash's leftover.
+    let longest = match cfg.capture.backend {
+        crate::perfetto_capture::BackendChoice::Ebpf => cfg.heapprofd.max_duration.0,
+        _ => cfg
+            .heapprofd
+            .max_duration
+            .0
+            .max(crate::config::MAX_CAPTURE_DURATION),
+    };
+    store.set_heapprofd_stale_after(longest + Duration::from_secs(600));
 }
 
 fn limits(cfg: &Config) -> Limits {
