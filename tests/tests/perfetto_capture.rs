@@ -433,3 +433,21 @@ fn a_capture_reaching_the_byte_cap_is_kept_cut_and_within_it() {
     );
     assert!(int(&r[0], "n") > 0, "traced discarded chunks: {r:?}");
 }
+
+/// traced runs but no data source does (no traced_probes, no producer):
+/// the session's trace holds only traced's own packets, so the capture
+/// fails as empty and nothing is stored.
+#[test]
+fn a_trace_with_no_data_fails_and_stores_nothing() {
+    let traced = vitals_tests::traced::Traced::start(false);
+    let perfetto = vitals_tests::perfetto_service::perfetto_dir().join("perfetto");
+    let d = Daemon::start_with(
+        &PROC_ONLY,
+        &format!(
+            "{}[producer]\nenabled = false\n",
+            Route::PerfettoClient.config(&perfetto)
+        ),
+        traced.env().to_vec(),
+    );
+    assert_capture_fails(&d, "the trace holds no data from any data source");
+}
