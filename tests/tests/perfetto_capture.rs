@@ -451,3 +451,61 @@ fn a_trace_with_no_data_fails_and_stores_nothing() {
     );
     assert_capture_fails(&d, "the trace holds no data from any data source");
 }
+
+/// A rule with `heap_profile` on a daemon without eBPF: heapprofd joins
+/// the capture's own Perfetto session, so one stored capture holds the CPU
+/// timeline and the offender's heap profile, with heapprofd's outcome in
+/// its metadata; no separate heapprofd session runs.
+fn a_rule_heap_profile_joins_the_capture_session(route: Route) {
+    const TARGET: &str = "vitals-churn";
+    let tp = trace_processor();
+    let service = PerfettoService::start();
+    let target = vitals_tests::perfetto_service::HeapTarget::start(&service, TARGET);
+    // The churn takes ~20 % of a CPU; above 5 % for 1 s fires.
+    let config = format!(
+        "{}[[rule]]\nname = \"churn\"\n\
+         metric = {{ kind = \"process_cpu_pct\", process = \"{TARGET}\" }}\n\
+         threshold = 5\nwindow = \"1s\"\ncooldown = \"1h\"\n\
+         capture = {{ duration = \"4s\", sched = true, heap_profile = true, \
+         heap_allowlist = [\"{TARGET}\"] }}\n",
+        route.config(&service.perfetto_bin())
+    );
+    let d = Daemon::start_with(&PROC_ONLY, &config, service.env());
+    let st = d.wait_status("the capture", Duration::from_secs(90), |st| {
+        assert!(
+            st["heap_session"].is_null(),
+            "a separate heapprofd session: {st}"
+        );
+        st["store"]["captures"] == 1 && st["capture"].is_null()
+    });
+    eprintln!("status: {}", st["recent_triggers"]);
+    let list = d.list();
+    assert_eq!(list.len(), 1, "one capture: {list:?}");
+    let m = &list[0];
+    assert_eq!(m["trigger"]["rule"], "churn", "{m}");
+    assert_eq!(m["status"], "complete", "{m}");
+    assert_eq!(m["backend"]["name"], "perfetto", "{m}");
+    let h = &m["heapprofd"];
+    assert_eq!(h["request"]["pids"][0], target.pid(), "{h}");
+    let p = &h["outcome"]["processes"][0];
+    assert_eq!(p["pid"], target.pid(), "{h}");
+    assert!(p["allocations"].as_u64() > Some(0), "{h}");
+    let dir = tempfile::tempdir().unwrap();
+    let id = m["id"].as_str().unwrap();
+    let trace = export(&d, id, dir.path());
+    let r = tp.query(
+        &trace,
+        &format!(
+            "select (select count(*) from heap_profile_allocation a join process p \
+             using (upid) where p.pid = {pid}) as allocations, \
+             (select count(*) from sched_slice) as slices",
+            pid = target.pid()
+        ),
+    );
+    assert!(
+        int(&r[0], "allocations") > 0,
+        "heap profile in the trace: {r:?}"
+    );
+    assert!(int(&r[0], "slices") > 0, "CPU timeline in the trace: {r:?}");
+}
+per_route!(a_rule_heap_profile_joins_the_capture_session);

@@ -27,6 +27,8 @@ use nix::{sys::signal::Signal, unistd::getuid};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::perfetto::protos::TraceConfig;
+
 use super::{
     config::{encode, ConfigError, HeapProfileRequest, RequestLimits},
     outcome::{read_outcome, write_metadata, OutcomeError, TraceOutcome},
@@ -356,6 +358,26 @@ impl SessionRunner {
 
     pub fn is_busy(&self) -> bool {
         self.active.load(Ordering::SeqCst)
+    }
+
+    /// For a heap profile that runs inside another session (a Perfetto
+    /// capture's): validates `request` and charges the rate limits now, as
+    /// [`SessionRunner::run`] does once its session runs. Returns the
+    /// TraceConfig the request becomes (its android.heapprofd data source
+    /// is what the other session takes).
+    pub fn admit(&self, request: &HeapProfileRequest) -> Result<TraceConfig, RunError> {
+        let trace_config = request.trace_config(&self.config.limits)?;
+        if self.is_busy() {
+            return Err(RunError::Busy);
+        }
+        let targets = request.target_keys();
+        let now = SystemTime::now();
+        let mut limiter = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
+        limiter.check(&targets, now)?;
+        if let Err(e) = limiter.record(&targets, now) {
+            log::error!("{e}");
+        }
+        Ok(trace_config)
     }
 
     /// Validates `request`, checks limits, runs the session through the

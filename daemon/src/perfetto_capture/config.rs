@@ -4,9 +4,12 @@
 
 use std::time::Duration;
 
-use crate::perfetto::protos::{
-    ftrace_config::CompactSchedConfig, sys_stats_config::StatCounters, trace_config,
-    DataSourceConfig, FtraceConfig, ProcessStatsConfig, SysStatsConfig, TraceConfig,
+use crate::{
+    heapprofd::{config::HEAPPROFD_DATA_SOURCE, HeapProfileRequest},
+    perfetto::protos::{
+        ftrace_config::CompactSchedConfig, sys_stats_config::StatCounters, trace_config,
+        DataSourceConfig, FtraceConfig, ProcessStatsConfig, SysStatsConfig, TraceConfig,
+    },
 };
 
 /// The ftrace events trace_processor needs for the CPU timeline: slices and
@@ -39,6 +42,36 @@ const SERVICE_HEADROOM_BYTES: u64 = 32 << 10;
 /// How long traced waits for the data sources' last flush.
 pub const FLUSH_TIMEOUT_MS: u32 = 5_000;
 
+/// A heap profile in the capture's own session: the request (its outcome
+/// is read back against it) and the android.heapprofd data source of the
+/// TraceConfig heapprofd/config.rs made of it.
+#[derive(Debug, Clone)]
+pub struct HeapInSession {
+    pub request: HeapProfileRequest,
+    pub data_source: trace_config::DataSource,
+    /// How long traced waits for heapprofd's dump at the end.
+    pub flush_timeout_ms: u32,
+}
+
+impl HeapInSession {
+    /// From the request's own TraceConfig; None if it has no heapprofd
+    /// data source.
+    pub fn new(request: HeapProfileRequest, config: &TraceConfig) -> Option<Self> {
+        let data_source = config
+            .data_sources
+            .iter()
+            .find(|d| {
+                d.config.as_ref().and_then(|c| c.name.as_deref()) == Some(HEAPPROFD_DATA_SOURCE)
+            })?
+            .clone();
+        Some(Self {
+            flush_timeout_ms: config.flush_timeout_ms.unwrap_or(FLUSH_TIMEOUT_MS),
+            request,
+            data_source,
+        })
+    }
+}
+
 /// One capture's request.
 #[derive(Debug, Clone)]
 pub struct CaptureRequest {
@@ -54,6 +87,8 @@ pub struct CaptureRequest {
     pub vitals_data_source: Option<String>,
     /// sys_stats and process_stats poll period.
     pub poll: Duration,
+    /// A heap profile in the same session (a rule's heap_profile).
+    pub heap: Option<HeapInSession>,
 }
 
 impl CaptureRequest {
@@ -62,6 +97,13 @@ impl CaptureRequest {
     pub fn buffer_kb(&self) -> u32 {
         let bytes = self.max_bytes.saturating_sub(SERVICE_HEADROOM_BYTES);
         (bytes / 1024).clamp(4, u64::from(u32::MAX)) as u32
+    }
+
+    /// How long traced may wait for the data sources' last flush.
+    pub fn flush_timeout_ms(&self) -> u32 {
+        self.heap.as_ref().map_or(FLUSH_TIMEOUT_MS, |h| {
+            h.flush_timeout_ms.max(FLUSH_TIMEOUT_MS)
+        })
     }
 
     pub fn trace_config(&self) -> TraceConfig {
@@ -117,15 +159,33 @@ impl CaptureRequest {
                 ..Default::default()
             }));
         }
-        TraceConfig {
-            buffers: vec![trace_config::BufferConfig {
-                size_kb: Some(self.buffer_kb()),
-                // DISCARD: once the buffer is full, later data is dropped
-                // (traced counts chunks_discarded), so the trace keeps the
-                // start of the window and never exceeds the cap.
-                fill_policy: Some(trace_config::buffer_config::FillPolicy::Discard as i32),
+        // DISCARD: once the buffer is full, later data is dropped (traced
+        // counts chunks_discarded), so the trace keeps the start of the
+        // window and never exceeds the cap.
+        let mut buffers = vec![trace_config::BufferConfig {
+            size_kb: Some(self.buffer_kb()),
+            fill_policy: Some(trace_config::buffer_config::FillPolicy::Discard as i32),
+            ..Default::default()
+        }];
+        if let Some(heap) = &self.heap {
+            // Half the cap for heapprofd's dump, in a buffer of its own so
+            // the timeline cannot crowd it out; a ring, as heapprofd's own
+            // sessions, so the final dump is the one kept.
+            let heap_kb = self.buffer_kb() / 2;
+            buffers[0].size_kb = Some(self.buffer_kb() - heap_kb);
+            buffers.push(trace_config::BufferConfig {
+                size_kb: Some(heap_kb.max(4)),
+                fill_policy: Some(trace_config::buffer_config::FillPolicy::RingBuffer as i32),
                 ..Default::default()
-            }],
+            });
+            let mut ds = heap.data_source.clone();
+            if let Some(c) = ds.config.as_mut() {
+                c.target_buffer = Some(1);
+            }
+            data_sources.push(ds);
+        }
+        TraceConfig {
+            buffers,
             data_sources,
             duration_ms: Some(self.duration.as_millis().clamp(1, u128::from(u32::MAX)) as u32),
             // As heapprofd's sessions: traced keeps the data and the
@@ -134,7 +194,7 @@ impl CaptureRequest {
             // bounds a file traced writes itself, should a config ever ask.
             write_into_file: Some(false),
             max_file_size_bytes: Some(self.max_bytes),
-            flush_timeout_ms: Some(FLUSH_TIMEOUT_MS),
+            flush_timeout_ms: Some(self.flush_timeout_ms()),
             unique_session_name: Some(UNIQUE_SESSION_NAME.into()),
             ..Default::default()
         }
@@ -153,6 +213,7 @@ mod tests {
             max_bytes,
             vitals_data_source: Some("linux.vitals".into()),
             poll: Duration::from_secs(1),
+            heap: None,
         }
     }
 
@@ -215,6 +276,33 @@ mod tests {
             .data_sources
             .iter()
             .all(|d| d.config.as_ref().unwrap().target_buffer == Some(0)));
+    }
+
+    #[test]
+    fn a_heap_profile_gets_half_the_cap_in_a_buffer_of_its_own() {
+        let heap = HeapProfileRequest {
+            pids: vec![42],
+            duration_ms: 10_000,
+            ..HeapProfileRequest::default()
+        };
+        let heap_config = heap
+            .trace_config(&crate::heapprofd::RequestLimits::default())
+            .unwrap();
+        let mut r = request(1 << 20);
+        r.heap = HeapInSession::new(heap, &heap_config);
+        let c = r.trace_config();
+        assert_eq!(names(&c).last(), Some(&HEAPPROFD_DATA_SOURCE));
+        let ds = c.data_sources.last().unwrap().config.as_ref().unwrap();
+        assert_eq!(ds.target_buffer, Some(1));
+        assert_eq!(ds.heapprofd_config.as_ref().unwrap().pid, [42]);
+        let sizes: Vec<u32> = c.buffers.iter().map(|b| b.size_kb.unwrap()).collect();
+        assert_eq!(sizes.len(), 2);
+        assert_eq!(
+            sizes[0] + sizes[1],
+            r.buffer_kb(),
+            "within the cap: {sizes:?}"
+        );
+        assert_eq!(c.flush_timeout_ms, heap_config.flush_timeout_ms);
     }
 
     #[test]

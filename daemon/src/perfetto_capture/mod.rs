@@ -26,10 +26,11 @@ use std::{path::Path, sync::atomic::AtomicBool, time::Instant};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-pub use config::CaptureRequest;
+pub use config::{CaptureRequest, HeapInSession};
 
 use crate::heapprofd::{
     config::encode,
+    outcome::read_outcome,
     runner::{run_route, RunError, RunnerConfig, SessionLimits},
     ConsumerRoute, SessionStatus,
 };
@@ -112,6 +113,9 @@ pub struct PerfettoCaptureSummary {
     /// The session was stopped early (the daemon is stopping).
     pub cancelled: bool,
     pub notes: Vec<String>,
+    /// The heap profile's request and heapprofd's outcome, when the
+    /// capture had one.
+    pub heapprofd: Option<serde_json::Value>,
 }
 
 /// Runs the capture `req` through `runner.consumer` into `out` until
@@ -129,7 +133,7 @@ pub fn run(
     let limits = SessionLimits {
         what: "capture",
         duration_ms,
-        timeout: runner.deadline(duration_ms, u64::from(config::FLUSH_TIMEOUT_MS)),
+        timeout: runner.deadline(duration_ms, u64::from(req.flush_timeout_ms())),
     };
     let started = Instant::now();
     let end = run_route(runner, &limits, &bytes, out, cancel, &mut || {})?;
@@ -163,6 +167,18 @@ pub fn run(
         });
     }
     let size = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
+    // heapprofd's verdict per process, as a heap profile's own session
+    // stores it; a trace it cannot be read from is still the capture.
+    let heapprofd = req
+        .heap
+        .as_ref()
+        .map(|h| match read_outcome(out, &h.request) {
+            Ok(o) => serde_json::json!({ "request": h.request, "outcome": o }),
+            Err(e) => {
+                log::warn!("heapprofd outcome of the capture: {e}");
+                serde_json::json!({ "request": h.request, "outcome_error": e.to_string() })
+            }
+        });
     let mut notes = vec![format!("consumer: {}", route.name())];
     if req.faults {
         notes.push(FAULTS_NOTE.into());
@@ -177,6 +193,7 @@ pub fn run(
         cut_at_max_bytes: contents.chunks_discarded > 0,
         cancelled,
         notes,
+        heapprofd,
     })
 }
 

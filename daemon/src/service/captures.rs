@@ -22,7 +22,7 @@ use crate::{
     export,
     heapprofd::RunnerConfig,
     history::{self, History},
-    perfetto_capture::{self, Backend, CaptureRequest, PerfettoCaptureError},
+    perfetto_capture::{self, Backend, CaptureRequest, HeapInSession, PerfettoCaptureError},
     record::{record_on, RecordError, RecordOptions},
     store::{self, BackendInfo, CaptureMeta, Pending, Store, TriggerInfo},
 };
@@ -50,6 +50,8 @@ pub(super) struct Captured {
     /// The trace reached store.max_capture_bytes: its size then.
     cut_at_bytes: Option<u64>,
     notes: Vec<String>,
+    /// A heap profile in the same session: its request and outcome.
+    heapprofd: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Error)]
@@ -105,10 +107,13 @@ impl Service {
     }
 }
 
-/// Starts a capture in a thread of its own on `engine`.
+/// Starts a capture in a thread of its own on `engine`; `heap`: a heap
+/// profile in the same session (Perfetto backend only).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn start_capture(
     cfg: &Config,
     engine: CaptureEngine,
+    heap: Option<HeapInSession>,
     store: &Arc<Mutex<Store>>,
     history: &History,
     spec: &CaptureSpec,
@@ -165,6 +170,7 @@ pub(super) fn start_capture(
                     wall_ms: summary.wall_monotonic_ns / 1_000_000,
                     cut_at_bytes: summary.cut_at_max_bytes.then_some(summary.bytes_written),
                     notes: Vec::new(),
+                    heapprofd: None,
                 })
             })
         }
@@ -177,6 +183,7 @@ pub(super) fn start_capture(
                 vitals_data_source: (cfg!(feature = "producer") && cfg.producer.enabled)
                     .then(|| cfg.producer.data_source.clone()),
                 poll: cfg.sampling.interval.0.min(Duration::from_secs(1)),
+                heap,
             };
             let out = session_out
                 .clone()
@@ -187,6 +194,7 @@ pub(super) fn start_capture(
                     wall_ms: s.wall_ms,
                     cut_at_bytes: s.cut_at_max_bytes.then_some(s.bytes),
                     notes: s.notes,
+                    heapprofd: s.heapprofd,
                 })
             })
         }
@@ -268,7 +276,9 @@ pub(super) fn finish_capture(
                 }
                 None => how.into(),
             };
-            match store.commit(pending, meta(done.wall_ms, status, done.notes)) {
+            let mut m = meta(done.wall_ms, status, done.notes);
+            m.heapprofd = done.heapprofd;
+            match store.commit(pending, m) {
                 Ok(m) => {
                     log::info!("capture {} stored ({} bytes)", m.id, m.trace_bytes);
                     format!("captured {}", m.id)

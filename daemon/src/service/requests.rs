@@ -72,6 +72,7 @@ impl Service {
         let c = start_capture(
             &self.cfg,
             self.capture_engine(),
+            None,
             &self.store,
             &self.history,
             &spec,

@@ -1,8 +1,12 @@
 //! Rule evaluation: each tick the health rules look at the history; a rule
 //! that fires starts its capture, and a heap profile of its offender when
-//! it asks for one.
+//! it asks for one (in the capture's own session on the Perfetto backend).
 
-use super::{captures::start_capture, heap::heap_profile_offender, Service};
+use super::{
+    captures::{start_capture, CaptureEngine},
+    heap::{heap_in_capture, heap_profile_offender},
+    Service,
+};
 use crate::{
     store::TriggerInfo,
     triggers::{Fired, SysfsProbe},
@@ -23,20 +27,36 @@ impl Service {
             return;
         };
         let trigger = trigger_info(&fired);
+        let engine = self.capture_engine();
+        let mut heap = None;
         if fired.capture.heap_profile {
-            heap_profile_offender(
-                &fired,
-                &self.cfg,
-                &self.runner,
-                &self.store,
-                &self.shared,
-                &trigger,
-                &mut self.heap,
-            );
+            match engine {
+                // One session: heapprofd joins the capture's.
+                CaptureEngine::Perfetto(_) => {
+                    heap = heap_in_capture(
+                        &fired,
+                        &self.cfg,
+                        &self.runner,
+                        &self.shared,
+                        &trigger,
+                        self.heap.is_some(),
+                    )
+                }
+                CaptureEngine::Ebpf(_) => heap_profile_offender(
+                    &fired,
+                    &self.cfg,
+                    &self.runner,
+                    &self.store,
+                    &self.shared,
+                    &trigger,
+                    &mut self.heap,
+                ),
+            }
         }
         self.capture = Some(start_capture(
             &self.cfg,
-            self.capture_engine(),
+            engine,
+            heap,
             &self.store,
             &self.history,
             &fired.capture,
