@@ -357,6 +357,19 @@ pub struct CaptureSpec {
     pub heap_allowlist: Vec<String>,
     /// Installers (package installer names) allowed, empty = any.
     pub heap_installers: Vec<String>,
+    /// "ring": keep a Perfetto ring-buffer session running for this rule
+    /// and stop it with a trigger when the rule fires, so the capture holds
+    /// the minutes before (Perfetto backend); "none": start at the fire.
+    pub prelude: Prelude,
+}
+
+/// `capture.prelude`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prelude {
+    #[default]
+    None,
+    Ring,
 }
 
 impl Default for CaptureSpec {
@@ -368,6 +381,7 @@ impl Default for CaptureSpec {
             heap_profile: false,
             heap_allowlist: Vec::new(),
             heap_installers: Vec::new(),
+            prelude: Prelude::None,
         }
     }
 }

@@ -509,3 +509,91 @@ fn a_rule_heap_profile_joins_the_capture_session(route: Route) {
     assert!(int(&r[0], "slices") > 0, "CPU timeline in the trace: {r:?}");
 }
 per_route!(a_rule_heap_profile_joins_the_capture_session);
+
+/// `capture.prelude = "ring"`: the rule's ring session runs before it
+/// fires; when it fires, a trigger stops it and the capture holds what
+/// happened before: short-lived children that had exited before the
+/// capture was even created are named in it.
+fn a_ring_prelude_holds_what_ran_before_the_rule_fired(route: Route) {
+    let tp = trace_processor();
+    let service = PerfettoService::start();
+    let config = format!(
+        "{}[[rule]]\nname = \"spin\"\n\
+         metric = {{ kind = \"process_cpu_pct\", process = \"vitals-workload\" }}\n\
+         threshold = 50\nwindow = \"1s\"\ncooldown = \"1h\"\n\
+         capture = {{ duration = \"2s\", sched = true, prelude = \"ring\" }}\n",
+        route.config(&service.perfetto_bin())
+    );
+    let mut d = Daemon::start_with(&PROC_ONLY, &config, service.env());
+    service.wait_for_session("vitalsd_ring_spin");
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut kids = Workload::spawn(&["children", "5", "5"]);
+    kids.expect("ready");
+    kids.go();
+    let mut pids = Vec::new();
+    loop {
+        let line = kids.read_line();
+        if line == "done" {
+            break;
+        }
+        pids.push(numbers_after(&line, "child")[0] as u32);
+    }
+    kids.finish();
+    let children_done_ms = vitalsd::store::now_unix_ms();
+    assert!(d.list().is_empty(), "no capture yet");
+    let mut spinner = Workload::spawn(&["spin", "6000"]);
+    spinner.expect("ready");
+    d.wait_status("the ring's capture", Duration::from_secs(60), |st| {
+        st["store"]["captures"] == 1 && st["capture"].is_null()
+    });
+    let _ = spinner.child.kill();
+    let _ = spinner.child.wait();
+    let list = d.list();
+    let m = &list[0];
+    eprintln!("stored: {m}");
+    assert_eq!(m["trigger"]["rule"], "spin", "{m}");
+    assert_eq!(m["status"], "complete", "{m}");
+    assert_eq!(m["backend"]["name"], "perfetto", "{m}");
+    assert!(
+        m["created_unix_ms"].as_u64().unwrap() >= children_done_ms,
+        "the capture began after the children ended: {m}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let trace = export(&d, m["id"].as_str().unwrap(), dir.path());
+    let list: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
+    let named = tp.query(
+        &trace,
+        &format!(
+            "select count(distinct p.pid) as n from process p join thread t \
+             on t.upid = p.upid and t.tid = p.pid where p.pid in ({}) \
+             and t.name = 'vitals-workload'",
+            list.join(", ")
+        ),
+    );
+    assert_eq!(
+        int(&named[0], "n"),
+        pids.len() as i64,
+        "the children that ended before the fire are in the prelude: {named:?}"
+    );
+    // And the ring is kept: a new one runs after the capture.
+    service.wait_for_session("vitalsd_ring_spin");
+    // SIGTERM with a ring running: the daemon stops it and exits 0,
+    // leaving no session file and no capture of it.
+    d.stop();
+    let left: Vec<_> = std::fs::read_dir(d.store().join("heapprofd"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "session files left: {left:?}");
+    assert_eq!(
+        std::fs::read_dir(d.store())
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".pftrace"))
+            .count(),
+        1,
+        "only the rule's capture is stored"
+    );
+}
+per_route!(a_ring_prelude_holds_what_ran_before_the_rule_fired);

@@ -19,6 +19,7 @@
 //! capture's notes say so).
 
 pub mod config;
+pub mod ring;
 pub mod trace;
 
 use std::{path::Path, sync::atomic::AtomicBool, time::Instant};
@@ -127,9 +128,23 @@ pub fn run(
     out: &Path,
     cancel: &AtomicBool,
 ) -> Result<PerfettoCaptureSummary, PerfettoCaptureError> {
-    let route = runner.consumer;
-    let bytes = encode(&req.trace_config());
     let duration_ms = req.duration.as_millis() as u64;
+    run_session(runner, req, &req.trace_config(), duration_ms, out, cancel)
+}
+
+/// [`run`] with the TraceConfig `config` (built from `req`), which traced
+/// may run for up to `duration_ms` (a ring session: until its trigger
+/// timeout and stop delay).
+pub(crate) fn run_session(
+    runner: &RunnerConfig,
+    req: &CaptureRequest,
+    config: &crate::perfetto::protos::TraceConfig,
+    duration_ms: u64,
+    out: &Path,
+    cancel: &AtomicBool,
+) -> Result<PerfettoCaptureSummary, PerfettoCaptureError> {
+    let route = runner.consumer;
+    let bytes = encode(config);
     let limits = SessionLimits {
         what: "capture",
         duration_ms,
@@ -216,5 +231,15 @@ mod tests {
             toml::from_str("[capture]\nbackend = \"perfetto\"\n").unwrap();
         assert_eq!(c.capture.backend, BackendChoice::Perfetto);
         assert!(toml::from_str::<crate::config::Config>("[capture]\nbackend = \"bpf\"\n").is_err());
+        let rule = |prelude: &str| {
+            format!(
+                "[[rule]]\nname = \"r\"\nmetric = {{ kind = \"system_cpu_busy_pct\" }}\n\
+                 threshold = 90\nwindow = \"1s\"\ncooldown = \"1m\"\n\
+                 capture = {{ prelude = \"{prelude}\" }}\n"
+            )
+        };
+        let c: crate::config::Config = toml::from_str(&rule("ring")).unwrap();
+        assert_eq!(c.rules[0].capture.prelude, crate::config::Prelude::Ring);
+        assert!(toml::from_str::<crate::config::Config>(&rule("rings")).is_err());
     }
 }

@@ -91,6 +91,13 @@ pub(super) struct RunningCapture {
     pub(super) thread: JoinHandle<Result<Captured, CaptureFailed>>,
 }
 
+impl RunningCapture {
+    /// The rule (or "manual") that started it.
+    pub(super) fn trigger_rule(&self) -> &str {
+        &self.trigger.rule
+    }
+}
+
 impl Service {
     /// What a capture started now runs on: `capture.backend` resolved
     /// against the daemon's accounting (eBPF programs, or /proc-only: why
@@ -175,27 +182,13 @@ pub(super) fn start_capture(
             })
         }
         CaptureEngine::Perfetto(runner) => {
-            let req = CaptureRequest {
-                duration: spec.duration.0,
-                sched: spec.sched,
-                faults: spec.faults,
-                max_bytes: cfg.store.max_capture_bytes,
-                vitals_data_source: (cfg!(feature = "producer") && cfg.producer.enabled)
-                    .then(|| cfg.producer.data_source.clone()),
-                poll: cfg.sampling.interval.0.min(Duration::from_secs(1)),
-                heap,
-            };
+            let req = perfetto_request(cfg, spec, heap);
             let out = session_out
                 .clone()
                 .expect("a perfetto capture's session file");
             Box::new(move || {
                 let s = perfetto_capture::run(&runner, &req, &out, &thread_stop)?;
-                Ok(Captured {
-                    wall_ms: s.wall_ms,
-                    cut_at_bytes: s.cut_at_max_bytes.then_some(s.bytes),
-                    notes: s.notes,
-                    heapprofd: s.heapprofd,
-                })
+                Ok(captured(s))
             })
         }
     };
@@ -209,6 +202,71 @@ pub(super) fn start_capture(
         started_unix_ms,
         backend,
         session_out,
+        stop,
+        thread,
+    }
+}
+
+/// What a Perfetto-backend capture of `spec` asks traced for.
+pub(super) fn perfetto_request(
+    cfg: &Config,
+    spec: &CaptureSpec,
+    heap: Option<HeapInSession>,
+) -> CaptureRequest {
+    CaptureRequest {
+        duration: spec.duration.0,
+        sched: spec.sched,
+        faults: spec.faults,
+        max_bytes: cfg.store.max_capture_bytes,
+        vitals_data_source: (cfg!(feature = "producer") && cfg.producer.enabled)
+            .then(|| cfg.producer.data_source.clone()),
+        poll: cfg.sampling.interval.0.min(Duration::from_secs(1)),
+        heap,
+    }
+}
+
+/// A finished Perfetto session as a capture.
+pub(super) fn captured(s: perfetto_capture::PerfettoCaptureSummary) -> Captured {
+    Captured {
+        wall_ms: s.wall_ms,
+        cut_at_bytes: s.cut_at_max_bytes.then_some(s.bytes),
+        notes: s.notes,
+        heapprofd: s.heapprofd,
+    }
+}
+
+/// A session already running (a rule's ring, just triggered) becomes the
+/// capture: a pending store entry, the progress in status, its thread.
+pub(super) fn adopt_session(
+    store: &Arc<Mutex<Store>>,
+    shared: &Shared,
+    spec: &CaptureSpec,
+    trigger: TriggerInfo,
+    session_out: std::path::PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Result<Captured, CaptureFailed>>,
+) -> RunningCapture {
+    let pending = store.lock().unwrap().begin(&trigger.rule);
+    let started_unix_ms = store::now_unix_ms();
+    log::info!(
+        "capture {} from {}'s ring session (the prelude, then {:?})",
+        pending.id,
+        trigger.rule,
+        spec.duration.0
+    );
+    shared.state.lock().unwrap().capture = Some(CaptureProgress {
+        id: pending.id.clone(),
+        rule: trigger.rule.clone(),
+        started_unix_ms,
+        duration_ms: spec.duration.0.as_millis() as u64,
+        backend: Backend::Perfetto.name(),
+    });
+    RunningCapture {
+        pending,
+        trigger,
+        started_unix_ms,
+        backend: Backend::Perfetto,
+        session_out: Some(session_out),
         stop,
         thread,
     }

@@ -16,6 +16,7 @@ mod captures;
 mod heap;
 mod producer;
 mod requests;
+mod rings;
 mod rules;
 mod signals;
 mod tick;
@@ -151,8 +152,17 @@ fn configure_store(store: &mut Store, cfg: &Config) {
     // A session's output (heapprofd's, or a Perfetto-backend capture's,
     // which may run up to MAX_CAPTURE_DURATION) older than the longest
     // session plus perfetto's flush and stop timeouts is a crash's leftover.
+    // A rule's ring session runs until its trigger timeout, then the
+    // capture's duration.
+    let ring = cfg
+        .rules
+        .iter()
+        .any(|r| r.capture.prelude == crate::config::Prelude::Ring);
     let longest = match cfg.capture.backend {
         crate::perfetto_capture::BackendChoice::Ebpf => cfg.heapprofd.max_duration.0,
+        _ if ring => {
+            crate::perfetto_capture::ring::TRIGGER_TIMEOUT + crate::config::MAX_CAPTURE_DURATION
+        }
         _ => cfg
             .heapprofd
             .max_duration
@@ -207,6 +217,8 @@ struct Service {
     runner: Arc<SessionRunner>,
     heap: Option<RunningHeap>,
     capture: Option<RunningCapture>,
+    /// Rules' ring sessions (`capture.prelude = "ring"`).
+    rings: rings::Rings,
     sample: Sample,
     engine: Engine,
     history: History,
@@ -253,6 +265,7 @@ pub fn run(config_path: PathBuf, cfg: Config, signals: Signals) -> Result<(), Se
         }
         let sampled = svc.sample();
         svc.evaluate_rules();
+        svc.maintain_rings();
         svc.expire_store();
         svc.publish(sampled);
     }
@@ -365,6 +378,7 @@ impl Service {
             ),
             sample: Sample::default(),
             capture: None,
+            rings: rings::Rings::default(),
             heap: None,
             runner: Arc::new(heap_runner(&cfg)),
             next_tick: Instant::now(),

@@ -8,6 +8,7 @@ use super::{
     Service,
 };
 use crate::{
+    config::Prelude,
     store::TriggerInfo,
     triggers::{Fired, SysfsProbe},
 };
@@ -27,9 +28,23 @@ impl Service {
             return;
         };
         let trigger = trigger_info(&fired);
+        // A ring session of this rule (its prelude) becomes the capture.
+        let from_ring = fired.capture.prelude == Prelude::Ring
+            && self.capture_from_ring(&fired.rule, &fired.capture, &trigger);
         let engine = self.capture_engine();
         let mut heap = None;
-        if fired.capture.heap_profile {
+        if fired.capture.heap_profile && from_ring {
+            // The ring was built without heapprofd: a session of its own.
+            heap_profile_offender(
+                &fired,
+                &self.cfg,
+                &self.runner,
+                &self.store,
+                &self.shared,
+                &trigger,
+                &mut self.heap,
+            );
+        } else if fired.capture.heap_profile {
             match engine {
                 // One session: heapprofd joins the capture's.
                 CaptureEngine::Perfetto(_) => {
@@ -52,6 +67,9 @@ impl Service {
                     &mut self.heap,
                 ),
             }
+        }
+        if from_ring {
+            return;
         }
         self.capture = Some(start_capture(
             &self.cfg,
