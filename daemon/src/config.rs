@@ -161,15 +161,52 @@ fn accounting_ser<S: Serializer>(v: &AccountingChoice, s: S) -> Result<S::Ok, S:
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub sampling: Sampling,
-    pub capture: CaptureMemory,
     pub store: StoreConfig,
     pub control: Control,
     pub budget: Budget,
     pub conditions: Conditions,
     pub heapprofd: HeapprofdSettings,
     pub producer: ProducerSettings,
+    pub capture: CaptureSettings,
     #[serde(rename = "rule")]
     pub rules: Vec<Rule>,
+}
+
+/// How the daemon's captures (rules', `vitalsctl capture`) record, and the
+/// kernel memory the eBPF capture tier reserves at start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CaptureSettings {
+    /// "auto": the eBPF capture tier when the daemon has eBPF accounting,
+    /// else a Perfetto session of traced's own data sources; "ebpf" (a
+    /// capture /proc-only then fails); "perfetto" (through
+    /// `heapprofd.consumer`, as heap profiles).
+    pub backend: crate::perfetto_capture::BackendChoice,
+    /// The eBPF capture ring buffer (see [`CaptureMemory`]).
+    pub buffer_bytes: u32,
+    /// The eBPF sampled-fault stack map's entries (see [`CaptureMemory`]).
+    pub stack_entries: u32,
+}
+
+impl Default for CaptureSettings {
+    fn default() -> Self {
+        let m = CaptureMemory::default();
+        Self {
+            backend: Default::default(),
+            buffer_bytes: m.buffer_bytes,
+            stack_entries: m.stack_entries,
+        }
+    }
+}
+
+impl CaptureSettings {
+    /// The eBPF capture tier's memory, as the programs are loaded with.
+    pub fn memory(&self) -> CaptureMemory {
+        CaptureMemory {
+            buffer_bytes: self.buffer_bytes,
+            stack_entries: self.stack_entries,
+        }
+    }
 }
 
 /// `vitalsd run` as a producer of the system tracing service (traced), in
@@ -367,6 +404,19 @@ pub struct CaptureSpec {
     pub heap_allowlist: Vec<String>,
     /// Installers (package installer names) allowed, empty = any.
     pub heap_installers: Vec<String>,
+    /// "ring": keep a Perfetto ring-buffer session running for this rule
+    /// and stop it with a trigger when the rule fires, so the capture holds
+    /// the minutes before (Perfetto backend); "none": start at the fire.
+    pub prelude: Prelude,
+}
+
+/// `capture.prelude`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prelude {
+    #[default]
+    None,
+    Ring,
 }
 
 impl Default for CaptureSpec {
@@ -378,6 +428,7 @@ impl Default for CaptureSpec {
             heap_profile: false,
             heap_allowlist: Vec::new(),
             heap_installers: Vec::new(),
+            prelude: Prelude::None,
         }
     }
 }
@@ -467,13 +518,13 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             sampling: Sampling::default(),
-            capture: CaptureMemory::default(),
             store: StoreConfig::default(),
             control: Control::default(),
             budget: Budget::default(),
             conditions: Conditions::default(),
             heapprofd: HeapprofdSettings::default(),
             producer: ProducerSettings::default(),
+            capture: CaptureSettings::default(),
             rules: vec![Rule {
                 name: "system-cpu-busy".into(),
                 metric: Metric::SystemCpuBusyPct,
@@ -549,7 +600,7 @@ impl Config {
                 "must be between 1 and 10000".into(),
             );
         }
-        if let Err((key, message)) = self.capture.check() {
+        if let Err((key, message)) = self.capture.memory().check() {
             return bad(&format!("capture.{key}"), message);
         }
         if self.store.quota_bytes < 1 << 20 {

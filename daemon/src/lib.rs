@@ -16,6 +16,7 @@ pub mod export;
 pub mod heapprofd;
 pub mod history;
 pub mod perfetto;
+pub mod perfetto_capture;
 pub mod privileges;
 pub mod process_tracks;
 pub mod procfs;

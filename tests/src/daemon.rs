@@ -26,12 +26,19 @@ pub struct Daemon {
 
 /// The test config: 250 ms sampling, store and socket under `dir`, then `extra`.
 pub fn config(dir: &Path, extra: &str) -> String {
-    config_with(dir, "", extra)
+    config_with(dir, &Tables::default(), extra)
 }
 
-/// [`config`] with `sampling` lines added to its `[sampling]` table (a
-/// table may not be opened twice).
-pub fn config_with(dir: &Path, sampling: &str, extra: &str) -> String {
+/// Keys for the tables the test config opens itself (TOML allows a table
+/// once), e.g. `accounting = "proc"` in `sampling`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tables<'a> {
+    pub sampling: &'a str,
+    pub store: &'a str,
+}
+
+/// [`config`] with more keys in its own tables.
+pub fn config_with(dir: &Path, tables: &Tables, extra: &str) -> String {
     format!(
         r#"
 [sampling]
@@ -39,6 +46,7 @@ interval = "250ms"
 history = "1m"
 {sampling}
 [store]
+{store_keys}
 dir = "{store}"
 [control]
 socket = "{sock}"
@@ -46,6 +54,8 @@ socket = "{sock}"
 "#,
         store = dir.join("store").display(),
         sock = dir.join("vitalsd.sock").display(),
+        sampling = tables.sampling,
+        store_keys = tables.store,
     )
 }
 
@@ -57,24 +67,19 @@ impl Daemon {
     /// [`Daemon::start`] with extra environment for the daemon (and the
     /// clients it execs).
     pub fn start_with_env(extra_config: &str, envs: Vec<(&'static str, PathBuf)>) -> Self {
-        Self::start_configured("", extra_config, envs)
+        Self::start_with(&Tables::default(), extra_config, envs)
     }
 
-    /// A daemon whose `[sampling]` table also has `sampling` (such as
-    /// `accounting = "proc"`, the CTS tier).
-    pub fn start_sampling(sampling: &str, extra_config: &str) -> Self {
-        Self::start_configured(sampling, extra_config, Vec::new())
-    }
-
-    fn start_configured(
-        sampling: &str,
+    /// [`Daemon::start_with_env`] with more keys in the config's own tables.
+    pub fn start_with(
+        tables: &Tables,
         extra_config: &str,
         envs: Vec<(&'static str, PathBuf)>,
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
             dir.path().join("vitalsd.toml"),
-            config_with(dir.path(), sampling, extra_config),
+            config_with(dir.path(), tables, extra_config),
         )
         .unwrap();
         let mut d = Self {

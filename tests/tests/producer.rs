@@ -33,7 +33,14 @@ fn daemon_with(traced: &Traced, sampling: &str) -> Daemon {
     for (k, v) in traced.env() {
         std::env::set_var(k, v);
     }
-    let d = Daemon::start_sampling(sampling, "");
+    let d = Daemon::start_with(
+        &vitals_tests::daemon::Tables {
+            sampling,
+            ..Default::default()
+        },
+        "",
+        Vec::new(),
+    );
     traced.wait_for_data_source(DATA_SOURCE, Duration::from_secs(20));
     d
 }

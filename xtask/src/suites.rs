@@ -84,6 +84,9 @@ pub const TEST_FILE_NEEDS: &[(&str, Tool)] = &[
     ("perfetto_service", Tool::PerfettoService),
     // vitalsd's data source in sessions of the real traced.
     ("producer", Tool::PerfettoService),
+    // Captures as sessions of the real traced (and trace_processor, found
+    // in ../shared/tools as the other suites find it).
+    ("perfetto_capture", Tool::PerfettoService),
 ];
 
 /// The directory `shared/` sits in beside a checkout (CI copies it next to

@@ -171,12 +171,13 @@ fn status(c: &mut Client, json: bool) -> Result<()> {
     show(json, c.call(&Request::Status {})?, |v| {
         let st = &v["store"];
         format!(
-            "vitalsd {}: {} samples every {} ms, faults from {}\naccounting: {}\ntier: {} ({}){}\ncapabilities: {}\ncpu busy {}  loadavg {}\ntriggers fired {}, skipped {}\nbpf drops {}\nprocfs drops {}\nperfetto producer {}{}\nstore {}: {} captures, {} bytes; newest {}\n{}",
+            "vitalsd {}: {} samples every {} ms, faults from {}\naccounting: {}, captures on {}\ntier: {} ({}){}\ncapabilities: {}\ncpu busy {}  loadavg {}\ntriggers fired {}, skipped {}\nbpf drops {}\nprocfs drops {}\nperfetto producer {}{}\nstore {}: {} captures, {} bytes; newest {}\n{}",
             text(&v["version"], "?"),
             v["samples"],
             v["interval_ms"],
             text(&v["fault_source"], "?"),
             text(&v["accounting"], "?"),
+            text(&v["capture_backend"], "?"),
             text(&v["tier"], "?"),
             text(&v["tier_gives"], "?"),
             match v["sched_procfs"].as_object() {

@@ -73,6 +73,9 @@ pub struct CaptureProgress {
     pub rule: String,
     pub started_unix_ms: u64,
     pub duration_ms: u64,
+    /// The capture backend ("ebpf", "perfetto"); empty for heap profiles.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub backend: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -103,6 +106,9 @@ pub struct DaemonState {
     /// The procfs scheduler source's counters (the CTS tier); empty in
     /// the others.
     pub sched_procfs: BTreeMap<String, u64>,
+    /// The backend a capture started now runs on (`capture.backend`
+    /// resolved against the accounting): "ebpf" or "perfetto".
+    pub capture_backend: &'static str,
     pub capabilities: String,
     pub local_busy_pct: Option<f64>,
     pub loadavg: Option<[f32; 3]>,

@@ -30,9 +30,8 @@ use nix::{
     unistd::Pid,
 };
 
-use super::{
-    config::HeapProfileRequest,
-    runner::{create_trace_file, RouteEnd, RunError, RunnerConfig, SessionStatus, POLL},
+use super::runner::{
+    create_trace_file, RouteEnd, RunError, RunnerConfig, SessionLimits, SessionStatus, POLL,
 };
 
 /// Runs the client to its end (or the deadline, or `cancel`); `charge` is
@@ -40,7 +39,7 @@ use super::{
 /// wrote one.
 pub(super) fn run(
     config: &RunnerConfig,
-    request: &HeapProfileRequest,
+    limits: &SessionLimits,
     bytes: &[u8],
     out: &Path,
     cancel: &AtomicBool,
@@ -49,10 +48,11 @@ pub(super) fn run(
     let bin = &config.perfetto_bin;
     let mut child = spawn(config, out)?;
     log::info!(
-        "heapprofd session started: {} pid {} for {} ms",
+        "{} session started: {} pid {} for {} ms",
+        limits.what,
         bin.display(),
         child.id(),
-        request.duration_ms
+        limits.duration_ms
     );
     charge();
 
@@ -66,7 +66,7 @@ pub(super) fn run(
         }
     }
 
-    let ended = wait(config, &mut child, request, cancel)?;
+    let ended = wait(config, &mut child, limits, cancel)?;
     let stderr_tail = stderr.join().unwrap_or_default();
     // We created the file before the client ran; one that wrote nothing
     // (failed, refused, or killed before its read-back) left no trace.
@@ -75,7 +75,7 @@ pub(super) fn run(
         let _ = std::fs::remove_file(out);
     }
     Ok(RouteEnd {
-        status: session_status(bin, ended, stderr_tail, wrote),
+        status: session_status(bin, ended, stderr_tail, wrote, limits.what),
         wrote,
         no_trace: "the perfetto client wrote no trace",
     })
@@ -117,14 +117,14 @@ fn spawn(config: &RunnerConfig, out: &Path) -> Result<Child, RunError> {
 fn wait(
     config: &RunnerConfig,
     child: &mut Child,
-    request: &HeapProfileRequest,
+    limits: &SessionLimits,
     cancel: &AtomicBool,
 ) -> Result<Ended, RunError> {
     let wait_err = |source| RunError::Wait {
         path: config.perfetto_bin.clone(),
         source,
     };
-    let deadline = Instant::now() + config.timeout_for(request);
+    let deadline = Instant::now() + limits.timeout;
     loop {
         if let Some(s) = child.try_wait().map_err(wait_err)? {
             return Ok(Ended::Exited(s));
@@ -132,9 +132,12 @@ fn wait(
         let cancelled = cancel.load(Ordering::SeqCst);
         if cancelled || Instant::now() >= deadline {
             if cancelled {
-                log::info!("heapprofd session cancelled: stopping the client");
+                log::info!("{} session cancelled: stopping the client", limits.what);
             } else {
-                log::warn!("heapprofd session past its deadline: stopping the client");
+                log::warn!(
+                    "{} session past its deadline: stopping the client",
+                    limits.what
+                );
             }
             let killed = terminate(config, child)?;
             return Ok(if cancelled {
@@ -188,7 +191,13 @@ const SERVICE_ERROR_MARK: &str = "Service error: ";
 
 /// How the client ended, as stored; a failed exit is logged with its
 /// stderr. `wrote`: the client left a non-empty trace.
-fn session_status(bin: &Path, ended: Ended, stderr_tail: String, wrote: bool) -> SessionStatus {
+fn session_status(
+    bin: &Path,
+    ended: Ended,
+    stderr_tail: String,
+    wrote: bool,
+    what: &str,
+) -> SessionStatus {
     match ended {
         Ended::Exited(s) if s.success() && wrote => SessionStatus::Completed,
         Ended::Exited(s) if s.success() => {
@@ -200,7 +209,7 @@ fn session_status(bin: &Path, ended: Ended, stderr_tail: String, wrote: bool) ->
                     "the client exited 0 without a trace (on Android see logcat, tag perfetto)",
                 )
                 .to_owned();
-            log::warn!("traced refused the heapprofd session: {reason}");
+            log::warn!("traced refused the {what} session: {reason}");
             SessionStatus::Refused { reason }
         }
         Ended::Exited(_) if stderr_tail.contains(UNREACHABLE_MARK) => {

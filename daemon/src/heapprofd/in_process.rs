@@ -59,9 +59,8 @@ use perfetto_sdk_sys::{
     PerfettoTracingSessionStopBlocking, PerfettoTracingSessionSystemCreate,
 };
 
-use super::{
-    config::HeapProfileRequest,
-    runner::{create_trace_file, RouteEnd, RunError, RunnerConfig, SessionStatus, POLL},
+use super::runner::{
+    create_trace_file, RouteEnd, RunError, RunnerConfig, SessionLimits, SessionStatus, POLL,
 };
 
 const NO_TRACE: &str = "the in-process consumer read no trace back from traced";
@@ -329,8 +328,8 @@ enum Ended {
 /// called once the session thread runs. A trace is left in `out` only when
 /// all of it was read.
 pub(super) fn run(
-    config: &RunnerConfig,
-    request: &HeapProfileRequest,
+    _config: &RunnerConfig,
+    limits: &SessionLimits,
     bytes: &[u8],
     out: &Path,
     cancel: &AtomicBool,
@@ -365,12 +364,13 @@ pub(super) fn run(
         })?;
     charge();
     log::info!(
-        "heapprofd session started in-process on {} for {} ms",
+        "{} session started in-process on {} for {} ms",
+        limits.what,
         socket.to_string_lossy(),
-        request.duration_ms
+        limits.duration_ms
     );
 
-    let deadline = Instant::now() + config.timeout_for(request);
+    let deadline = Instant::now() + limits.timeout;
     let w = drive(&rx, &stop_tx, &mut file, deadline, cancel);
     let (written, write_err, cancelled) = (w.written, w.write_err, w.cancelled);
     if let Ended::Unanswered(stage) = w.ended {

@@ -27,6 +27,8 @@ use nix::{sys::signal::Signal, unistd::getuid};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::perfetto::protos::TraceConfig;
+
 use super::{
     config::{encode, ConfigError, HeapProfileRequest, RequestLimits},
     outcome::{read_outcome, write_metadata, OutcomeError, TraceOutcome},
@@ -121,9 +123,27 @@ impl RunnerConfig {
     /// The deadline of a session: its duration, the flush traced may wait
     /// for, and slack for start-up.
     pub fn timeout_for(&self, request: &HeapProfileRequest) -> Duration {
-        Duration::from_millis(u64::from(request.duration_ms) + u64::from(request.flush_timeout_ms))
-            + self.timeout_slack
+        self.deadline(
+            u64::from(request.duration_ms),
+            u64::from(request.flush_timeout_ms),
+        )
     }
+
+    /// The deadline of a session of `duration_ms` whose end traced may
+    /// flush for `flush_timeout_ms`.
+    pub fn deadline(&self, duration_ms: u64, flush_timeout_ms: u64) -> Duration {
+        Duration::from_millis(duration_ms + flush_timeout_ms) + self.timeout_slack
+    }
+}
+
+/// One Perfetto session as a consumer route runs it, whatever it is for
+/// (a heap profile, a capture): what to call it in logs, how long traced
+/// runs it (its TraceConfig's duration_ms) and when the route gives up.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionLimits {
+    pub what: &'static str,
+    pub duration_ms: u64,
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Error)]
@@ -340,6 +360,26 @@ impl SessionRunner {
         self.active.load(Ordering::SeqCst)
     }
 
+    /// For a heap profile that runs inside another session (a Perfetto
+    /// capture's): validates `request` and charges the rate limits now, as
+    /// [`SessionRunner::run`] does once its session runs. Returns the
+    /// TraceConfig the request becomes (its android.heapprofd data source
+    /// is what the other session takes).
+    pub fn admit(&self, request: &HeapProfileRequest) -> Result<TraceConfig, RunError> {
+        let trace_config = request.trace_config(&self.config.limits)?;
+        if self.is_busy() {
+            return Err(RunError::Busy);
+        }
+        let targets = request.target_keys();
+        let now = SystemTime::now();
+        let mut limiter = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
+        limiter.check(&targets, now)?;
+        if let Err(e) = limiter.record(&targets, now) {
+            log::error!("{e}");
+        }
+        Ok(trace_config)
+    }
+
     /// Validates `request`, checks limits, runs the session through the
     /// configured consumer route until it ends, the deadline passes or
     /// `cancel` is set, reads heapprofd's outcome from `out` and writes
@@ -391,17 +431,12 @@ impl SessionRunner {
 
         let uid = log_consumer_uid(route);
         let bytes = encode(&trace_config);
-        let end = match route {
-            ConsumerRoute::PerfettoClient => {
-                super::client::run(&self.config, request, &bytes, out, cancel, &mut charge)?
-            }
-            #[cfg(feature = "producer")]
-            ConsumerRoute::InProcess => {
-                super::in_process::run(&self.config, request, &bytes, out, cancel, &mut charge)?
-            }
-            #[cfg(not(feature = "producer"))]
-            ConsumerRoute::InProcess => unreachable!("refused by ConsumerRoute::available"),
+        let limits = SessionLimits {
+            what: "heapprofd",
+            duration_ms: u64::from(request.duration_ms),
+            timeout: self.config.timeout_for(request),
         };
+        let end = run_route(&self.config, &limits, &bytes, out, cancel, &mut charge)?;
         let ended_at = SystemTime::now();
         let wrote = end.wrote;
         let (outcome, outcome_error) = if !wrote {
@@ -438,9 +473,39 @@ impl SessionRunner {
     }
 }
 
+/// Runs one Perfetto session with the encoded TraceConfig `bytes` through
+/// `config.consumer` into `out`: the one place vitalsd talks to traced as
+/// a consumer (heap profiles and Perfetto-backend captures). `charge` is
+/// called once the session runs.
+pub(crate) fn run_route(
+    config: &RunnerConfig,
+    limits: &SessionLimits,
+    bytes: &[u8],
+    out: &Path,
+    cancel: &AtomicBool,
+    charge: &mut dyn FnMut(),
+) -> Result<RouteEnd, RunError> {
+    let route = config.consumer;
+    route.available().map_err(|message| RunError::Unavailable {
+        route: route.name(),
+        message,
+    })?;
+    match route {
+        ConsumerRoute::PerfettoClient => {
+            super::client::run(config, limits, bytes, out, cancel, charge)
+        }
+        #[cfg(feature = "producer")]
+        ConsumerRoute::InProcess => {
+            super::in_process::run(config, limits, bytes, out, cancel, charge)
+        }
+        #[cfg(not(feature = "producer"))]
+        ConsumerRoute::InProcess => unreachable!("refused by ConsumerRoute::available"),
+    }
+}
+
 /// How a route's session ended. `wrote`: `out` holds the complete trace
 /// read back from traced; otherwise the route removed it.
-pub(super) struct RouteEnd {
+pub(crate) struct RouteEnd {
     pub status: SessionStatus,
     pub wrote: bool,
     /// The outcome_error when nothing was written.

@@ -637,5 +637,6 @@ fn packet_kind(packet: &TracePacket) -> &'static str {
         Some(Data::SystemInfo(_)) => "system_info",
         Some(Data::PerfSample(_)) => "perf_sample",
         Some(Data::FtraceEvents(_)) => "ftrace_events",
+        Some(Data::TraceStats(_)) => "trace_stats",
     }
 }

@@ -1,12 +1,17 @@
-//! The capture lifecycle: at most one bounded `record` at a time, on its
+//! The capture lifecycle: at most one bounded capture at a time, on its
 //! own thread, into a pending store entry; committed (or recorded as
-//! failed) when it ends or the daemon stops.
+//! failed, nothing stored) when it ends or the daemon stops. Two backends
+//! (`capture.backend`): the eBPF capture tier (`record_on` on the daemon's
+//! programs) and a Perfetto session of traced's own data sources
+//! (`perfetto_capture`), the one a /proc-only daemon has.
 
 use std::{
     sync::{atomic::AtomicBool, Arc, Mutex},
     thread::JoinHandle,
     time::Duration,
 };
+
+use thiserror::Error;
 
 use super::{push_trigger, Service};
 use crate::{
@@ -15,53 +20,264 @@ use crate::{
     config::{CaptureSpec, Config},
     control::server::{CaptureProgress, Shared},
     export,
+    heapprofd::RunnerConfig,
     history::{self, History},
-    record::{record_on, RecordError, RecordOptions, RecordSummary},
-    store::{self, CaptureMeta, Pending, Store, TriggerInfo},
+    perfetto_capture::{self, Backend, CaptureRequest, HeapInSession, PerfettoCaptureError},
+    record::{record_on, RecordError, RecordOptions},
+    store::{self, BackendInfo, CaptureMeta, Pending, Store, TriggerInfo},
 };
 
-/// A capture: a bounded `record` on its own thread into a pending store entry.
-pub(super) struct RunningCapture {
-    pub(super) pending: Pending,
-    trigger: TriggerInfo,
-    started_unix_ms: u64,
-    pub(super) stop: Arc<AtomicBool>,
-    pub(super) thread: JoinHandle<Result<RecordSummary, RecordError>>,
+/// What a capture runs on: the daemon's eBPF programs (or, /proc-only with
+/// `capture.backend = "ebpf"`, why there are none), or traced through a
+/// consumer route.
+pub(super) enum CaptureEngine {
+    Ebpf(Result<AccountingReader, ProcOnly>),
+    Perfetto(RunnerConfig),
 }
 
-impl Service {
-    /// A reader of the daemon's programs for a capture; /proc-only, why
-    /// there are none (the capture then fails with `CaptureNeedsBpf`).
-    pub(super) fn capture_accounting(&self) -> Result<AccountingReader, ProcOnly> {
-        match (&self.accounting, &self.proc_only) {
-            (Some(acc), _) => Ok(acc.another()),
-            (None, why) => Err(why.clone().unwrap_or(ProcOnly::Asked)),
+impl CaptureEngine {
+    fn backend(&self) -> Backend {
+        match self {
+            CaptureEngine::Ebpf(_) => Backend::Ebpf,
+            CaptureEngine::Perfetto(_) => Backend::Perfetto,
         }
     }
 }
 
-/// Starts a capture in a thread of its own, reading `accounting` (the
-/// daemon's programs, or Err: /proc-only).
+/// How a capture ended well, whichever backend.
+pub(super) struct Captured {
+    wall_ms: u64,
+    /// The trace reached store.max_capture_bytes: its size then.
+    cut_at_bytes: Option<u64>,
+    notes: Vec<String>,
+    /// A heap profile in the same session: its request and outcome.
+    heapprofd: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Error)]
+pub(super) enum CaptureFailed {
+    /// Boxed: a RecordError is large, and the thread's result carries it.
+    #[error(transparent)]
+    Record(Box<RecordError>),
+    #[error(transparent)]
+    Perfetto(#[from] PerfettoCaptureError),
+}
+
+impl From<RecordError> for CaptureFailed {
+    fn from(e: RecordError) -> Self {
+        CaptureFailed::Record(Box::new(e))
+    }
+}
+
+impl CaptureFailed {
+    /// Whether whole packets a failed capture left are worth keeping: an
+    /// eBPF recording cut short by an error mid-way, yes; a capture that
+    /// never started (no eBPF) or a Perfetto session (which leaves a
+    /// complete trace or none), never.
+    fn keeps_partial(&self) -> bool {
+        matches!(self, CaptureFailed::Record(e) if !matches!(**e, RecordError::CaptureNeedsBpf(_)))
+    }
+}
+
+/// A capture: a bounded recording on its own thread into a pending store entry.
+pub(super) struct RunningCapture {
+    pub(super) pending: Pending,
+    trigger: TriggerInfo,
+    started_unix_ms: u64,
+    backend: Backend,
+    /// Where a Perfetto session writes its trace before it is stored.
+    session_out: Option<std::path::PathBuf>,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) thread: JoinHandle<Result<Captured, CaptureFailed>>,
+}
+
+impl RunningCapture {
+    /// The rule (or "manual") that started it.
+    pub(super) fn trigger_rule(&self) -> &str {
+        &self.trigger.rule
+    }
+}
+
+impl Service {
+    /// What a capture started now runs on: `capture.backend` resolved
+    /// against the daemon's accounting (eBPF programs, or /proc-only: why
+    /// there are none).
+    pub(super) fn capture_engine(&self) -> CaptureEngine {
+        let has_bpf = self.accounting.is_some();
+        match self.cfg.capture.backend.resolve(has_bpf) {
+            Backend::Perfetto => CaptureEngine::Perfetto(self.runner.config().clone()),
+            Backend::Ebpf => CaptureEngine::Ebpf(match (&self.accounting, &self.proc_only) {
+                (Some(acc), _) => Ok(acc.another()),
+                (None, why) => Err(why.clone().unwrap_or(ProcOnly::Asked)),
+            }),
+        }
+    }
+}
+
+/// Starts a capture in a thread of its own on `engine`; `heap`: a heap
+/// profile in the same session (Perfetto backend only).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn start_capture(
     cfg: &Config,
-    accounting: Result<AccountingReader, ProcOnly>,
+    engine: CaptureEngine,
+    heap: Option<HeapInSession>,
     store: &Arc<Mutex<Store>>,
     history: &History,
     spec: &CaptureSpec,
     trigger: TriggerInfo,
     shared: &Shared,
 ) -> RunningCapture {
-    let pending = store.lock().unwrap().begin(&trigger.rule);
-    // The capture tier (every switch and waking, sampled fault stacks) for
-    // the capture's window only, switched on by the CAPTURE flag in the
-    // daemon's own programs: loading a second set would run every
-    // always-on program twice per event while the capture lasts (#14).
-    let capture = CaptureOptions {
+    let backend = engine.backend();
+    let (pending, session_out) = {
+        let mut store = store.lock().unwrap();
+        let pending = store.begin(&trigger.rule);
+        // As heapprofd's sessions: the perfetto client writes the trace
+        // into heapprofd/, the one directory its domain may write on
+        // Android (sepolicy: vitalsd_heapprofd_data_file); it moves into
+        // the store when the session ends.
+        let out = (backend == Backend::Perfetto).then(|| {
+            let dir = store.heapprofd_dir();
+            if let Err(e) = std::fs::create_dir_all(&dir) {
+                log::error!("creating {}: {e}", dir.display());
+            }
+            dir.join(format!("{}.pftrace", pending.id))
+        });
+        (pending, out)
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread_stop = Arc::clone(&stop);
+    log::info!(
+        "capture {} started ({} for {:?}, backend {})",
+        pending.id,
+        trigger.rule,
+        spec.duration.0,
+        backend.name()
+    );
+    let started_unix_ms = store::now_unix_ms();
+    {
+        let mut st = shared.state.lock().unwrap();
+        st.capture_backend = backend.name();
+        st.capture = Some(CaptureProgress {
+            id: pending.id.clone(),
+            rule: trigger.rule.clone(),
+            started_unix_ms,
+            duration_ms: spec.duration.0.as_millis() as u64,
+            backend: backend.name(),
+        });
+    }
+    let run: Box<dyn FnOnce() -> Result<Captured, CaptureFailed> + Send> = match engine {
+        CaptureEngine::Ebpf(accounting) => {
+            let opts = record_options(cfg, spec, &pending);
+            let samples: Vec<history::VitalsSample> = history.iter().cloned().collect();
+            Box::new(move || {
+                let summary = record_on(accounting, &opts, &thread_stop, |w| {
+                    export::write_history(w, &samples)
+                })?;
+                Ok(Captured {
+                    wall_ms: summary.wall_monotonic_ns / 1_000_000,
+                    cut_at_bytes: summary.cut_at_max_bytes.then_some(summary.bytes_written),
+                    notes: Vec::new(),
+                    heapprofd: None,
+                })
+            })
+        }
+        CaptureEngine::Perfetto(runner) => {
+            let req = perfetto_request(cfg, spec, heap);
+            let out = session_out
+                .clone()
+                .expect("a perfetto capture's session file");
+            Box::new(move || {
+                let s = perfetto_capture::run(&runner, &req, &out, &thread_stop)?;
+                Ok(captured(s))
+            })
+        }
+    };
+    let thread = std::thread::Builder::new()
+        .name("capture".into())
+        .spawn(run)
+        .expect("spawning the capture thread");
+    RunningCapture {
+        pending,
+        trigger,
+        started_unix_ms,
+        backend,
+        session_out,
+        stop,
+        thread,
+    }
+}
+
+/// What a Perfetto-backend capture of `spec` asks traced for.
+pub(super) fn perfetto_request(
+    cfg: &Config,
+    spec: &CaptureSpec,
+    heap: Option<HeapInSession>,
+) -> CaptureRequest {
+    CaptureRequest {
+        duration: spec.duration.0,
         sched: spec.sched,
         faults: spec.faults,
-        ..CaptureOptions::default()
-    };
-    let opts = RecordOptions {
+        max_bytes: cfg.store.max_capture_bytes,
+        vitals_data_source: (cfg!(feature = "producer") && cfg.producer.enabled)
+            .then(|| cfg.producer.data_source.clone()),
+        poll: cfg.sampling.interval.0.min(Duration::from_secs(1)),
+        heap,
+    }
+}
+
+/// A finished Perfetto session as a capture.
+pub(super) fn captured(s: perfetto_capture::PerfettoCaptureSummary) -> Captured {
+    Captured {
+        wall_ms: s.wall_ms,
+        cut_at_bytes: s.cut_at_max_bytes.then_some(s.bytes),
+        notes: s.notes,
+        heapprofd: s.heapprofd,
+    }
+}
+
+/// A session already running (a rule's ring, just triggered) becomes the
+/// capture: a pending store entry, the progress in status, its thread.
+pub(super) fn adopt_session(
+    store: &Arc<Mutex<Store>>,
+    shared: &Shared,
+    spec: &CaptureSpec,
+    trigger: TriggerInfo,
+    session_out: std::path::PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Result<Captured, CaptureFailed>>,
+) -> RunningCapture {
+    let pending = store.lock().unwrap().begin(&trigger.rule);
+    let started_unix_ms = store::now_unix_ms();
+    log::info!(
+        "capture {} from {}'s ring session (the prelude, then {:?})",
+        pending.id,
+        trigger.rule,
+        spec.duration.0
+    );
+    shared.state.lock().unwrap().capture = Some(CaptureProgress {
+        id: pending.id.clone(),
+        rule: trigger.rule.clone(),
+        started_unix_ms,
+        duration_ms: spec.duration.0.as_millis() as u64,
+        backend: Backend::Perfetto.name(),
+    });
+    RunningCapture {
+        pending,
+        trigger,
+        started_unix_ms,
+        backend: Backend::Perfetto,
+        session_out: Some(session_out),
+        stop,
+        thread,
+    }
+}
+
+/// The eBPF capture tier (every switch and waking, sampled fault stacks)
+/// for the capture's window only, switched on by the CAPTURE flag in the
+/// daemon's own programs: loading a second set would run every always-on
+/// program twice per event while the capture lasts (#14).
+fn record_options(cfg: &Config, spec: &CaptureSpec, pending: &Pending) -> RecordOptions {
+    RecordOptions {
         duration: spec.duration.0,
         out: pending.tmp_path.clone(),
         interval: cfg.sampling.interval.0.min(Duration::from_secs(1)),
@@ -69,39 +285,12 @@ pub(super) fn start_capture(
         accounting: AccountingConfig::default(),
         proc_root: cfg.sampling.proc_root.clone(),
         drop_privileges: false,
-        capture,
+        capture: CaptureOptions {
+            sched: spec.sched,
+            faults: spec.faults,
+            ..CaptureOptions::default()
+        },
         max_bytes: Some(cfg.store.max_capture_bytes),
-    };
-    let samples: Vec<history::VitalsSample> = history.iter().cloned().collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let thread_stop = Arc::clone(&stop);
-    log::info!(
-        "capture {} started ({} for {:?})",
-        pending.id,
-        trigger.rule,
-        spec.duration.0
-    );
-    let started_unix_ms = store::now_unix_ms();
-    shared.state.lock().unwrap().capture = Some(CaptureProgress {
-        id: pending.id.clone(),
-        rule: trigger.rule.clone(),
-        started_unix_ms,
-        duration_ms: spec.duration.0.as_millis() as u64,
-    });
-    let thread = std::thread::Builder::new()
-        .name("capture".into())
-        .spawn(move || {
-            record_on(accounting, &opts, &thread_stop, |w| {
-                export::write_history(w, &samples)
-            })
-        })
-        .expect("spawning the capture thread");
-    RunningCapture {
-        pending,
-        trigger,
-        started_unix_ms,
-        stop,
-        thread,
     }
 }
 
@@ -113,30 +302,41 @@ pub(super) fn finish_capture(
     how: &str,
 ) {
     let result = c.thread.join();
+    if let Some(out) = c.session_out.as_ref().filter(|o| o.exists()) {
+        if let Err(e) = std::fs::rename(out, &c.pending.tmp_path) {
+            log::error!("moving {} into the store: {e}", out.display());
+        }
+    }
     // Scan before taking the lock the control socket also needs; commit
     // redoes and reports whatever failed here.
     let mut pending = c.pending;
     let _ = pending.seal();
     let mut store = store.lock().unwrap();
+    let meta = |duration_ms: u64, status: String, notes: Vec<String>| CaptureMeta {
+        id: String::new(),
+        created_unix_ms: c.started_unix_ms,
+        trigger: c.trigger.clone(),
+        duration_ms,
+        trace_bytes: 0,
+        status,
+        heapprofd: None,
+        backend: Some(BackendInfo {
+            name: c.backend.name().into(),
+            notes,
+        }),
+    };
+    let backend = c.backend.name();
     let outcome = match result {
-        Ok(Ok(summary)) => {
-            let meta = CaptureMeta {
-                id: String::new(),
-                created_unix_ms: c.started_unix_ms,
-                trigger: c.trigger.clone(),
-                duration_ms: summary.wall_monotonic_ns / 1_000_000,
-                trace_bytes: 0,
-                status: if summary.cut_at_max_bytes {
-                    format!(
-                        "cut: reached store.max_capture_bytes ({} bytes)",
-                        summary.bytes_written
-                    )
-                } else {
-                    how.into()
-                },
-                heapprofd: None,
+        Ok(Ok(done)) => {
+            let status = match done.cut_at_bytes {
+                Some(bytes) => {
+                    format!("cut: reached store.max_capture_bytes ({bytes} bytes)")
+                }
+                None => how.into(),
             };
-            match store.commit(pending, meta) {
+            let mut m = meta(done.wall_ms, status, done.notes);
+            m.heapprofd = done.heapprofd;
+            match store.commit(pending, m) {
                 Ok(m) => {
                     log::info!("capture {} stored ({} bytes)", m.id, m.trace_bytes);
                     format!("captured {}", m.id)
@@ -148,25 +348,23 @@ pub(super) fn finish_capture(
             }
         }
         Ok(Err(e)) => {
-            log::error!("capture failed: {e}");
-            // Whatever whole packets reached the disk are still worth keeping.
-            let meta = CaptureMeta {
-                id: String::new(),
-                created_unix_ms: c.started_unix_ms,
-                trigger: c.trigger.clone(),
-                duration_ms: store::now_unix_ms().saturating_sub(c.started_unix_ms),
-                trace_bytes: 0,
-                status: format!("cut short: {e}"),
-                heapprofd: None,
-            };
-            if pending.tmp_path.exists() {
-                match store.commit(pending, meta) {
+            log::error!("capture failed ({backend} backend): {e}");
+            let non_empty = std::fs::metadata(&pending.tmp_path).is_ok_and(|m| m.len() > 0);
+            // Whatever whole packets an eBPF recording put on the disk
+            // before its error are still worth keeping; an empty file, or
+            // a capture that never ran, is a failure and stores nothing.
+            if e.keeps_partial() && non_empty {
+                let elapsed = store::now_unix_ms().saturating_sub(c.started_unix_ms);
+                match store.commit(
+                    pending,
+                    meta(elapsed, format!("cut short: {e}"), Vec::new()),
+                ) {
                     Ok(m) => format!("captured {} (cut short: {e})", m.id),
-                    Err(e2) => format!("failed: {e}; {e2}"),
+                    Err(e2) => format!("failed ({backend} backend): {e}; {e2}"),
                 }
             } else {
                 store.abort(pending);
-                format!("failed: {e}")
+                format!("failed ({backend} backend): {e}")
             }
         }
         Err(_) => {

@@ -17,6 +17,7 @@ use crate::{
         HeapProfileRequest, RateLimiter, RateLimits, RequestLimits, RunError, RunnerConfig,
         SessionReport, SessionRunner,
     },
+    perfetto_capture::HeapInSession,
     store::{self, CaptureMeta, Pending, Store, TriggerInfo},
     triggers::Fired,
 };
@@ -129,6 +130,7 @@ pub(super) fn start_heap(
         rule: trigger.rule.clone(),
         started_unix_ms,
         duration_ms: u64::from(request.duration_ms),
+        backend: "",
     });
     log::info!(
         "heapprofd session {} started for {:?} {:?}",
@@ -185,6 +187,7 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
                 trace_bytes: 0,
                 status,
                 heapprofd: serde_json::to_value(&report).ok(),
+                backend: None,
             };
             if pending.tmp_path.exists() {
                 match store.commit(pending, meta) {
@@ -223,9 +226,46 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
     push_trigger(&mut st, &h.trigger, h.started_unix_ms, outcome);
 }
 
-/// A rule asked for a heap profile: of its offender, only when the
-/// offender's name is on the rule's allowlist (installers are checked by
-/// heapprofd itself through target_installed_by).
+/// A rule asked for a heap profile: the request for its offender, only
+/// when the offender's name is on the rule's allowlist (installers are
+/// checked by heapprofd itself through target_installed_by).
+fn offender_request(fired: &Fired, cfg: &Config) -> Option<HeapProfileRequest> {
+    let spec = &fired.capture;
+    let Some(o) = &fired.offender else {
+        log::info!("rule {}: no offending process to heap-profile", fired.rule);
+        return None;
+    };
+    if !spec.heap_allowlist.iter().any(|a| a == &o.name) {
+        log::info!(
+            "rule {}: {} is not on the heap-profile allowlist",
+            fired.rule,
+            o.name
+        );
+        return None;
+    }
+    Some(heap_request(
+        cfg,
+        None,
+        Some(o.pid as u64),
+        spec.duration.0,
+        spec.heap_installers.clone(),
+    ))
+}
+
+/// Records that a rule's heap profile did not start, and why.
+fn heap_not_started(shared: &Shared, fired: &Fired, trigger: &TriggerInfo, e: &str) {
+    log::warn!("rule {}: heap profile not started: {e}", fired.rule);
+    let mut st = shared.state.lock().unwrap();
+    push_trigger(
+        &mut st,
+        trigger,
+        store::now_unix_ms(),
+        format!("heap profile not started: {e}"),
+    );
+}
+
+/// A rule asked for a heap profile: its offender's, in a heapprofd session
+/// of its own (beside an eBPF capture).
 pub(super) fn heap_profile_offender(
     fired: &Fired,
     cfg: &Config,
@@ -235,19 +275,9 @@ pub(super) fn heap_profile_offender(
     trigger: &TriggerInfo,
     heap: &mut Option<RunningHeap>,
 ) {
-    let spec = &fired.capture;
-    let Some(o) = &fired.offender else {
-        log::info!("rule {}: no offending process to heap-profile", fired.rule);
+    let Some(request) = offender_request(fired, cfg) else {
         return;
     };
-    if !spec.heap_allowlist.iter().any(|a| a == &o.name) {
-        log::info!(
-            "rule {}: {} is not on the heap-profile allowlist",
-            fired.rule,
-            o.name
-        );
-        return;
-    }
     if heap.is_some() {
         log::info!(
             "rule {}: heap profile skipped, a session is running",
@@ -255,24 +285,36 @@ pub(super) fn heap_profile_offender(
         );
         return;
     }
-    let request = heap_request(
-        cfg,
-        None,
-        Some(o.pid as u64),
-        spec.duration.0,
-        spec.heap_installers.clone(),
-    );
     match start_heap(runner, store, request, trigger.clone(), shared) {
         Ok(h) => *heap = Some(h),
+        Err(e) => heap_not_started(shared, fired, trigger, &e),
+    }
+}
+
+/// A rule asked for a heap profile and its capture is a Perfetto session:
+/// heapprofd joins that session (validated and charged to the rate limits
+/// here), so one trace holds the timeline and the profile.
+pub(super) fn heap_in_capture(
+    fired: &Fired,
+    cfg: &Config,
+    runner: &SessionRunner,
+    shared: &Shared,
+    trigger: &TriggerInfo,
+    running: bool,
+) -> Option<HeapInSession> {
+    let request = offender_request(fired, cfg)?;
+    if running {
+        log::info!(
+            "rule {}: heap profile skipped, a session is running",
+            fired.rule
+        );
+        return None;
+    }
+    match runner.admit(&request) {
+        Ok(config) => HeapInSession::new(request, &config),
         Err(e) => {
-            log::warn!("rule {}: heap profile not started: {e}", fired.rule);
-            let mut st = shared.state.lock().unwrap();
-            push_trigger(
-                &mut st,
-                trigger,
-                store::now_unix_ms(),
-                format!("heap profile not started: {e}"),
-            );
+            heap_not_started(shared, fired, trigger, &e.to_string());
+            None
         }
     }
 }

@@ -16,6 +16,7 @@ mod captures;
 mod heap;
 mod producer;
 mod requests;
+mod rings;
 mod rules;
 mod signals;
 mod tick;
@@ -149,9 +150,27 @@ const RECENT_TRIGGERS: usize = 32;
 fn configure_store(store: &mut Store, cfg: &Config) {
     store.set_limits(limits(cfg));
     store.set_max_capture_bytes(Some(cfg.store.max_capture_bytes));
-    // A heapprofd session's output older than the longest session plus
-    // perfetto's flush and stop timeouts is a crash's leftover.
-    store.set_heapprofd_stale_after(cfg.heapprofd.max_duration.0 + Duration::from_secs(600));
+    // A session's output (heapprofd's, or a Perfetto-backend capture's,
+    // which may run up to MAX_CAPTURE_DURATION) older than the longest
+    // session plus perfetto's flush and stop timeouts is a crash's leftover.
+    // A rule's ring session runs until its trigger timeout, then the
+    // capture's duration.
+    let ring = cfg
+        .rules
+        .iter()
+        .any(|r| r.capture.prelude == crate::config::Prelude::Ring);
+    let longest = match cfg.capture.backend {
+        crate::perfetto_capture::BackendChoice::Ebpf => cfg.heapprofd.max_duration.0,
+        _ if ring => {
+            crate::perfetto_capture::ring::TRIGGER_TIMEOUT + crate::config::MAX_CAPTURE_DURATION
+        }
+        _ => cfg
+            .heapprofd
+            .max_duration
+            .0
+            .max(crate::config::MAX_CAPTURE_DURATION),
+    };
+    store.set_heapprofd_stale_after(longest + Duration::from_secs(600));
 }
 
 fn limits(cfg: &Config) -> Limits {
@@ -199,6 +218,8 @@ struct Service {
     runner: Arc<SessionRunner>,
     heap: Option<RunningHeap>,
     capture: Option<RunningCapture>,
+    /// Rules' ring sessions (`capture.prelude = "ring"`).
+    rings: rings::Rings,
     sample: Sample,
     engine: Engine,
     history: History,
@@ -248,6 +269,7 @@ pub fn run(config_path: PathBuf, cfg: Config, signals: Signals) -> Result<(), Se
         }
         let sampled = svc.sample();
         svc.evaluate_rules();
+        svc.maintain_rings();
         svc.expire_store();
         svc.publish(sampled);
     }
@@ -271,7 +293,7 @@ fn accounting_config(cfg: &Config) -> AccountingConfig {
         // Captures (a rule's, `vitalsctl capture`) switch the capture tier
         // on in these programs, so its kernel memory is reserved now: the
         // maps' sizes are fixed once the programs that use them load.
-        capture: Some(cfg.capture.sizing()),
+        capture: Some(cfg.capture.memory().sizing()),
         pins: cfg
             .sampling
             .pin_dir
@@ -340,6 +362,7 @@ impl Service {
                 accounting: accounting_mode,
                 tier: tier.name(),
                 tier_gives: tier.gives(),
+                capture_backend: cfg.capture.backend.resolve(accounting.is_some()).name(),
                 capabilities,
                 config_path: config_path.display().to_string(),
                 config_toml: cfg.to_toml(),
@@ -375,6 +398,7 @@ impl Service {
             ),
             sample: Sample::default(),
             capture: None,
+            rings: rings::Rings::default(),
             heap: None,
             runner: Arc::new(heap_runner(&cfg)),
             next_tick: Instant::now(),

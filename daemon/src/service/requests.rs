@@ -71,7 +71,8 @@ impl Service {
         };
         let c = start_capture(
             &self.cfg,
-            self.capture_accounting(),
+            self.capture_engine(),
+            None,
             &self.store,
             &self.history,
             &spec,

@@ -1,9 +1,14 @@
 //! Rule evaluation: each tick the health rules look at the history; a rule
 //! that fires starts its capture, and a heap profile of its offender when
-//! it asks for one.
+//! it asks for one (in the capture's own session on the Perfetto backend).
 
-use super::{captures::start_capture, heap::heap_profile_offender, Service};
+use super::{
+    captures::{start_capture, CaptureEngine},
+    heap::{heap_in_capture, heap_profile_offender},
+    Service,
+};
 use crate::{
+    config::Prelude,
     store::TriggerInfo,
     triggers::{Fired, SysfsProbe},
 };
@@ -23,7 +28,13 @@ impl Service {
             return;
         };
         let trigger = trigger_info(&fired);
-        if fired.capture.heap_profile {
+        // A ring session of this rule (its prelude) becomes the capture.
+        let from_ring = fired.capture.prelude == Prelude::Ring
+            && self.capture_from_ring(&fired.rule, &fired.capture, &trigger);
+        let engine = self.capture_engine();
+        let mut heap = None;
+        if fired.capture.heap_profile && from_ring {
+            // The ring was built without heapprofd: a session of its own.
             heap_profile_offender(
                 &fired,
                 &self.cfg,
@@ -33,10 +44,37 @@ impl Service {
                 &trigger,
                 &mut self.heap,
             );
+        } else if fired.capture.heap_profile {
+            match engine {
+                // One session: heapprofd joins the capture's.
+                CaptureEngine::Perfetto(_) => {
+                    heap = heap_in_capture(
+                        &fired,
+                        &self.cfg,
+                        &self.runner,
+                        &self.shared,
+                        &trigger,
+                        self.heap.is_some(),
+                    )
+                }
+                CaptureEngine::Ebpf(_) => heap_profile_offender(
+                    &fired,
+                    &self.cfg,
+                    &self.runner,
+                    &self.store,
+                    &self.shared,
+                    &trigger,
+                    &mut self.heap,
+                ),
+            }
+        }
+        if from_ring {
+            return;
         }
         self.capture = Some(start_capture(
             &self.cfg,
-            self.capture_accounting(),
+            engine,
+            heap,
             &self.store,
             &self.history,
             &fired.capture,

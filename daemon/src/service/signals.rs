@@ -85,6 +85,12 @@ impl Service {
             .store(u64::from(new.control.max_request_bytes), Ordering::Relaxed);
         let mut st = self.shared.state.lock().unwrap();
         st.config_toml = new.to_toml();
+        // The backend a capture started now would use (it reloads).
+        st.capture_backend = new
+            .capture
+            .backend
+            .resolve(self.accounting.is_some())
+            .name();
         st.interval_ms = new.sampling.interval.0.as_millis() as u64;
         st.last_reload_error = None;
         drop(st);
@@ -109,7 +115,7 @@ fn keep_start_only(new: &mut Config, running: &Config) -> bool {
         || n.exits_per_second != r.exits_per_second
         || n.runq_wait != r.runq_wait
         || n.classic_tracepoints != r.classic_tracepoints
-        || new.capture != running.capture
+        || new.capture.memory() != running.capture.memory()
         || new.store.dir != running.store.dir
         || new.control.socket != running.control.socket
         || new.control.group != running.control.group;
@@ -122,7 +128,10 @@ fn keep_start_only(new: &mut Config, running: &Config) -> bool {
     n.exits_per_second = r.exits_per_second;
     n.runq_wait = r.runq_wait;
     n.classic_tracepoints = r.classic_tracepoints;
-    new.capture = running.capture.clone();
+    // The capture maps are sized when the programs load; the backend is
+    // chosen per capture, so it reloads.
+    new.capture.buffer_bytes = running.capture.buffer_bytes;
+    new.capture.stack_entries = running.capture.stack_entries;
     new.store.dir = running.store.dir.clone();
     new.control.socket = running.control.socket.clone();
     new.control.group = running.control.group.clone();

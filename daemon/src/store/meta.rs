@@ -47,6 +47,21 @@ pub struct CaptureMeta {
     /// heapprofd's own outcome per process, when a profile was taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heapprofd: Option<serde_json::Value>,
+    /// The capture backend that recorded it; absent for heap profiles and
+    /// metadata written before backends existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<BackendInfo>,
+}
+
+/// Which capture backend recorded a capture, and what that means for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BackendInfo {
+    /// "ebpf" or "perfetto".
+    pub name: String,
+    /// What the backend gives and lacks (the consumer route, "faults:
+    /// counters only", ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// The instant a capture's age counts from, on both clocks.

@@ -50,7 +50,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 pub use clock::{ClockReading, StoreClock, SystemClock, PLAUSIBLE_UNIX_MS};
-pub use meta::{AgeBasis, CaptureMeta, TriggerInfo, MANUAL_RULES};
+pub use meta::{AgeBasis, BackendInfo, CaptureMeta, TriggerInfo, MANUAL_RULES};
 pub use packets::truncate_to_whole_packets;
 pub use repair::{CRASH_STATUS, MAX_META_BYTES, RECOVERED_STATUS};
 pub use spill::{DEFAULT_STALE_AFTER_MS, HEAPPROFD_DIR};

@@ -140,6 +140,7 @@ fn rebuilt_meta(
         trace_bytes: whole_bytes,
         status: status.into(),
         heapprofd: None,
+        backend: None,
     }
 }
 

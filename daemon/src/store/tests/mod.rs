@@ -91,6 +91,7 @@ fn meta_at(rule: &str, created_unix_ms: u64) -> CaptureMeta {
         trace_bytes: 0,
         status: "complete".into(),
         heapprofd: None,
+        backend: None,
     }
 }
 
