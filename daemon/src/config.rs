@@ -13,8 +13,11 @@ use crate::bpf::{denied::AccountingChoice, CaptureMemory, FaultSourceChoice};
 
 #[path = "config_file.rs"]
 mod file;
+#[path = "config_rules.rs"]
+mod rules;
 use file::read_config_file;
 pub use file::{bounded, MAX_CONFIG_BYTES, MAX_MESSAGE_BYTES};
+pub use rules::{CaptureSpec, Metric, Prelude, Rule};
 
 /// Where the OEM puts it on Android, and on Linux hosts.
 pub const DEFAULT_PATH_ANDROID: &str = "/vendor/etc/vitalsd.toml";
@@ -353,82 +356,6 @@ impl Default for HeapprofdSettings {
             target_per_day: r.target_per_day,
             allowlist: Vec::new(),
             installers: Vec::new(),
-        }
-    }
-}
-
-/// What a rule watches.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields, tag = "kind")]
-pub enum Metric {
-    /// (user+nice+system+irq+softirq) / total of /proc/stat, %.
-    SystemCpuBusyPct,
-    /// One process's core-equivalent % ((Δutime+Δstime)/Δwall); `process`
-    /// names it (argv[0] basename or comm); absent = any process.
-    ProcessCpuPct { process: Option<String> },
-    /// loadavg 1-minute average divided by online CPUs.
-    LoadavgPerCpu,
-    /// PSI avg10 of `resource` (cpu, memory, io), `some` or `full`, %.
-    PsiAvg10 { resource: String, full: bool },
-    /// Major faults per second of any (or the named) process.
-    MajorFaultRate { process: Option<String> },
-    /// RSS growth of a process over the rule's window, kB.
-    RssGrowthKb { process: Option<String> },
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rule {
-    pub name: String,
-    pub metric: Metric,
-    pub threshold: f64,
-    /// The metric must stay above the threshold for this long (RSS growth:
-    /// the span the growth is measured over).
-    pub window: Dur,
-    pub cooldown: Dur,
-    #[serde(default)]
-    pub capture: CaptureSpec,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CaptureSpec {
-    pub duration: Dur,
-    /// Every sched_switch/sched_waking in the window (capture tier).
-    pub sched: bool,
-    /// Sampled page-fault call stacks (capture tier).
-    pub faults: bool,
-    /// heapprofd profile of the offending process when allowlisted.
-    pub heap_profile: bool,
-    /// Process names (normalised cmdline) a heap profile may target.
-    pub heap_allowlist: Vec<String>,
-    /// Installers (package installer names) allowed, empty = any.
-    pub heap_installers: Vec<String>,
-    /// "ring": keep a Perfetto ring-buffer session running for this rule
-    /// and stop it with a trigger when the rule fires, so the capture holds
-    /// the minutes before (Perfetto backend); "none": start at the fire.
-    pub prelude: Prelude,
-}
-
-/// `capture.prelude`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Prelude {
-    #[default]
-    None,
-    Ring,
-}
-
-impl Default for CaptureSpec {
-    fn default() -> Self {
-        Self {
-            duration: Dur(Duration::from_secs(10)),
-            sched: true,
-            faults: false,
-            heap_profile: false,
-            heap_allowlist: Vec::new(),
-            heap_installers: Vec::new(),
-            prelude: Prelude::None,
         }
     }
 }

@@ -32,6 +32,8 @@ const APT_PACKAGES: &[&str] = &[
     "android-libselinux-dev",
     "libsepol-dev",
     "checkpolicy",
+    // android-check 1d queries the compiled policy with sesearch.
+    "setools",
     "m4",
     // perfetto-sdk-sys (the daemon's default `producer` feature) compiles
     // the Perfetto C SDK with the cc crate: a C++ compiler.

@@ -22,6 +22,7 @@
 pub mod bench;
 pub mod blueprint;
 mod capture;
+mod cts;
 pub mod loader;
 mod packaging;
 mod policy;
@@ -132,6 +133,13 @@ pub fn run(aosp: Option<PathBuf>, require: bool) -> Result<Report> {
             ));
             checks.push((
                 "1b policy: platform policy + sepolicy/, user and userdebug, neverallows, contexts",
+                Outcome::NotRun {
+                    why: why.clone(),
+                    how: how(""),
+                },
+            ));
+            checks.push((
+                "1d cts tier: the shipped policy grants what it uses and nothing of eBPF (sesearch)",
                 Outcome::NotRun { why, how: how("") },
             ));
         }
@@ -149,9 +157,19 @@ pub fn run(aosp: Option<PathBuf>, require: bool) -> Result<Report> {
                 "1a loader: AOSP bpfloader loads vitals.o, vitalsd records from its pins",
                 a,
             ));
+            let policy = policy::check(&root, &t.sepolicy, &work.join("policy"));
+            // 1d queries the policies 1b compiled.
+            let cts = match &policy {
+                Ok(_) => outcome(cts::check(&work.join("policy"))),
+                Err(e) => Outcome::Fail(format!("check 1b failed first: {e:#}")),
+            };
             checks.push((
                 "1b policy: platform policy + sepolicy/, user and userdebug, neverallows, contexts",
-                outcome(policy::check(&root, &t.sepolicy, &work.join("policy"))),
+                outcome(policy),
+            ));
+            checks.push((
+                "1d cts tier: the shipped policy grants what it uses and nothing of eBPF (sesearch)",
+                cts,
             ));
         }
     }
