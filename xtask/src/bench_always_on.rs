@@ -15,6 +15,13 @@
 //! Neither vitalsd has its Perfetto producer on, so each is its always-on
 //! sampling alone. CPU is utime+stime from /proc/<pid>/stat over `rounds`
 //! windows of `seconds`; the median window is reported per 10 s.
+//!
+//! Then, without the population: what a rule's ring prelude costs a
+//! switch-heavy workload (`perf bench sched pipe` pinned to CPU 0, as
+//! `bench overhead`), rounds interleaved between nothing running and the
+//! ring session vitalsd keeps for such a rule (linux.ftrace with the sched
+//! events and compact_sched, process_stats and sys_stats, in a RING_BUFFER
+//! waiting for its trigger).
 
 use std::{
     collections::HashSet,
@@ -25,6 +32,7 @@ use anyhow::Result;
 
 use crate::{
     bench_idle::{clk_tck, cost, start_vitalsd},
+    bench_overhead::{median as bench_median, perf_bench},
     bench_scan::spawn_load,
     traced::Traced,
     util::{bpf_progs, set_bpf_stats},
@@ -44,10 +52,10 @@ fn programs_ns(ids: &HashSet<u64>) -> Result<u64> {
         .sum())
 }
 
-pub fn run(seconds: u64, rounds: usize) -> Result<()> {
+pub fn run(seconds: u64, rounds: usize, loops: u64) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("vitalsd-bench-always-on-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let (_children, _threads) = spawn_load()?;
+    let load = spawn_load()?;
     let quiet = "[producer]\nenabled = false\n[sampling]\ninterval = \"1s\"";
     let mut cts = start_vitalsd(
         &dir.join("cts"),
@@ -153,6 +161,52 @@ duration_ms: {}
         let _ = d.wait();
     }
     drop(traced);
+    drop(load);
+    ring_session_cost(&dir.join("ring"), rounds, loops)?;
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The ring prelude's session (perfetto_capture::ring's shape, as text).
+const RING_SESSION: &str = r#"
+buffers { size_kb: 16384 fill_policy: RING_BUFFER }
+data_sources { config { name: "linux.ftrace" ftrace_config {
+    ftrace_events: "sched/sched_switch" ftrace_events: "sched/sched_waking"
+    ftrace_events: "sched/sched_wakeup_new" ftrace_events: "task/task_newtask"
+    ftrace_events: "task/task_rename" ftrace_events: "sched/sched_process_exit"
+    ftrace_events: "sched/sched_process_free" compact_sched { enabled: true } } } }
+data_sources { config { name: "linux.process_stats" process_stats_config {
+    scan_all_processes_on_start: true record_thread_names: true proc_stats_poll_ms: 1000 } } }
+data_sources { config { name: "linux.sys_stats" sys_stats_config {
+    stat_period_ms: 1000 stat_counters: STAT_CPU_TIMES stat_counters: STAT_FORK_COUNT } } }
+trigger_config { trigger_mode: STOP_TRACING trigger_timeout_ms: 3600000
+    triggers { name: "vitalsd.bench" stop_delay_ms: 1000 } }
+"#;
+
+/// `perf bench sched pipe` throughput with nothing running and with the
+/// ring session running, `rounds` interleaved pairs.
+fn ring_session_cost(dir: &std::path::Path, rounds: usize, loops: u64) -> Result<()> {
+    let traced = Traced::start(dir, true)?;
+    println!("\nring prelude session under perf bench sched pipe -l {loops}, taskset -c 0, {rounds} interleaved rounds");
+    let (mut nothing, mut ring) = (Vec::new(), Vec::new());
+    for i in 0..rounds {
+        nothing.push(perf_bench(loops)?);
+        let mut session = traced.session(RING_SESSION, &dir.join(format!("ring-{i}.pftrace")))?;
+        // ftrace set up and the initial process scan done.
+        std::thread::sleep(Duration::from_secs(3));
+        ring.push(perf_bench(loops)?);
+        session.signal(libc::SIGTERM);
+        let _ = session.0.wait();
+    }
+    let (n, r) = (bench_median(nothing.clone()), bench_median(ring.clone()));
+    println!("{:<40} {:>14}", "PIPE BENCHMARK", "ops/s (median)");
+    println!("{:<40} {:>14.0}", "nothing running", n);
+    println!("{:<40} {:>14.0}", "ring prelude session running", r);
+    println!(
+        "throughput loss of the ring session: {:.1} % (per round: nothing {:?}, ring {:?})",
+        (1.0 - r / n) * 100.0,
+        nothing.iter().map(|v| v.round()).collect::<Vec<_>>(),
+        ring.iter().map(|v| v.round()).collect::<Vec<_>>()
+    );
     Ok(())
 }

@@ -127,6 +127,9 @@ enum Bench {
         seconds: u64,
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+        /// perf bench sched pipe loops per run of the ring-session phase.
+        #[arg(long, default_value_t = 500_000)]
+        loops: u64,
     },
     /// vitalsd run's own CPU and RSS over a minute of 1 s sampling, beside top and pidstat.
     Idle {
@@ -186,7 +189,11 @@ fn main() -> Result<()> {
                 } => android_check::bench::run(rounds, loops, aosp),
                 Bench::Overhead { rounds, loops, .. } => bench_overhead::run(rounds, loops),
                 Bench::Idle { seconds } => bench_idle::run(seconds),
-                Bench::AlwaysOn { seconds, rounds } => bench_always_on::run(seconds, rounds),
+                Bench::AlwaysOn {
+                    seconds,
+                    rounds,
+                    loops,
+                } => bench_always_on::run(seconds, rounds, loops),
                 Bench::Scan => bench_scan::run(&workspace_root().join("target/release/vitalsd")),
                 Bench::Capture { transport } => bench_capture::run(&transport),
                 Bench::Producer { seconds } => bench_producer::run(seconds),
