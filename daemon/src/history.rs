@@ -190,6 +190,27 @@ mod tests {
         }
     }
 
+    /// The rules' inputs keep a process that ran without a clock tick
+    /// when ns accounting says it ran (#23: rules were blind to processes
+    /// that use little CPU).
+    #[test]
+    fn a_process_that_ran_without_a_tick_is_kept_for_the_rules() {
+        let w = crate::tracker::quiet_process_window(42);
+        let none = std::collections::HashMap::new();
+        assert!(summarize(&w, 4, &[], &none).processes.is_empty());
+        let ran = std::collections::HashMap::from([(
+            42,
+            crate::tracker::BpfDelta {
+                tgid: 42,
+                oncpu_ns: 3_000_000,
+                ..Default::default()
+            },
+        )]);
+        let s = summarize(&w, 4, &[], &ran);
+        assert_eq!(s.processes.len(), 1);
+        assert_eq!(s.processes[0].pid, 42);
+    }
+
     #[test]
     fn ring_is_bounded_and_spans_select_recent() {
         let mut h = History::new(3);

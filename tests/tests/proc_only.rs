@@ -168,7 +168,9 @@ fn run_without_bpf_capabilities_is_proc_only() {
     let text = d.vitalsctl(&["status"]);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
-        text.contains(&format!("accounting: {mode}")) && text.contains("tier: cts"),
+        text.contains(&format!("accounting: {mode}"))
+            && text.contains("tier: cts")
+            && text.contains("faults from /proc/<pid>/stat minflt + majflt"),
         "vitalsctl status:\n{text}"
     );
     w.expect("done");

@@ -20,3 +20,27 @@ fn repo() -> PathBuf {
 fn read(rel: &str) -> String {
     std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
+
+/// The lines between `<!-- tiers -->` and `<!-- /tiers -->` of `text`.
+fn tiers_table(text: &str, file: &str) -> String {
+    let start = text
+        .find("<!-- tiers -->")
+        .unwrap_or_else(|| panic!("{file} has no <!-- tiers --> table"));
+    let end = text[start..]
+        .find("<!-- /tiers -->")
+        .unwrap_or_else(|| panic!("{file}: the tiers table is not closed"));
+    text[start..start + end].to_owned()
+}
+
+/// The README and the Android guide show one tier table (issue #21): the
+/// same rows in both.
+#[test]
+fn readme_and_android_guide_have_the_same_tier_table() {
+    let readme = tiers_table(&read("README.md"), "README.md");
+    let guide = tiers_table(&read("docs/android.md"), "docs/android.md");
+    assert!(readme.contains("| `cts` |"), "{readme}");
+    assert_eq!(
+        readme, guide,
+        "README.md and docs/android.md tier tables differ"
+    );
+}

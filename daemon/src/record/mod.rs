@@ -52,7 +52,11 @@ pub enum RecordError {
     #[error(transparent)]
     Capture(#[from] CaptureError),
     /// A capture records kernel events, which only the eBPF programs see.
-    #[error("a capture needs eBPF, but accounting is {0}")]
+    #[error(
+        "a capture needs eBPF, but accounting is {0}; without eBPF, a running daemon's \
+         captures (`vitalsctl capture`, rules) record through Perfetto's own data sources \
+         (capture.backend = \"auto\" or \"perfetto\")"
+    )]
     CaptureNeedsBpf(ProcOnly),
     #[error("creating trace file {path}: {source}")]
     Create {

@@ -248,3 +248,33 @@ fn top_rows(w: &Window, bpf_window: &HashMap<u32, BpfDelta>) -> Vec<TopRow> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::top_rows;
+    use crate::tracker::{quiet_process_window, BpfDelta};
+
+    /// A process charged no clock tick that still ran (ns accounting of
+    /// either tier says 3 ms) is in top; ProcessCpuTracker's working set
+    /// alone left a quiet machine's top empty (#23).
+    #[test]
+    fn top_lists_a_process_that_ran_without_a_tick() {
+        let w = quiet_process_window(42);
+        assert!(top_rows(&w, &HashMap::new()).is_empty());
+        let ran = HashMap::from([(
+            42,
+            BpfDelta {
+                tgid: 42,
+                oncpu_ns: 3_000_000,
+                voluntary_switches: 40,
+                ..Default::default()
+            },
+        )]);
+        let rows = top_rows(&w, &ran);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].pid, 42);
+        assert_eq!(rows[0].ebpf.as_ref().unwrap().voluntary_switches, 40);
+    }
+}
