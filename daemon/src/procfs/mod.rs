@@ -146,6 +146,40 @@ pub fn read_into(path: &Path, buf: &mut Vec<u8>) -> io::Result<()> {
     }
 }
 
+/// A path under a procfs root, rebuilt for each file in one reused buffer:
+/// a scan opens thousands of files, and none of them costs an allocation.
+pub(crate) struct ProcPath {
+    root_len: usize,
+    buf: Vec<u8>,
+}
+
+impl ProcPath {
+    pub(crate) fn new(root: &Path) -> Self {
+        use std::os::unix::ffi::OsStrExt;
+        let mut buf = Vec::with_capacity(256);
+        buf.extend_from_slice(root.as_os_str().as_bytes());
+        Self {
+            root_len: buf.len(),
+            buf,
+        }
+    }
+
+    /// `<root><parts>`, e.g. `format_args!("/{pid}/stat")`.
+    pub(crate) fn set(&mut self, parts: std::fmt::Arguments<'_>) -> &Path {
+        use std::io::Write;
+        self.buf.truncate(self.root_len);
+        // Writing into a Vec<u8> cannot fail.
+        let _ = self.buf.write_fmt(parts);
+        self.get()
+    }
+
+    /// The path last set.
+    pub(crate) fn get(&self) -> &Path {
+        use std::os::unix::ffi::OsStrExt;
+        Path::new(std::ffi::OsStr::from_bytes(&self.buf))
+    }
+}
+
 /// Splits on ASCII whitespace (space, tab, newline), skipping empties.
 pub(crate) fn fields(line: &[u8]) -> impl Iterator<Item = &[u8]> {
     line.split(|b| b.is_ascii_whitespace())

@@ -7,10 +7,8 @@
 //! can exit at any point of the scan.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,7 +22,7 @@ use super::pid_stat::{parse_pid_stat, PidStat};
 use super::pid_status::{parse_pid_status, PidStatus};
 use super::pressure::{read_pressure, PsiResource, PsiState};
 use super::stat::{read_stat, SystemStat};
-use super::{is_vanished, read_into};
+use super::{is_vanished, read_into, ProcPath};
 use crate::clock::ClockPair;
 
 #[derive(Debug, Error)]
@@ -144,7 +142,7 @@ pub struct Sampler {
     root: PathBuf,
     opts: SampleOptions,
     buf: Vec<u8>,
-    path: Vec<u8>,
+    path: ProcPath,
     dirent_buf: Vec<u8>,
     pids: Vec<u32>,
     tids: Vec<u32>,
@@ -193,11 +191,12 @@ enum ReadOutcome {
 
 impl Sampler {
     pub fn new(proc_root: impl Into<PathBuf>, opts: SampleOptions) -> Self {
+        let root: PathBuf = proc_root.into();
         Sampler {
-            root: proc_root.into(),
+            path: ProcPath::new(&root),
+            root,
             opts,
             buf: Vec::with_capacity(4096),
-            path: Vec::with_capacity(256),
             dirent_buf: vec![0u8; 64 * 1024],
             pids: Vec::new(),
             tids: Vec::new(),
@@ -273,17 +272,12 @@ impl Sampler {
     }
 
     fn set_path(&mut self, parts: std::fmt::Arguments<'_>) -> &Path {
-        self.path.clear();
-        self.path
-            .extend_from_slice(self.root.as_os_str().as_bytes());
-        // Writing into a Vec<u8> cannot fail.
-        let _ = self.path.write_fmt(parts);
-        Path::new(OsStr::from_bytes(&self.path))
+        self.path.set(parts)
     }
 
     /// Reads the file at `self.path` into `self.buf`.
     fn read_current(&mut self) -> ReadOutcome {
-        let path = Path::new(OsStr::from_bytes(&self.path));
+        let path = self.path.get();
         match read_into(path, &mut self.buf) {
             Ok(()) => ReadOutcome::Ok,
             Err(e) if is_vanished(&e) => ReadOutcome::Vanished,
@@ -298,10 +292,7 @@ impl Sampler {
         match parse_pid_stat(&self.buf) {
             Ok(s) => Some(s),
             Err(e) => {
-                debug!(
-                    "parsing {}: {e}",
-                    Path::new(OsStr::from_bytes(&self.path)).display()
-                );
+                debug!("parsing {}: {e}", self.path.get().display());
                 out.counts.read_failures += 1;
                 None
             }
@@ -425,11 +416,7 @@ impl Sampler {
     fn scan_threads(&mut self, pid: u32, out: &mut Sample) {
         let mut tids = std::mem::take(&mut self.tids);
         self.set_path(format_args!("/{pid}/task"));
-        let listed = list_numeric(
-            Path::new(OsStr::from_bytes(&self.path)),
-            &mut self.dirent_buf,
-            &mut tids,
-        );
+        let listed = list_numeric(self.path.get(), &mut self.dirent_buf, &mut tids);
         match listed {
             Ok(()) => {}
             Err(e) if is_vanished(&e) => {

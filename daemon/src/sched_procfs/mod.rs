@@ -43,13 +43,7 @@
 mod tests;
 mod threads;
 
-use std::{
-    collections::HashMap,
-    ffi::OsStr,
-    io::Write,
-    os::unix::ffi::OsStrExt,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashMap, path::Path};
 
 use vitals_common::FaultCounters;
 
@@ -59,6 +53,7 @@ use crate::{
         is_vanished, parse_ctxt_switches, read_into,
         sampler::{list_numeric, Sample},
         schedstat::{self, parse_schedstat, SchedstatMissing},
+        ProcPath,
     },
 };
 
@@ -252,10 +247,9 @@ impl ProcessState {
 
 /// The source: its reader state and what it has folded so far.
 pub struct SchedProcfs {
-    root: PathBuf,
     hz: u64,
     buf: Vec<u8>,
-    path: Vec<u8>,
+    path: ProcPath,
     dirent_buf: Vec<u8>,
     tids: Vec<u32>,
     processes: HashMap<u32, ProcessState>,
@@ -274,10 +268,9 @@ impl SchedProcfs {
     /// The source without the probe (fake procfs trees in tests).
     pub fn new(proc_root: &Path, hz: u64) -> Self {
         Self {
-            root: proc_root.to_owned(),
             hz: hz.max(1),
             buf: Vec::with_capacity(1024),
-            path: Vec::with_capacity(128),
+            path: ProcPath::new(proc_root),
             dirent_buf: vec![0; 16 * 1024],
             tids: Vec::new(),
             processes: HashMap::new(),
@@ -398,24 +391,16 @@ impl SchedProcfs {
     }
 
     fn set_path(&mut self, parts: std::fmt::Arguments<'_>) -> &Path {
-        self.path.clear();
-        self.path
-            .extend_from_slice(self.root.as_os_str().as_bytes());
-        // Writing into a Vec<u8> cannot fail.
-        let _ = self.path.write_fmt(parts);
-        Path::new(OsStr::from_bytes(&self.path))
+        self.path.set(parts)
     }
 
     /// Reads `self.path` into `self.buf`: Ok(false) when the task is gone.
     fn read_current(&mut self) -> Result<bool, ()> {
-        match read_into(Path::new(OsStr::from_bytes(&self.path)), &mut self.buf) {
+        match read_into(self.path.get(), &mut self.buf) {
             Ok(()) => Ok(true),
             Err(e) if is_vanished(&e) => Ok(false),
             Err(e) => {
-                log::debug!(
-                    "reading {}: {e}",
-                    Path::new(OsStr::from_bytes(&self.path)).display()
-                );
+                log::debug!("reading {}: {e}", self.path.get().display());
                 self.stats.read_failures += 1;
                 Err(())
             }
