@@ -43,6 +43,7 @@ fn meta(rule: &str) -> CaptureMeta {
         trace_bytes: 0,
         status: "complete".into(),
         heapprofd: None,
+        backend: None,
     }
 }
 
