@@ -92,13 +92,18 @@ fn kernel_schedstat(pid: u32) -> (u64, u64) {
 fn spinner_oncpu_matches_schedstat() {
     require_root();
     let mut src = Source::open();
-    // Waits for `go`, so both baselines see it idle.
+    // Waits for `go`. Both baselines are read once it sleeps: schedstat
+    // does not bring a task on a CPU up to date (update_curr() does at
+    // its next tick or switch), so a read while it still ran on after
+    // printing could lag the next one; a 6.1 TCG guest showed 12 ms.
     let mut w = Workload::spawn(&["pinned-spin", "1", "1000"]);
     w.expect("ready");
+    wait_blocked(w.pid());
     let (k0, r0) = (kernel_schedstat(w.pid()), src.row(w.pid()));
     w.go();
     w.expect("done");
     // Settled: the spinner now blocks on stdin, so its runtime is final.
+    wait_blocked(w.pid());
     let (k1, r1) = (kernel_schedstat(w.pid()), src.row(w.pid()));
     let ours = (r1.oncpu_ns - r0.oncpu_ns) as f64;
     let kernel = (k1.0 - k0.0) as f64;
