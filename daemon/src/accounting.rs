@@ -45,14 +45,6 @@ pub enum CounterOrigin {
 }
 
 impl CounterOrigin {
-    /// The tier's name, as status, traces and the README say it.
-    pub fn tier(self) -> &'static str {
-        match self {
-            CounterOrigin::Ebpf { .. } => "ebpf",
-            CounterOrigin::Schedstat => "procfs-schedstat",
-        }
-    }
-
     /// Whether runqueue wait is measured (always, from schedstat).
     pub fn runq_wait(self) -> bool {
         match self {

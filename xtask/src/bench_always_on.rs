@@ -31,26 +31,12 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    bench_idle::{clk_tck, cost, start_vitalsd},
-    bench_overhead::{median as bench_median, perf_bench},
+    bench_idle::{bpf_run_time_ns, clk_tck, cost, start_vitalsd},
+    bench_overhead::{median, perf_bench},
     bench_scan::spawn_load,
     traced::Traced,
     util::{bpf_progs, set_bpf_stats},
 };
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Kernel run time (ns) of the programs `ids`.
-fn programs_ns(ids: &HashSet<u64>) -> Result<u64> {
-    Ok(bpf_progs()?
-        .iter()
-        .filter(|(id, _)| ids.contains(id))
-        .map(|(_, p)| p.run_time_ns)
-        .sum())
-}
 
 pub fn run(seconds: u64, rounds: usize, loops: u64) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("vitalsd-bench-always-on-{}", std::process::id()));
@@ -96,14 +82,14 @@ duration_ms: {}
                 .iter()
                 .map(|p| cost(*p).map(|c| c.cpu_ticks))
                 .collect::<Result<_>>()?;
-            let k0 = programs_ns(&ours)?;
+            let k0 = bpf_run_time_ns(&ours)?;
             let t0 = Instant::now();
             std::thread::sleep(Duration::from_secs(seconds));
             let c1: Vec<u64> = pids
                 .iter()
                 .map(|p| cost(*p).map(|c| c.cpu_ticks))
                 .collect::<Result<_>>()?;
-            let k1 = programs_ns(&ours)?;
+            let k1 = bpf_run_time_ns(&ours)?;
             let per10 = 10.0 / t0.elapsed().as_secs_f64();
             let s = |i: usize| (c1[i] - c0[i]) as f64 / clk_tck() * per10 * 1e3;
             windows.push([s(0), s(1), (k1 - k0) as f64 / 1e6 * per10, s(2)]);
@@ -198,7 +184,7 @@ fn ring_session_cost(dir: &std::path::Path, rounds: usize, loops: u64) -> Result
         session.signal(libc::SIGTERM);
         let _ = session.0.wait();
     }
-    let (n, r) = (bench_median(nothing.clone()), bench_median(ring.clone()));
+    let (n, r) = (median(nothing.clone()), median(ring.clone()));
     println!("{:<40} {:>14}", "PIPE BENCHMARK", "ops/s (median)");
     println!("{:<40} {:>14.0}", "nothing running", n);
     println!("{:<40} {:>14.0}", "ring prelude session running", r);

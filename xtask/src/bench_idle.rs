@@ -119,7 +119,7 @@ pub(crate) fn start_vitalsd(
 }
 
 /// Total kernel run time of the programs `ids`.
-fn bpf_run_time_ns(ids: &HashSet<u64>) -> Result<u64> {
+pub(crate) fn bpf_run_time_ns(ids: &HashSet<u64>) -> Result<u64> {
     Ok(bpf_progs()?
         .iter()
         .filter(|(id, _)| ids.contains(id))
