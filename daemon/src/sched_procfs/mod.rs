@@ -175,11 +175,14 @@ struct ThreadState {
 }
 
 /// What one pass over a process's threads read.
+#[derive(Clone, Copy)]
 struct ThreadsRead {
     /// Every listed thread was read.
     all: bool,
     /// On-CPU ns the threads read gained since their last read.
     fresh_oncpu_ns: u64,
+    /// A thread read moved, appeared or left: the process is not quiet.
+    moved: bool,
 }
 
 #[derive(Debug)]
@@ -342,13 +345,12 @@ impl SchedProcfs {
     fn read_process(&mut self, pid: u32, st: &mut ProcessState, fingerprint: (u64, u64)) {
         let generation = self.generation;
         let failures = self.stats.read_failures;
-        let before = st.thread_totals();
-        let threads_before = st.threads.len();
         // One thread: whatever moved the process's stat was it.
         let full = st.full_read == 0
             || generation - st.full_read >= MAX_BACKOFF_SCANS
             || st.threads.len() <= 1;
-        let mut read = self.read_threads(pid, st, full);
+        let first = self.read_threads(pid, st, full);
+        let mut read = first;
         if !read.all {
             // stat's utime and stime are each truncated to ticks, so a
             // delta within two ticks of the threads read may be rounding.
@@ -357,10 +359,10 @@ impl SchedProcfs {
             if stat_ns > read.fresh_oncpu_ns + 2 * tick_ns {
                 self.stats.escalated_reads += 1;
                 read = self.read_threads(pid, st, true);
+                read.moved |= first.moved;
             }
         }
-        let moved = st.thread_totals() != before || st.threads.len() != threads_before;
-        st.backoff = if moved {
+        st.backoff = if read.moved {
             1
         } else {
             (st.backoff * 2).min(MAX_BACKOFF_SCANS)

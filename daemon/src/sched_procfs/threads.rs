@@ -19,10 +19,15 @@ impl SchedProcfs {
     ) -> ThreadsRead {
         let generation = self.generation;
         let mut tids = std::mem::take(&mut self.tids);
-        let task_dir = self.set_path(format_args!("/{pid}/task")).to_owned();
-        if let Err(e) = list_numeric(&task_dir, &mut self.dirent_buf, &mut tids) {
+        // Split borrows: the path buffer and the dirent buffer, no copy.
+        let listed = list_numeric(
+            self.path.set(format_args!("/{pid}/task")),
+            &mut self.dirent_buf,
+            &mut tids,
+        );
+        if let Err(e) = listed {
             if !is_vanished(&e) {
-                log::debug!("listing {}: {e}", task_dir.display());
+                log::debug!("listing {}: {e}", self.path.get().display());
             }
             // Unreadable, or gone: keep what is known. (Gone: its stat
             // was read before, so reconciling with it is still right.)
@@ -31,6 +36,7 @@ impl SchedProcfs {
             return ThreadsRead {
                 all: true,
                 fresh_oncpu_ns: 0,
+                moved: false,
             };
         }
         let set_changed =
@@ -39,6 +45,7 @@ impl SchedProcfs {
         let mut read = ThreadsRead {
             all: true,
             fresh_oncpu_ns: 0,
+            moved: false,
         };
         for &tid in &tids {
             if !full {
@@ -51,7 +58,9 @@ impl SchedProcfs {
                     }
                 }
             }
-            read.fresh_oncpu_ns += self.read_thread(pid, tid, st);
+            let (gained, moved) = self.read_thread(pid, tid, st);
+            read.fresh_oncpu_ns += gained;
+            read.moved |= moved;
         }
         self.tids = tids;
         let before = st.threads.len();
@@ -66,12 +75,14 @@ impl SchedProcfs {
         let left = (before - st.threads.len()) as u32;
         st.exited_threads += left;
         self.stats.exited_threads += u64::from(left);
+        read.moved |= left > 0;
         read
     }
 
     /// Reads one thread; returns the on-CPU ns it gained since its last
-    /// read (all of it for a thread not seen before).
-    fn read_thread(&mut self, pid: u32, tid: u32, st: &mut ProcessState) -> u64 {
+    /// read (all of it for a thread not seen before), and whether any of
+    /// its counters moved (a new thread has).
+    fn read_thread(&mut self, pid: u32, tid: u32, st: &mut ProcessState) -> (u64, bool) {
         let generation = self.generation;
         self.set_path(format_args!("/{pid}/task/{tid}/schedstat"));
         self.stats.schedstat_reads += 1;
@@ -82,14 +93,14 @@ impl SchedProcfs {
                     log::debug!("parsing /{pid}/task/{tid}/schedstat: {e}");
                     self.stats.read_failures += 1;
                     self.keep_unread(st, tid);
-                    return 0;
+                    return (0, false);
                 }
             },
             // Exited after the listing: folded as gone by the caller.
-            Ok(false) => return 0,
+            Ok(false) => return (0, false),
             Err(()) => {
                 self.keep_unread(st, tid);
-                return 0;
+                return (0, false);
             }
         };
         let prev = st
@@ -136,7 +147,7 @@ impl SchedProcfs {
                 backoff,
             },
         );
-        gained
+        (gained, moved)
     }
 
     /// Reads a thread's switch counts from its status into `next`; whether
