@@ -146,6 +146,30 @@ pub fn read_into(path: &Path, buf: &mut Vec<u8>) -> io::Result<()> {
     }
 }
 
+/// How reading a task's file ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadOutcome {
+    Ok,
+    /// The task exited meanwhile (ENOENT/ESRCH): normal, not an error.
+    Vanished,
+    /// Any other failure (EACCES under hidepid or SELinux, …), logged at
+    /// debug with the path; the caller counts it.
+    Failed,
+}
+
+/// Reads a task's procfs file into `buf`, telling a vanished task from a
+/// failure: the one rule every per-task reader follows.
+pub(crate) fn read_task_file(path: &Path, buf: &mut Vec<u8>) -> ReadOutcome {
+    match read_into(path, buf) {
+        Ok(()) => ReadOutcome::Ok,
+        Err(e) if is_vanished(&e) => ReadOutcome::Vanished,
+        Err(e) => {
+            log::debug!("reading {}: {e}", path.display());
+            ReadOutcome::Failed
+        }
+    }
+}
+
 /// A path under a procfs root, rebuilt for each file in one reused buffer:
 /// a scan opens thousands of files, and none of them costs an allocation.
 pub(crate) struct ProcPath {

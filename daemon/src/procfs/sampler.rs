@@ -22,7 +22,7 @@ use super::pid_stat::{parse_pid_stat, PidStat};
 use super::pid_status::{parse_pid_status, PidStatus};
 use super::pressure::{read_pressure, PsiResource, PsiState};
 use super::stat::{read_stat, SystemStat};
-use super::{is_vanished, read_into, ProcPath};
+use super::{is_vanished, read_into, read_task_file, ProcPath, ReadOutcome};
 use crate::clock::ClockPair;
 
 #[derive(Debug, Error)]
@@ -183,12 +183,6 @@ fn status_fingerprint(s: &PidStat) -> (u64, u64, u64, u64, u64, Option<u64>) {
     )
 }
 
-enum ReadOutcome {
-    Ok,
-    Vanished,
-    Failed,
-}
-
 impl Sampler {
     pub fn new(proc_root: impl Into<PathBuf>, opts: SampleOptions) -> Self {
         let root: PathBuf = proc_root.into();
@@ -277,15 +271,7 @@ impl Sampler {
 
     /// Reads the file at `self.path` into `self.buf`.
     fn read_current(&mut self) -> ReadOutcome {
-        let path = self.path.get();
-        match read_into(path, &mut self.buf) {
-            Ok(()) => ReadOutcome::Ok,
-            Err(e) if is_vanished(&e) => ReadOutcome::Vanished,
-            Err(e) => {
-                debug!("reading {}: {e}", path.display());
-                ReadOutcome::Failed
-            }
-        }
+        read_task_file(self.path.get(), &mut self.buf)
     }
 
     fn parse_stat_current(&mut self, out: &mut Sample) -> Option<PidStat> {

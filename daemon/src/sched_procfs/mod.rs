@@ -50,10 +50,10 @@ use vitals_common::FaultCounters;
 use crate::{
     accounting::{CounterOrigin, ProcessCounters, Tier},
     procfs::{
-        is_vanished, parse_ctxt_switches, read_into,
+        is_vanished, parse_ctxt_switches, read_task_file,
         sampler::{list_numeric, Sample},
         schedstat::{self, parse_schedstat, SchedstatMissing},
-        ProcPath,
+        ProcPath, ReadOutcome,
     },
 };
 
@@ -398,11 +398,10 @@ impl SchedProcfs {
 
     /// Reads `self.path` into `self.buf`: Ok(false) when the task is gone.
     fn read_current(&mut self) -> Result<bool, ()> {
-        match read_into(self.path.get(), &mut self.buf) {
-            Ok(()) => Ok(true),
-            Err(e) if is_vanished(&e) => Ok(false),
-            Err(e) => {
-                log::debug!("reading {}: {e}", self.path.get().display());
+        match read_task_file(self.path.get(), &mut self.buf) {
+            ReadOutcome::Ok => Ok(true),
+            ReadOutcome::Vanished => Ok(false),
+            ReadOutcome::Failed => {
                 self.stats.read_failures += 1;
                 Err(())
             }
