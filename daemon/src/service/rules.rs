@@ -33,31 +33,22 @@ impl Service {
             && self.capture_from_ring(&fired.rule, &fired.capture, &trigger);
         let engine = self.capture_engine();
         let mut heap = None;
-        if fired.capture.heap_profile && from_ring {
-            // The ring was built without heapprofd: a session of its own.
-            heap_profile_offender(
-                &fired,
-                &self.cfg,
-                &self.runner,
-                &self.store,
-                &self.shared,
-                &trigger,
-                &mut self.heap,
-            );
-        } else if fired.capture.heap_profile {
-            match engine {
-                // One session: heapprofd joins the capture's.
-                CaptureEngine::Perfetto(_) => {
-                    heap = heap_in_capture(
-                        &fired,
-                        &self.cfg,
-                        &self.runner,
-                        &self.shared,
-                        &trigger,
-                        self.heap.is_some(),
-                    )
-                }
-                CaptureEngine::Ebpf(_) => heap_profile_offender(
+        if fired.capture.heap_profile {
+            // One session where it can: heapprofd joins a Perfetto
+            // capture's. A ring was built without heapprofd, and the eBPF
+            // engine has no session to join: a session of its own.
+            let joins = !from_ring && matches!(engine, CaptureEngine::Perfetto(_));
+            if joins {
+                heap = heap_in_capture(
+                    &fired,
+                    &self.cfg,
+                    &self.runner,
+                    &self.shared,
+                    &trigger,
+                    self.heap.is_some(),
+                );
+            } else {
+                heap_profile_offender(
                     &fired,
                     &self.cfg,
                     &self.runner,
@@ -65,7 +56,7 @@ impl Service {
                     &self.shared,
                     &trigger,
                     &mut self.heap,
-                ),
+                );
             }
         }
         if from_ring {
