@@ -126,6 +126,18 @@ impl Workload {
         got.trim().to_owned()
     }
 
+    /// `children`' pids ("child <pid>" as each is reaped) until "done".
+    pub fn read_children(&mut self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        loop {
+            let line = self.read_line();
+            if line == "done" {
+                return pids;
+            }
+            pids.push(numbers_after(&line, "child")[0] as u32);
+        }
+    }
+
     /// The numbers of the next line, which must be `<word> <n>...`.
     pub fn read_numbers(&mut self, word: &str) -> Vec<i64> {
         numbers_after(&self.read_line(), word)

@@ -279,3 +279,57 @@ impl HeapTarget {
         self.group.pid()
     }
 }
+
+/// Who is traced's consumer (`heapprofd.consumer`, which captures share):
+/// the exec'd `perfetto` client or vitalsd's in-process SDK session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    PerfettoClient,
+    InProcess,
+}
+
+impl Route {
+    /// Its name in the config and in the stored metadata.
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::PerfettoClient => "perfetto_client",
+            Route::InProcess => "in_process",
+        }
+    }
+
+    /// `vitalsd heap`'s arguments choosing this route; `perfetto` is the
+    /// client binary.
+    pub fn args(self, perfetto: &Path) -> Vec<String> {
+        let mut v = vec!["--consumer".into(), self.name().into()];
+        if self == Route::PerfettoClient {
+            v.extend(["--perfetto-bin".into(), perfetto.to_str().unwrap().into()]);
+        }
+        v
+    }
+
+    /// The `[heapprofd]` table choosing this route in a config file.
+    pub fn config(self, perfetto: &Path) -> String {
+        format!(
+            "[heapprofd]\nconsumer = \"{}\"\nperfetto_bin = \"{}\"\n",
+            self.name(),
+            perfetto.display()
+        )
+    }
+}
+
+/// One #[test] per [`Route`] for the function `$name(Route)`.
+#[macro_export]
+macro_rules! per_route {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn perfetto_client() {
+                super::$name($crate::perfetto_service::Route::PerfettoClient);
+            }
+            #[test]
+            fn in_process() {
+                super::$name($crate::perfetto_service::Route::InProcess);
+            }
+        }
+    };
+}

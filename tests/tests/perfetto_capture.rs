@@ -18,7 +18,7 @@ use std::{
 use serde_json::Value;
 use vitals_tests::{
     daemon::{Daemon, Tables},
-    perfetto_service::{Group, PerfettoService},
+    perfetto_service::{Group, PerfettoService, Route},
     trace_processor::{trace_processor, Row, TraceProcessor, IMPORT_ERRORS_SQL},
     *,
 };
@@ -39,47 +39,6 @@ const PROC_ONLY: Tables = Tables {
     sampling: "accounting = \"proc\"",
     store: "",
 };
-
-/// Who is traced's consumer (`heapprofd.consumer`, which captures share).
-#[derive(Clone, Copy, Debug)]
-enum Route {
-    PerfettoClient,
-    InProcess,
-}
-
-impl Route {
-    fn name(self) -> &'static str {
-        match self {
-            Route::PerfettoClient => "perfetto_client",
-            Route::InProcess => "in_process",
-        }
-    }
-
-    /// The `[heapprofd]` table choosing this route.
-    fn config(self, perfetto: &Path) -> String {
-        format!(
-            "[heapprofd]\nconsumer = \"{}\"\nperfetto_bin = \"{}\"\n",
-            self.name(),
-            perfetto.display()
-        )
-    }
-}
-
-/// One #[test] per route for the function `$name(Route)`.
-macro_rules! per_route {
-    ($name:ident) => {
-        mod $name {
-            #[test]
-            fn perfetto_client() {
-                super::$name(super::Route::PerfettoClient);
-            }
-            #[test]
-            fn in_process() {
-                super::$name(super::Route::InProcess);
-            }
-        }
-    };
-}
 
 /// Starts a manual capture on the control socket; its id.
 fn start_capture(d: &Daemon, duration_s: f64, sched: bool, faults: bool) -> String {
@@ -195,14 +154,7 @@ fn sched_capture_without_ebpf(route: Route) {
     pp.go();
     let ping_pong = finish_ping_pong(&mut pp, tids);
     kids.go();
-    let mut pids = Vec::new();
-    loop {
-        let line = kids.read_line();
-        if line == "done" {
-            break;
-        }
-        pids.push(numbers_after(&line, "child")[0] as u32);
-    }
+    let pids = kids.read_children();
     assert_eq!(pids.len(), CHILDREN);
     let st = d.call(&Request::Status {});
     assert_eq!(
@@ -565,14 +517,7 @@ fn a_ring_prelude_holds_what_ran_before_the_rule_fired(route: Route) {
     let mut kids = Workload::spawn(&["children", "5", "5"]);
     kids.expect("ready");
     kids.go();
-    let mut pids = Vec::new();
-    loop {
-        let line = kids.read_line();
-        if line == "done" {
-            break;
-        }
-        pids.push(numbers_after(&line, "child")[0] as u32);
-    }
+    let pids = kids.read_children();
     kids.finish();
     let children_done_ms = vitalsd::store::now_unix_ms();
     assert!(d.list().is_empty(), "no capture yet");

@@ -24,7 +24,8 @@ use std::{
 use serde_json::Value;
 use vitals_tests::{
     daemon::Daemon,
-    perfetto_service::{Group, HeapTarget, PerfettoService},
+    per_route,
+    perfetto_service::{Group, HeapTarget, PerfettoService, Route},
     require_root,
     trace_processor::{trace_processor, TraceProcessor, IMPORT_ERRORS_SQL},
     vitalsd_bin,
@@ -35,69 +36,11 @@ const CHURN_FN: &str = "vitals_heap_churn";
 /// At most 15 bytes: it is also the comm, which rules match.
 const TARGET: &str = "vitals-churn";
 
-/// Who is traced's consumer (`heapprofd.consumer`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Route {
-    PerfettoClient,
-    InProcess,
-}
-
-impl Route {
-    /// Its name in the config and in the stored metadata.
-    fn name(self) -> &'static str {
-        match self {
-            Route::PerfettoClient => "perfetto_client",
-            Route::InProcess => "in_process",
-        }
-    }
-
-    /// `vitalsd heap`'s arguments choosing this route; `perfetto` is the
-    /// client binary.
-    fn args(self, perfetto: &Path) -> Vec<String> {
-        match self {
-            Route::PerfettoClient => vec![
-                "--consumer".into(),
-                "perfetto_client".into(),
-                "--perfetto-bin".into(),
-                perfetto.to_str().unwrap().into(),
-            ],
-            Route::InProcess => vec!["--consumer".into(), "in_process".into()],
-        }
-    }
-
-    /// The `[heapprofd]` keys choosing this route in a config file.
-    fn config(self, perfetto: &Path) -> String {
-        match self {
-            Route::PerfettoClient => format!(
-                "consumer = \"perfetto_client\"\nperfetto_bin = \"{}\"\n",
-                perfetto.display()
-            ),
-            Route::InProcess => "consumer = \"in_process\"\n".into(),
-        }
-    }
-}
-
-/// One #[test] per route for the function `$name(Route)`.
-macro_rules! both_routes {
-    ($name:ident) => {
-        mod $name {
-            #[test]
-            fn perfetto_client() {
-                super::$name(super::Route::PerfettoClient)
-            }
-            #[test]
-            fn in_process() {
-                super::$name(super::Route::InProcess)
-            }
-        }
-    };
-}
-
-both_routes!(vitalsd_heap_profiles_a_preloaded_process_as_trace_processor_sees_it);
-both_routes!(a_target_not_running_gets_no_profile_and_is_named_as_not_running);
-both_routes!(a_refused_session_is_reported_with_traceds_reason_and_stores_nothing);
-both_routes!(traced_not_running_is_a_clear_error_and_nothing_is_stored);
-both_routes!(a_rule_heap_profiles_its_offender_through_the_real_service);
+per_route!(vitalsd_heap_profiles_a_preloaded_process_as_trace_processor_sees_it);
+per_route!(a_target_not_running_gets_no_profile_and_is_named_as_not_running);
+per_route!(a_refused_session_is_reported_with_traceds_reason_and_stores_nothing);
+per_route!(traced_not_running_is_a_clear_error_and_nothing_is_stored);
+per_route!(a_rule_heap_profiles_its_offender_through_the_real_service);
 
 /// `vitalsd heap ARGS` with the sockets in `service_env`, run to its end in
 /// a process group of its own.
@@ -426,7 +369,7 @@ fn a_rule_heap_profiles_its_offender_through_the_real_service(route: Route) {
     // The churn takes ~20 % of a CPU (it spins between rounds); above 5 %
     // for 1 s fires, which an idle process never reaches.
     let config = format!(
-        "[heapprofd]\n{}\n[[rule]]\nname = \"churn\"\n\
+        "{}\n[[rule]]\nname = \"churn\"\n\
          metric = {{ kind = \"process_cpu_pct\", process = \"{TARGET}\" }}\n\
          threshold = 5\nwindow = \"1s\"\ncooldown = \"1h\"\n\
          capture = {{ duration = \"3s\", sched = false, heap_profile = true, \
@@ -491,7 +434,7 @@ fn a_hung_traced_costs_the_in_process_consumer_one_thread_not_one_per_session() 
     require_root();
     let service = PerfettoService::start();
     let config = format!(
-        "[heapprofd]\n{}allowlist = [\"{TARGET}\"]\n\
+        "{}allowlist = [\"{TARGET}\"]\n\
          system_per_hour = 100\nsystem_per_day = 100\ntarget_per_hour = 100\ntarget_per_day = 100\n",
         Route::InProcess.config(&service.perfetto_bin())
     );

@@ -450,14 +450,7 @@ fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
     let mut w = Workload::spawn(&["children", &CHILDREN.to_string(), "5"]);
     w.expect("ready");
     w.go();
-    let mut pids = Vec::new();
-    loop {
-        let line = w.read_line();
-        if line == "done" {
-            break;
-        }
-        pids.push(numbers_after(&line, "child")[0] as u32);
-    }
+    let pids = w.read_children();
     assert_eq!(pids.len(), CHILDREN);
     // The last children's frees reach a sample before the recording ends.
     std::thread::sleep(Duration::from_millis(1200));
