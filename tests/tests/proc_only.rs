@@ -214,8 +214,12 @@ fn record_without_bpf_capabilities_writes_proc_counters_and_declares_the_mode() 
     let mut w = Workload::spawn(&["touch", &PAGES.to_string()]);
     w.expect("ready");
     let rss_before = kernel_rss(w.pid());
+    // Idle from here until `go`: the recording's first scan sees these.
+    let k0 = kernel_stat(w.pid());
     let mut child = without_bpf(&[
         "record",
+        "--top",
+        "0",
         "--duration",
         "3s",
         "--interval",
@@ -254,6 +258,7 @@ fn record_without_bpf_capabilities_writes_proc_counters_and_declares_the_mode() 
     w.go();
     w.expect("done");
     let rss_after = kernel_rss(w.pid());
+    let k1 = kernel_stat(w.pid());
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
     log.push_str(&rest);
@@ -289,6 +294,20 @@ fn record_without_bpf_capabilities_writes_proc_counters_and_declares_the_mode() 
         printed.contains("tier: cts") && printed.contains("schedstat source: "),
         "{printed}"
     );
+    // The summary is about the recording: schedstat and stat count from a
+    // process's start, so its figures less what it had at the first scan.
+    // The workload faulted only between `go` and `done`, as the kernel's
+    // own stat says.
+    let row = table_rows(&printed)
+        .into_iter()
+        .find(|r| r.pid == w.pid())
+        .unwrap_or_else(|| panic!("no row for the workload: {printed}"));
+    assert_eq!(
+        row.faults,
+        (k1.minflt + k1.majflt) - (k0.minflt + k0.majflt),
+        "the workload's faults during the recording: {printed}"
+    );
+    assert!(row.faults >= PAGES, "{row:?}");
     // The workload's on-CPU time, from its schedstat, in the trace.
     let oncpu = tp.query(
         &trace,
