@@ -91,6 +91,21 @@ pub(crate) fn start_vitalsd(
     extra: &str,
     env: &[(&'static str, std::path::PathBuf)],
 ) -> Result<Child> {
+    start_vitalsd_bin(
+        &workspace_root().join("target/release/vitalsd"),
+        dir,
+        extra,
+        env,
+    )
+}
+
+/// `start_vitalsd` with another build's binary (`bench idle --baseline`).
+pub(crate) fn start_vitalsd_bin(
+    bin: &Path,
+    dir: &Path,
+    extra: &str,
+    env: &[(&'static str, std::path::PathBuf)],
+) -> Result<Child> {
     std::fs::create_dir_all(dir)?;
     let cfg = dir.join("vitalsd.toml");
     std::fs::write(
@@ -101,7 +116,7 @@ pub(crate) fn start_vitalsd(
             dir.join("vitalsd.sock").display()
         ),
     )?;
-    let child = Command::new(workspace_root().join("target/release/vitalsd"))
+    let child = Command::new(bin)
         .args(["run", "--config"])
         .arg(&cfg)
         .envs(env.iter().cloned())
@@ -127,7 +142,8 @@ pub(crate) fn bpf_run_time_ns(ids: &HashSet<u64>) -> Result<u64> {
         .sum())
 }
 
-pub fn run(seconds: u64) -> Result<()> {
+/// `baseline`: another vitalsd build measured beside this one (before/after).
+pub fn run(seconds: u64, baseline: Option<std::path::PathBuf>) -> Result<()> {
     let dir = tempfile_dir()?;
     let before: HashSet<u64> = bpf_progs()?.into_keys().collect();
     let traced = crate::traced::Traced::start(&dir.join("traced"), false)?;
@@ -142,6 +158,18 @@ pub fn run(seconds: u64) -> Result<()> {
         "[producer]\nenabled = false",
         &traced.env(),
     )?;
+    let mut before_change = match &baseline {
+        Some(bin) => {
+            anyhow::ensure!(bin.is_file(), "--baseline {}: no such file", bin.display());
+            Some(start_vitalsd_bin(
+                bin,
+                &dir.join("baseline"),
+                "",
+                &traced.env(),
+            )?)
+        }
+        None => None,
+    };
     // Let start-up (load, first scans) settle before measuring.
     std::thread::sleep(Duration::from_secs(2));
     let n = (seconds + 5).to_string();
@@ -156,12 +184,15 @@ pub fn run(seconds: u64) -> Result<()> {
         .spawn()
         .context("starting pidstat")?;
     std::thread::sleep(Duration::from_secs(2));
-    let tools = [
+    let mut tools = vec![
         ("vitalsd run", vitalsd.id()),
         ("  no producer", without.id()),
         ("top -b -d 1", top.id()),
         ("pidstat -u -r 1", pidstat.id()),
     ];
+    if let Some(b) = &before_change {
+        tools.push(("baseline build", b.id()));
+    }
     let start: Vec<Cost> = tools.iter().map(|(_, p)| cost(*p)).collect::<Result<_>>()?;
     let t0 = Instant::now();
     println!("measuring {seconds} s of always-on sampling at 1 s...");
@@ -209,6 +240,17 @@ pub fn run(seconds: u64) -> Result<()> {
         rss[0] - rss[1],
         100.0 / clk_tck() / wall
     );
+    if before_change.is_some() {
+        // CPU is counted in ticks: a baseline with none has no ratio.
+        let cpu = match pct[4] > 0.0 {
+            true => format!("{:.2}x", pct[0] / pct[4]),
+            false => "n/a (the baseline used no whole tick)".into(),
+        };
+        println!(
+            "this build / the baseline build: CPU {cpu}, RSS {:.2}x (1.00: no worse)",
+            rss[0] / rss[4].max(1e-9)
+        );
+    }
     println!(
         "vitalsd's BPF maps in kernel memory (fdinfo memlock, in no RSS): {:.1} MiB",
         bpf_map_kernel_kb(vitalsd.id())? as f64 / 1024.0
@@ -220,7 +262,14 @@ pub fn run(seconds: u64) -> Result<()> {
     );
 
     let kernel = kernel_side(&ours);
-    for d in [&mut vitalsd, &mut without] {
+    for d in [
+        Some(&mut vitalsd),
+        Some(&mut without),
+        before_change.as_mut(),
+    ]
+    .into_iter()
+    .flatten()
+    {
         unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
         let _ = d.wait();
     }

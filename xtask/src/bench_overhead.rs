@@ -33,7 +33,14 @@ enum Config {
     /// them (the default uses tp_btf where the kernel has BTF).
     VitalsdClassic,
     Bpftrace,
+    /// `--baseline BIN`: another build's `vitalsd record` (defaults), in
+    /// the same interleaved rounds, so a change is compared before/after
+    /// in one run instead of across two runs' drift.
+    Baseline,
 }
+
+/// The other build `--baseline` names.
+static BASELINE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 
 impl Config {
     fn name(self) -> &'static str {
@@ -43,6 +50,7 @@ impl Config {
             Config::VitalsdNoWait => "vitalsd --no-runq-wait",
             Config::VitalsdClassic => "vitalsd --classic-tracepoints",
             Config::Bpftrace => "bpftrace",
+            Config::Baseline => "baseline vitalsd record",
         }
     }
 }
@@ -56,8 +64,12 @@ impl Tool {
     fn start(cfg: Config) -> Result<Option<Tool>> {
         let mut child = match cfg {
             Config::Nothing => return Ok(None),
-            Config::Vitalsd | Config::VitalsdNoWait | Config::VitalsdClassic => {
-                Command::new(workspace_root().join("target/release/vitalsd"))
+            Config::Vitalsd | Config::VitalsdNoWait | Config::VitalsdClassic | Config::Baseline => {
+                let bin = match cfg {
+                    Config::Baseline => BASELINE.get().cloned().context("no --baseline")?,
+                    _ => workspace_root().join("target/release/vitalsd"),
+                };
+                Command::new(bin)
                     .args(["record", "--duration", "1h", "--interval", "1s", "--out"])
                     .arg(workspace_root().join("target/bench-overhead.pftrace"))
                     .args(match cfg {
@@ -79,10 +91,12 @@ impl Tool {
                 .context("starting bpftrace")?,
         };
         let (reader, marker): (Box<dyn std::io::Read + Send>, &str) = match cfg {
-            Config::Vitalsd | Config::VitalsdNoWait | Config::VitalsdClassic => (
-                Box::new(child.stderr.take().unwrap()),
-                "eBPF accounting attached",
-            ),
+            Config::Vitalsd | Config::VitalsdNoWait | Config::VitalsdClassic | Config::Baseline => {
+                (
+                    Box::new(child.stderr.take().unwrap()),
+                    "eBPF accounting attached",
+                )
+            }
             _ => (Box::new(child.stdout.take().unwrap()), "Attaching"),
         };
         let (tx, rx) = std::sync::mpsc::channel();
@@ -150,14 +164,27 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-pub fn run(rounds: usize, loops: u64) -> Result<()> {
-    let configs = [
+/// `baseline`: another vitalsd build run in the same rounds (before/after).
+pub fn run(rounds: usize, loops: u64, baseline: Option<std::path::PathBuf>) -> Result<()> {
+    let mut configs = vec![
         Config::Nothing,
         Config::Vitalsd,
         Config::VitalsdNoWait,
         Config::VitalsdClassic,
         Config::Bpftrace,
     ];
+    let mut ours = vec![
+        Config::Vitalsd,
+        Config::VitalsdNoWait,
+        Config::VitalsdClassic,
+    ];
+    if let Some(b) = baseline {
+        anyhow::ensure!(b.is_file(), "--baseline {}: no such file", b.display());
+        println!("baseline build: {}", b.display());
+        let _ = BASELINE.set(b);
+        configs.push(Config::Baseline);
+        ours.push(Config::Baseline);
+    }
     let mut results: HashMap<Config, Vec<f64>> = HashMap::new();
     // Per round, each config's loss against that round's nothing-attached
     // run divided by bpftrace's loss in the same round: pairing within a
@@ -179,11 +206,7 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
         }
         let this = |c: Config| results[&c][round];
         let bt_loss = 1.0 - this(Config::Bpftrace) / this(Config::Nothing);
-        for c in [
-            Config::Vitalsd,
-            Config::VitalsdNoWait,
-            Config::VitalsdClassic,
-        ] {
+        for &c in &ours {
             let l = 1.0 - this(c) / this(Config::Nothing);
             paired.entry(c).or_default().push(l / bt_loss.max(1e-9));
         }
@@ -193,12 +216,7 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
     let loss = |x: f64| (1.0 - x / base) * 100.0;
     let bt_loss = loss(med(Config::Bpftrace));
     println!("\nmedian ops/s and throughput loss against nothing attached ({base:.0} ops/s):");
-    for c in [
-        Config::Vitalsd,
-        Config::VitalsdNoWait,
-        Config::VitalsdClassic,
-        Config::Bpftrace,
-    ] {
+    for &c in ours.iter().chain([&Config::Bpftrace]) {
         let l = loss(med(c));
         println!(
             "  {:<30} {:>10.0} ops/s  loss {:>5.1}%  loss ratio to bpftrace {:.2}",
@@ -209,11 +227,7 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
         );
     }
     println!("\nloss ratio to bpftrace paired within each round (median, and quartiles):");
-    for c in [
-        Config::Vitalsd,
-        Config::VitalsdNoWait,
-        Config::VitalsdClassic,
-    ] {
+    for &c in &ours {
         let mut v = paired[&c].clone();
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let q = |f: f64| v[((v.len() - 1) as f64 * f).round() as usize];
@@ -226,18 +240,22 @@ pub fn run(rounds: usize, loops: u64) -> Result<()> {
         );
     }
     println!("  (target: vitalsd's loss at most half of bpftrace's, ratio <= 0.50)");
+    if configs.contains(&Config::Baseline) {
+        let ratios: Vec<f64> = (0..rounds)
+            .map(|r| paired[&Config::Vitalsd][r] / paired[&Config::Baseline][r].max(1e-9))
+            .collect();
+        println!(
+            "this build's loss / the baseline's, paired within each round: median {:.2} (1.00: no worse)",
+            median(ratios)
+        );
+    }
 
     // Per-event cost from the kernel's BPF stats, in separate rounds.
     println!("\nper-event cost (kernel.bpf_stats_enabled=1, run_time_ns / run_cnt):");
     set_bpf_stats(true)?;
     let result = (|| -> Result<HashMap<Config, f64>> {
         let mut switch_cost = HashMap::new();
-        for cfg in [
-            Config::Vitalsd,
-            Config::VitalsdNoWait,
-            Config::VitalsdClassic,
-            Config::Bpftrace,
-        ] {
+        for cfg in ours.iter().copied().chain([Config::Bpftrace]) {
             let before: HashSet<u64> = bpf_progs()?.into_keys().collect();
             let tool = Tool::start(cfg)?.unwrap();
             perf_bench(loops)?;

@@ -117,6 +117,10 @@ enum Bench {
         /// AOSP tree for --android (default: VITALS_AOSP_DIR, ../shared/aosp).
         #[arg(long)]
         aosp: Option<PathBuf>,
+        /// Another vitalsd build (a release binary) measured in the same
+        /// interleaved rounds: before/after a change in one run.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
     /// procfs scans with 1000 processes / 5000 threads: vitalsd vs top, top -H, pidstat -t.
     Scan,
@@ -135,6 +139,10 @@ enum Bench {
     Idle {
         #[arg(long, default_value_t = 60)]
         seconds: u64,
+        /// Another vitalsd build (a release binary) measured beside this
+        /// one: before/after a change in one run.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
     /// With 1000 processes: CPU of traced_probes' linux.process_stats (1 s, runtime)
     /// against vitalsd's linux.vitals data source (1 s), in one session.
@@ -186,9 +194,15 @@ fn main() -> Result<()> {
                     loops,
                     android: true,
                     aosp,
+                    ..
                 } => android_check::bench::run(rounds, loops, aosp),
-                Bench::Overhead { rounds, loops, .. } => bench_overhead::run(rounds, loops),
-                Bench::Idle { seconds } => bench_idle::run(seconds),
+                Bench::Overhead {
+                    rounds,
+                    loops,
+                    baseline,
+                    ..
+                } => bench_overhead::run(rounds, loops, baseline),
+                Bench::Idle { seconds, baseline } => bench_idle::run(seconds, baseline),
                 Bench::AlwaysOn {
                     seconds,
                     rounds,
