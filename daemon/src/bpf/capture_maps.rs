@@ -18,33 +18,11 @@ use aya::{
 use vitals_common::{capture, names, CaptureControl};
 
 use super::{
-    attach_err, map_err, program, program_err, Accounting, BpfError, CaptureSizing,
+    attach_err, map_err,
+    object::{pinned_prog_path, waking_program},
+    program, program_err, Accounting, BpfError, CaptureSizing, CaptureTransportChoice,
     TracepointLayout,
 };
-
-/// How capture records get from the programs to user space.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CaptureTransportChoice {
-    /// The ring buffer where the kernel has one, else the perf array.
-    #[default]
-    Auto,
-    RingBuf,
-    PerfArray,
-}
-
-impl std::str::FromStr for CaptureTransportChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "ringbuf" | "ring" => Ok(Self::RingBuf),
-            "perf" | "perf-array" => Ok(Self::PerfArray),
-            _ => Err(format!(
-                "unknown capture transport {s:?} (auto, ringbuf, perf)"
-            )),
-        }
-    }
-}
 
 /// The capture transport in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -322,14 +300,6 @@ pub(super) fn capture_map_sizes(
     ]
 }
 
-/// The sched_waking program in `layout`.
-pub(super) fn waking_program(layout: TracepointLayout) -> &'static str {
-    match layout {
-        TracepointLayout::Fixed => names::PROG_SCHED_WAKING_FIXED,
-        TracepointLayout::Portable => names::PROG_SCHED_WAKING,
-    }
-}
-
 /// With a capture configured (`sizing`): loads (verifies) sched_waking
 /// now, attached only while a capture runs, and takes the transport's
 /// buffers. None without one.
@@ -350,7 +320,7 @@ pub(super) fn load_capture_tier(
     let prog: &mut TracePoint = program(ebpf, name)?;
     prog.load().map_err(program_err(name))?;
     if let Some(dir) = pin_to {
-        let path = super::pinned_prog_path(dir, name);
+        let path = pinned_prog_path(dir, name);
         prog.pin(&path).map_err(|e| BpfError::Pin {
             path,
             message: e.to_string(),
@@ -464,7 +434,7 @@ impl AlignedObject {
 
 #[cfg(test)]
 mod transport_tests {
-    use super::{super::EBPF_OBJECT, *};
+    use super::{super::object::EBPF_OBJECT, *};
 
     #[test]
     fn perf_buffers_split_the_ring_bytes_in_powers_of_two_pages() {

@@ -5,42 +5,7 @@
 
 use std::{error::Error as StdError, fmt, io};
 
-use super::{Accounting, AccountingConfig, BpfError};
-
-/// Whether the daemon accounts with eBPF (`sampling.accounting`,
-/// `vitalsd record --accounting`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AccountingChoice {
-    /// eBPF, or /proc only when BPF is denied (logged, and reported).
-    #[default]
-    Auto,
-    /// eBPF or nothing: a denial is an error, as before /proc-only existed.
-    Bpf,
-    /// /proc only, without trying BPF.
-    Proc,
-}
-
-impl AccountingChoice {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::Bpf => "bpf",
-            Self::Proc => "proc",
-        }
-    }
-}
-
-impl std::str::FromStr for AccountingChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "bpf" | "ebpf" => Ok(Self::Bpf),
-            "proc" | "proc-only" => Ok(Self::Proc),
-            _ => Err(format!("unknown accounting {s:?} (auto, bpf, proc)")),
-        }
-    }
-}
+use super::{Accounting, AccountingChoice, AccountingConfig, BpfError};
 
 /// Why accounting is /proc-only.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,24 +7,21 @@
 use std::{collections::HashMap, path::Path};
 
 use aya::{
-    programs::{
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        BtfTracePoint, PerfEvent, TracePoint,
-    },
+    programs::{perf_event::SoftwareEvent, BtfTracePoint, PerfEvent},
     Btf, Ebpf, EbpfLoader,
 };
 use vitals_common::{fixed_layout, names};
 
 use super::{
+    attach::{attach_perf_sw, attach_tracepoint, pin_maps},
     attach_err, btf,
     capture_maps::{capture_map_sizes, load_capture_tier, object_without_ringbuf, AlignedObject},
     features::{self, log_missing, possible_cpu_count, read_pid_max, Feature, VMLINUX_BTF},
-    pinned_map_path, pinned_prog_path,
-    pins::pin_maps,
+    object::{pinned_map_path, sched_program, EBPF_OBJECT},
     program, program_err,
     tracefs::Tracefs,
     Accounting, AccountingConfig, BpfError, CaptureTransport, FaultSource, FaultSourceChoice,
-    Features, MapRead, PinMode, SchedPrograms, TracepointLayout, EBPF_OBJECT,
+    Features, MapRead, PinMode, SchedPrograms, TracepointLayout,
 };
 
 /// Above this pid_max the wakeup array would cost more than 2 MiB; use the
@@ -553,32 +550,6 @@ fn check_capabilities() -> Result<(), BpfError> {
     })
 }
 
-/// The program for scheduler `event` ("sched_switch", "sched_wakeup",
-/// "sched_wakeup_new").
-fn sched_program(kind: SchedPrograms, layout: TracepointLayout, event: &str) -> &'static str {
-    use names::*;
-    let [switch, wakeup, wakeup_new] = match (kind, layout) {
-        (SchedPrograms::Btf, _) => [
-            PROG_SCHED_SWITCH_BTF,
-            PROG_SCHED_WAKEUP_BTF,
-            PROG_SCHED_WAKEUP_NEW_BTF,
-        ],
-        (SchedPrograms::Classic, TracepointLayout::Fixed) => [
-            PROG_SCHED_SWITCH_FIXED,
-            PROG_SCHED_WAKEUP_FIXED,
-            PROG_SCHED_WAKEUP_NEW_FIXED,
-        ],
-        (SchedPrograms::Classic, TracepointLayout::Portable) => {
-            [PROG_SCHED_SWITCH, PROG_SCHED_WAKEUP, PROG_SCHED_WAKEUP_NEW]
-        }
-    };
-    match event {
-        "sched_switch" => switch,
-        "sched_wakeup" => wakeup,
-        _ => wakeup_new,
-    }
-}
-
 /// Loads (verifies) every tp_btf scheduler program, then attaches them;
 /// all or none: on an error the ones loaded are unloaded again, which
 /// detaches them.
@@ -607,73 +578,4 @@ fn attach_btf_sched(ebpf: &mut Ebpf, events: &[&str], btf: &Btf) -> Result<(), B
         }
     }
     result
-}
-
-/// Loads `name` and attaches it, or with `pin_to` pins it there instead.
-fn attach_tracepoint(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-    category: &str,
-    event: &str,
-    pin_to: Option<&Path>,
-) -> Result<(), BpfError> {
-    let prog: &mut TracePoint = program(ebpf, name)?;
-    prog.load().map_err(program_err(name))?;
-    if let Some(dir) = pin_to {
-        let path = pinned_prog_path(dir, name);
-        return prog.pin(&path).map_err(|e| BpfError::Pin {
-            path,
-            message: e.to_string(),
-        });
-    }
-    prog.attach(category, event)
-        .map_err(attach_err(name, format!("tracepoint {category}/{event}")))?;
-    Ok(())
-}
-
-/// One perf software event per online CPU with sample_period 1, so the
-/// program runs on every counted fault, in the faulting task's context.
-fn attach_perf_sw(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-    event: SoftwareEvent,
-    cpus: &[u32],
-    pin_to: Option<&Path>,
-) -> Result<(), BpfError> {
-    let prog: &mut PerfEvent = program(ebpf, name)?;
-    prog.load().map_err(program_err(name))?;
-    if let Some(dir) = pin_to {
-        let path = pinned_prog_path(dir, name);
-        return prog.pin(&path).map_err(|e| BpfError::Pin {
-            path,
-            message: e.to_string(),
-        });
-    }
-    attach_perf_on_cpus(prog, name, event, cpus, "")
-}
-
-/// Attaches a perf-event program to software `event` on every CPU of
-/// `cpus`, counting every event (period 1); `whence` ends error messages
-/// (" (pinned)" for bpfloader's programs). The one attach loop for the
-/// loaded and the pinned fault programs.
-pub(super) fn attach_perf_on_cpus(
-    prog: &mut PerfEvent,
-    name: &'static str,
-    event: SoftwareEvent,
-    cpus: &[u32],
-    whence: &str,
-) -> Result<(), BpfError> {
-    for &cpu in cpus {
-        prog.attach(
-            PerfEventConfig::Software(event),
-            PerfEventScope::AllProcessesOneCpu { cpu },
-            SamplePolicy::Period(1),
-            false,
-        )
-        .map_err(attach_err(
-            name,
-            format!("perf software event {event:?} on cpu {cpu}{whence}"),
-        ))?;
-    }
-    Ok(())
 }

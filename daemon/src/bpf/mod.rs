@@ -18,6 +18,7 @@
 //! `batch` (BPF_MAP_LOOKUP_BATCH for read), `totals` (cumulative counters
 //! from successive snapshots).
 
+mod attach;
 pub mod batch;
 pub mod btf;
 mod capture_maps;
@@ -25,6 +26,7 @@ mod config;
 pub mod denied;
 mod features;
 mod load;
+mod object;
 mod pins;
 mod read;
 mod shared;
@@ -41,25 +43,21 @@ use aya::{
 use thiserror::Error;
 
 use self::capture_maps::IdleTransport;
-pub use self::capture_maps::{
-    perf_pages_per_cpu, CaptureOutput, CaptureTransport, CaptureTransportChoice,
-};
+pub use self::capture_maps::{perf_pages_per_cpu, CaptureOutput, CaptureTransport};
 pub use self::config::{
-    exited_entries, AccountingConfig, CaptureMemory, CaptureSizing, FaultSource, FaultSourceChoice,
-    MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND, MAX_EXITED, MIN_EXITED,
+    exited_entries, AccountingChoice, AccountingConfig, CaptureMemory, CaptureSizing,
+    CaptureTransportChoice, FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
+    MAX_EXITED, MIN_EXITED,
 };
 pub use self::features::{
     markdown_table, Feature, FeatureRow, Features, SchedPrograms, TracepointLayout,
 };
 pub use self::load::WAKE_ARRAY_MAX_PIDS;
-pub use self::pins::{bpfloader_prog_path, pinned_map_path, pinned_prog_path};
+pub use self::object::{bpfloader_prog_path, pinned_map_path, pinned_prog_path};
 pub use self::read::{BpfSnapshot, MapRead};
 pub use self::shared::{AccountingReader, SharedAccounting};
 use self::{pins::PinnedProgram, tracefs::TracefsError};
-
-/// The object built from `ebpf-programs/` by build.rs, 8-byte aligned as
-/// the ELF parser wants (aya's include_bytes_aligned!).
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("VITALS_EBPF_OBJ"));
+pub use crate::accounting::FaultSource;
 
 #[derive(Debug, Error)]
 pub enum BpfError {
