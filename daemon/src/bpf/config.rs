@@ -137,7 +137,7 @@ pub fn exited_entries(exits_per_second: u32, interval: Duration) -> u32 {
 #[derive(Debug, Clone)]
 pub struct AccountingConfig {
     /// eBPF, /proc only, or eBPF falling back to /proc only when BPF is
-    /// denied (`denied::load`; `Accounting::load` itself always loads).
+    /// denied (`bpf::open`; `Accounting::load` itself always loads).
     pub choice: AccountingChoice,
     pub fault_source: FaultSourceChoice,
     pub limits: MapLimits,

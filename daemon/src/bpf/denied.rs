@@ -35,18 +35,28 @@ pub const CTS_MISSING: &str = "eBPF fault counts (entries, retries included) and
      counters; a thread's runqueue wait and switches after its last scan when it exits between \
      scans";
 
-/// Loads the accounting programs as `cfg.choice` says: Ok(Err(why)) is
-/// the /proc-only mode, Err a load error that is not a denial (or any
-/// error under `Bpf`).
-pub fn load(cfg: &AccountingConfig) -> Result<Result<Accounting, ProcOnly>, BpfError> {
+/// What `open` gives: the programs, or the /proc-only mode and why.
+pub enum Opened {
+    /// Loaded (or attached from pins) and counting.
+    Ebpf(Accounting),
+    /// No eBPF: asked for, or BPF denied (logged by the caller).
+    ProcOnly(ProcOnly),
+}
+
+/// Opens the accounting programs as `cfg.choice` says. Both outcomes the
+/// daemon and `record` run with are `Ok`, so a caller matches one enum
+/// after one `?`; `Err` is left for what stops them: a load error that is
+/// not a denial (a bad config, a missing tracepoint, a verifier rejection),
+/// or any error under `AccountingChoice::Bpf`.
+pub fn open(cfg: &AccountingConfig) -> Result<Opened, BpfError> {
     let choice = cfg.choice;
     if choice == AccountingChoice::Proc {
-        return Ok(Err(ProcOnly::Asked));
+        return Ok(Opened::ProcOnly(ProcOnly::Asked));
     }
     match Accounting::load(cfg) {
-        Ok(acc) => Ok(Ok(acc)),
+        Ok(acc) => Ok(Opened::Ebpf(acc)),
         Err(e) if choice == AccountingChoice::Auto => match denial(&e) {
-            Some(what) => Ok(Err(ProcOnly::Denied(what))),
+            Some(what) => Ok(Opened::ProcOnly(ProcOnly::Denied(what))),
             None => Err(e),
         },
         Err(e) => Err(e),
@@ -167,7 +177,9 @@ mod tests {
             choice: AccountingChoice::Proc,
             ..Default::default()
         };
-        let got = load(&cfg).unwrap();
-        assert_eq!(got.err(), Some(ProcOnly::Asked));
+        match open(&cfg).unwrap() {
+            Opened::ProcOnly(why) => assert_eq!(why, ProcOnly::Asked),
+            Opened::Ebpf(_) => panic!("accounting = proc loaded eBPF"),
+        }
     }
 }

@@ -49,6 +49,7 @@ pub use self::config::{
     CaptureTransportChoice, FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
     MAX_EXITED, MIN_EXITED,
 };
+pub use self::denied::{open, Opened, ProcOnly};
 pub use self::features::{
     markdown_table, Feature, FeatureRow, Features, SchedPrograms, TracepointLayout,
 };
