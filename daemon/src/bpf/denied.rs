@@ -36,6 +36,9 @@ pub const CTS_MISSING: &str = "eBPF fault counts (entries, retries included) and
      scans";
 
 /// What `open` gives: the programs, or the /proc-only mode and why.
+// Made once at start-up and moved once into its reader: boxing the
+// handle would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Opened {
     /// Loaded (or attached from pins) and counting.
     Ebpf(Accounting),

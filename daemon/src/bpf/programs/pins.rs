@@ -11,18 +11,20 @@ use aya::{
 use vitals_common::names;
 
 use super::{
-    attach::attach_perf_on_cpus,
-    attach_err,
-    capture_maps::IdleTransport,
-    features::{log_missing, Feature},
-    map_err,
-    object::{
-        pinned_map_path, pinned_prog_candidates, waking_program, ACCOUNTING_MAPS, CAPTURE_MAPS,
+    super::{
+        attach_err, map_err,
+        object::{
+            feature_table::{log_missing, Feature},
+            pinned_map_path, pinned_prog_candidates, waking_program, CaptureTransport, MapRead,
+            SchedPrograms, TracepointLayout, ACCOUNTING_MAPS, CAPTURE_MAPS,
+        },
+        tracefs::Tracefs,
+        AccountingConfig, BpfError, CaptureSizing, CaptureTransportChoice, FaultSource,
+        FaultSourceChoice, Features,
     },
-    tracefs::Tracefs,
-    Accounting, AccountingConfig, BpfError, CaptureSizing, CaptureTransport,
-    CaptureTransportChoice, FaultSource, FaultSourceChoice, Features, MapRead, SchedPrograms,
-    TracepointLayout,
+    attach::attach_perf_on_cpus,
+    capture_tier::{IdleTransport, TransportSlot},
+    Accounting,
 };
 
 /// Held for its links: dropping a program detaches what it attached.
@@ -93,8 +95,10 @@ impl Accounting {
             runq_wait,
             capture_sizing,
             transport: CaptureTransport::RingBuf,
-            ring,
-            capture_lent: false,
+            slot: TransportSlot {
+                idle: ring,
+                lent: false,
+            },
             pinned_waking,
             waking_link: None,
             map_read: MapRead::Batch,

@@ -12,9 +12,12 @@ use aya::{
 };
 
 use super::{
-    attach_err,
-    object::{pinned_map_path, pinned_prog_path},
-    program, program_err, BpfError,
+    super::{
+        attach_err,
+        object::{pinned_map_path, pinned_prog_path},
+        program_err, BpfError,
+    },
+    program,
 };
 
 /// Loads `name` and attaches it, or with `pin_to` pins it there instead.
