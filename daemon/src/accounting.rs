@@ -6,8 +6,6 @@
 
 use vitals_common::FaultCounters;
 
-use crate::bpf::FaultSource;
-
 /// Cumulative counters of one process since accounting started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProcessCounters {
@@ -27,6 +25,49 @@ pub struct ProcessCounters {
     /// (None when the record had none, or was lost), which names a process
     /// no procfs scan saw alive.
     pub exit_comm: Option<[u8; 16]>,
+}
+
+/// The fault source in use: reported with every output, because the two
+/// count different things.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultSource {
+    /// exceptions/page_fault_user: fault *entries* (retries and failed faults too).
+    Tracepoint,
+    /// perf software events minor-faults/major-faults: successful faults, the
+    /// same accounting as minflt/majflt in /proc/<pid>/stat.
+    PerfEvent,
+    None,
+}
+
+impl FaultSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultSource::Tracepoint => "tracepoint",
+            FaultSource::PerfEvent => "perf",
+            FaultSource::None => "none",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            FaultSource::Tracepoint => {
+                "tracepoint exceptions/page_fault_user (counts fault entries, incl. retries)"
+            }
+            FaultSource::PerfEvent => {
+                "perf software events minor-faults + major-faults (successful faults, as minflt/majflt)"
+            }
+            FaultSource::None => "none (fault accounting off)",
+        }
+    }
+
+    /// The fault count this source measures, from a counter set.
+    pub fn faults(self, f: &FaultCounters) -> u64 {
+        match self {
+            FaultSource::Tracepoint => f.entries,
+            FaultSource::PerfEvent => f.minflt + f.majflt,
+            FaultSource::None => 0,
+        }
+    }
 }
 
 /// Where the per-task counters come from, which names their tracks and

@@ -82,7 +82,7 @@ pub const ANDROID_PATHS: &[(&str, &str)] = &[
     ),
     (
         "/system/bin/perfetto",
-        "heapprofd::runner::DEFAULT_PERFETTO_BIN (exec, domain transition to perfetto)",
+        "heapprofd::route::DEFAULT_PERFETTO_BIN (exec, domain transition to perfetto)",
     ),
     (
         "/system/bin/vitalsd",

@@ -9,7 +9,7 @@ use std::{
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
-use crate::bpf::{denied::AccountingChoice, CaptureMemory, FaultSourceChoice};
+use crate::bpf::{AccountingChoice, CaptureMemory, FaultSourceChoice};
 
 #[path = "config_file.rs"]
 mod file;

@@ -317,3 +317,23 @@ fn bounded_cuts_at_a_char_boundary_and_says_so() {
     let b = bounded(&s, 5);
     assert_eq!(b, "éé… [truncated: 20 bytes in all]");
 }
+
+#[test]
+fn the_capture_backend_and_prelude_keys_read() {
+    let c: Config = toml::from_str("[capture]\nbackend = \"perfetto\"\n").unwrap();
+    assert_eq!(
+        c.capture.backend,
+        crate::perfetto_capture::BackendChoice::Perfetto
+    );
+    assert!(toml::from_str::<Config>("[capture]\nbackend = \"bpf\"\n").is_err());
+    let rule = |prelude: &str| {
+        format!(
+            "[[rule]]\nname = \"r\"\nmetric = {{ kind = \"system_cpu_busy_pct\" }}\n\
+             threshold = 90\nwindow = \"1s\"\ncooldown = \"1m\"\n\
+             capture = {{ prelude = \"{prelude}\" }}\n"
+        )
+    };
+    let c: Config = toml::from_str(&rule("ring")).unwrap();
+    assert_eq!(c.rules[0].capture.prelude, Prelude::Ring);
+    assert!(toml::from_str::<Config>(&rule("rings")).is_err());
+}

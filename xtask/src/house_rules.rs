@@ -7,6 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
+#[cfg(test)]
+mod import_cycles;
+
 pub const MAX_FILE_LINES: usize = 700;
 pub const MAX_FN_LINES: usize = 120;
 

@@ -10,8 +10,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use vitalsd::{
     bpf::{
-        denied::AccountingChoice, exited_entries, AccountingConfig, CaptureSizing,
-        CaptureTransportChoice, FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
+        exited_entries, AccountingChoice, AccountingConfig, CaptureSizing, CaptureTransportChoice,
+        FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
     },
     capture::CaptureOptions,
     config::{parse_duration, Config},

@@ -1,14 +1,71 @@
 //! What the caller asks of the accounting programs: `AccountingConfig` with
-//! its map bounds (`MapLimits`), the capture tier's kernel memory
+//! eBPF or /proc only (`AccountingChoice`), the capture transport
+//! (`CaptureTransportChoice`), its map bounds (`MapLimits`), the capture tier's kernel memory
 //! (`CaptureSizing`), where programs come from (`PinMode`), and the fault
-//! source asked for (`FaultSourceChoice`) and in use (`FaultSource`).
+//! source asked for (`FaultSourceChoice`; the one in use, `FaultSource`,
+//! is `accounting`'s, since every tier's counters name it).
 
 use std::{ops::RangeInclusive, path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
-use vitals_common::FaultCounters;
+/// Whether the daemon accounts with eBPF (`sampling.accounting`,
+/// `vitalsd record --accounting`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AccountingChoice {
+    /// eBPF, or /proc only when BPF is denied (logged, and reported).
+    #[default]
+    Auto,
+    /// eBPF or nothing: a denial is an error, as before /proc-only existed.
+    Bpf,
+    /// /proc only, without trying BPF.
+    Proc,
+}
 
-use super::CaptureTransportChoice;
+impl AccountingChoice {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Bpf => "bpf",
+            Self::Proc => "proc",
+        }
+    }
+}
+
+impl std::str::FromStr for AccountingChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "bpf" | "ebpf" => Ok(Self::Bpf),
+            "proc" | "proc-only" => Ok(Self::Proc),
+            _ => Err(format!("unknown accounting {s:?} (auto, bpf, proc)")),
+        }
+    }
+}
+
+/// How capture records get from the programs to user space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CaptureTransportChoice {
+    /// The ring buffer where the kernel has one, else the perf array.
+    #[default]
+    Auto,
+    RingBuf,
+    PerfArray,
+}
+
+impl std::str::FromStr for CaptureTransportChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "ringbuf" | "ring" => Ok(Self::RingBuf),
+            "perf" | "perf-array" => Ok(Self::PerfArray),
+            _ => Err(format!(
+                "unknown capture transport {s:?} (auto, ringbuf, perf)"
+            )),
+        }
+    }
+}
 
 /// Which fault source to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -32,49 +89,6 @@ impl std::str::FromStr for FaultSourceChoice {
             _ => Err(format!(
                 "unknown fault source {s:?} (auto, tracepoint, perf, off)"
             )),
-        }
-    }
-}
-
-/// The fault source in use: reported with every output, because the two
-/// count different things.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultSource {
-    /// exceptions/page_fault_user: fault *entries* (retries and failed faults too).
-    Tracepoint,
-    /// perf software events minor-faults/major-faults: successful faults, the
-    /// same accounting as minflt/majflt in /proc/<pid>/stat.
-    PerfEvent,
-    None,
-}
-
-impl FaultSource {
-    pub fn name(self) -> &'static str {
-        match self {
-            FaultSource::Tracepoint => "tracepoint",
-            FaultSource::PerfEvent => "perf",
-            FaultSource::None => "none",
-        }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            FaultSource::Tracepoint => {
-                "tracepoint exceptions/page_fault_user (counts fault entries, incl. retries)"
-            }
-            FaultSource::PerfEvent => {
-                "perf software events minor-faults + major-faults (successful faults, as minflt/majflt)"
-            }
-            FaultSource::None => "none (fault accounting off)",
-        }
-    }
-
-    /// The fault count this source measures, from a counter set.
-    pub fn faults(self, f: &FaultCounters) -> u64 {
-        match self {
-            FaultSource::Tracepoint => f.entries,
-            FaultSource::PerfEvent => f.minflt + f.majflt,
-            FaultSource::None => 0,
         }
     }
 }
@@ -123,8 +137,8 @@ pub fn exited_entries(exits_per_second: u32, interval: Duration) -> u32 {
 #[derive(Debug, Clone)]
 pub struct AccountingConfig {
     /// eBPF, /proc only, or eBPF falling back to /proc only when BPF is
-    /// denied (`denied::load`; `Accounting::load` itself always loads).
-    pub choice: super::denied::AccountingChoice,
+    /// denied (`bpf::open`; `Accounting::load` itself always loads).
+    pub choice: AccountingChoice,
     pub fault_source: FaultSourceChoice,
     pub limits: MapLimits,
     /// Account runqueue wait. Needs the sched_wakeup programs, which cost

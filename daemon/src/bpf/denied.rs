@@ -5,42 +5,7 @@
 
 use std::{error::Error as StdError, fmt, io};
 
-use super::{Accounting, AccountingConfig, BpfError};
-
-/// Whether the daemon accounts with eBPF (`sampling.accounting`,
-/// `vitalsd record --accounting`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AccountingChoice {
-    /// eBPF, or /proc only when BPF is denied (logged, and reported).
-    #[default]
-    Auto,
-    /// eBPF or nothing: a denial is an error, as before /proc-only existed.
-    Bpf,
-    /// /proc only, without trying BPF.
-    Proc,
-}
-
-impl AccountingChoice {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::Bpf => "bpf",
-            Self::Proc => "proc",
-        }
-    }
-}
-
-impl std::str::FromStr for AccountingChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "bpf" | "ebpf" => Ok(Self::Bpf),
-            "proc" | "proc-only" => Ok(Self::Proc),
-            _ => Err(format!("unknown accounting {s:?} (auto, bpf, proc)")),
-        }
-    }
-}
+use super::{Accounting, AccountingChoice, AccountingConfig, BpfError};
 
 /// Why accounting is /proc-only.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,18 +35,31 @@ pub const CTS_MISSING: &str = "eBPF fault counts (entries, retries included) and
      counters; a thread's runqueue wait and switches after its last scan when it exits between \
      scans";
 
-/// Loads the accounting programs as `cfg.choice` says: Ok(Err(why)) is
-/// the /proc-only mode, Err a load error that is not a denial (or any
-/// error under `Bpf`).
-pub fn load(cfg: &AccountingConfig) -> Result<Result<Accounting, ProcOnly>, BpfError> {
+/// What `open` gives: the programs, or the /proc-only mode and why.
+// Made once at start-up and moved once into its reader: boxing the
+// handle would buy nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Opened {
+    /// Loaded (or attached from pins) and counting.
+    Ebpf(Accounting),
+    /// No eBPF: asked for, or BPF denied (logged by the caller).
+    ProcOnly(ProcOnly),
+}
+
+/// Opens the accounting programs as `cfg.choice` says. Both outcomes the
+/// daemon and `record` run with are `Ok`, so a caller matches one enum
+/// after one `?`; `Err` is left for what stops them: a load error that is
+/// not a denial (a bad config, a missing tracepoint, a verifier rejection),
+/// or any error under `AccountingChoice::Bpf`.
+pub fn open(cfg: &AccountingConfig) -> Result<Opened, BpfError> {
     let choice = cfg.choice;
     if choice == AccountingChoice::Proc {
-        return Ok(Err(ProcOnly::Asked));
+        return Ok(Opened::ProcOnly(ProcOnly::Asked));
     }
     match Accounting::load(cfg) {
-        Ok(acc) => Ok(Ok(acc)),
+        Ok(acc) => Ok(Opened::Ebpf(acc)),
         Err(e) if choice == AccountingChoice::Auto => match denial(&e) {
-            Some(what) => Ok(Err(ProcOnly::Denied(what))),
+            Some(what) => Ok(Opened::ProcOnly(ProcOnly::Denied(what))),
             None => Err(e),
         },
         Err(e) => Err(e),
@@ -202,7 +180,9 @@ mod tests {
             choice: AccountingChoice::Proc,
             ..Default::default()
         };
-        let got = load(&cfg).unwrap();
-        assert_eq!(got.err(), Some(ProcOnly::Asked));
+        match open(&cfg).unwrap() {
+            Opened::ProcOnly(why) => assert_eq!(why, ProcOnly::Asked),
+            Opened::Ebpf(_) => panic!("accounting = proc loaded eBPF"),
+        }
     }
 }

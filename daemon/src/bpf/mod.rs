@@ -1,65 +1,65 @@
-//! Loading, attaching and reading the eBPF accounting programs.
+//! Loading, attaching and reading the eBPF accounting programs, split the
+//! way aya splits aya-obj from aya.
 //!
 //! The kernel side keeps monotonic counters; this module only reads them
 //! (plain hashes per task and per process; per-CPU arrays summed over
 //! *possible* CPUs) and drains the EXITED map of final counters of freed
 //! tasks. It never clears a live map.
 //!
-//! This file holds the error type, the embedded object and `Accounting`,
-//! the handle on the loaded programs and their maps, with its accessors.
-//! Its work is spread by concern, one `impl Accounting` each where it has
-//! methods: `features` (what the kernel offers), `config` (what the caller
-//! asks for), `load` (loading and attaching with aya), `pins` (bpffs pins,
-//! attaching bpfloader's), `read` (the counters), `capture_maps` (the
-//! capture tier's transport and maps), `shared` (one `Accounting` read by
-//! the daemon and its captures). Their public items are re-exported
-//! here, so callers name them `bpf::X`. The public submodules: `tracefs`
-//! and `btf` (what load reads about tracepoints and `task_struct`),
-//! `batch` (BPF_MAP_LOOKUP_BATCH for read), `totals` (cumulative counters
-//! from successive snapshots).
+//! - `object`: what needs no kernel, unit-tested without root: the
+//!   embedded object and its layout (which program serves which event,
+//!   the maps each path reads, pin names, map sizes), the object rewrite
+//!   for kernels without ringbuf, BTF parsing (`object::btf`), tracepoint
+//!   format parsing (`object::format`) and the kernel feature table
+//!   (`object::feature_table`);
+//! - `features` and `tracefs`: probing this kernel and reading its
+//!   tracefs, for the load;
+//! - `programs`: the handle, `Accounting`: loading and attaching with aya,
+//!   attaching bpfloader's pins, the links, the capture tier's kernel end;
+//! - `counters`: reading the maps (`Accounting::read`) and folding what
+//!   was read (`counters::totals`);
+//! - `config` (what the caller asks for), `denied` (`open`: eBPF, or
+//!   /proc-only and why), `shared` (one `Accounting` read by the daemon and
+//!   its captures).
+//!
+//! The capture transport that drives the capture tier (lending its
+//! output, the capture flag, the stack map) is `capture::transport`'s.
+//! This file holds the error type; the public items are re-exported here,
+//! so callers name them `bpf::X`.
 
-pub mod batch;
-pub mod btf;
-mod capture_maps;
 mod config;
+pub mod counters;
 pub mod denied;
 mod features;
-mod load;
-mod pins;
-mod read;
+pub mod object;
+mod programs;
 mod shared;
-pub mod totals;
 pub mod tracefs;
 
-use std::{collections::HashMap, path::PathBuf};
+use std::path::PathBuf;
 
-use aya::{
-    maps::MapError,
-    programs::{trace_point::TracePointLinkId, ProgramError},
-    Ebpf, EbpfError,
-};
+use aya::{maps::MapError, programs::ProgramError, EbpfError};
 use thiserror::Error;
 
-use self::capture_maps::IdleTransport;
-pub use self::capture_maps::{
-    perf_pages_per_cpu, CaptureOutput, CaptureTransport, CaptureTransportChoice,
-};
 pub use self::config::{
-    exited_entries, AccountingConfig, CaptureMemory, CaptureSizing, FaultSource, FaultSourceChoice,
-    MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND, MAX_EXITED, MIN_EXITED,
+    exited_entries, AccountingChoice, AccountingConfig, CaptureMemory, CaptureSizing,
+    CaptureTransportChoice, FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
+    MAX_EXITED, MIN_EXITED,
 };
-pub use self::features::{
-    markdown_table, Feature, FeatureRow, Features, SchedPrograms, TracepointLayout,
+pub use self::counters::{totals, BpfSnapshot};
+pub use self::denied::{open, Opened, ProcOnly};
+pub use self::features::Features;
+pub use self::object::{
+    bpfloader_prog_path,
+    feature_table::{markdown_table, Feature, FeatureRow},
+    perf_pages_per_cpu, pinned_map_path, pinned_prog_path, CaptureTransport, MapRead,
+    SchedPrograms, TracepointLayout,
 };
-pub use self::load::WAKE_ARRAY_MAX_PIDS;
-pub use self::pins::{bpfloader_prog_path, pinned_map_path, pinned_prog_path};
-pub use self::read::{BpfSnapshot, MapRead};
+pub(crate) use self::programs::IdleTransport;
+pub use self::programs::{Accounting, WAKE_ARRAY_MAX_PIDS};
 pub use self::shared::{AccountingReader, SharedAccounting};
-use self::{pins::PinnedProgram, tracefs::TracefsError};
-
-/// The object built from `ebpf-programs/` by build.rs, 8-byte aligned as
-/// the ELF parser wants (aya's include_bytes_aligned!).
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("VITALS_EBPF_OBJ"));
+use self::tracefs::TracefsError;
+pub use crate::accounting::FaultSource;
 
 #[derive(Debug, Error)]
 pub enum BpfError {
@@ -118,112 +118,11 @@ pub enum BpfError {
     Batch {
         name: &'static str,
         #[source]
-        source: batch::BatchError,
+        source: counters::batch::BatchError,
     },
 }
 
-/// The loaded and attached accounting programs.
-pub struct Accounting {
-    /// The aya object (None when attached from pins).
-    ebpf: Option<Ebpf>,
-    /// Maps opened from pins; looked up before `ebpf`'s.
-    pinned_maps: HashMap<&'static str, aya::maps::Map>,
-    /// Programs opened from pins; dropping one detaches its links.
-    #[allow(dead_code)]
-    pinned_programs: Vec<PinnedProgram>,
-    fault_source: FaultSource,
-    features: Features,
-    limits: MapLimits,
-    layout: TracepointLayout,
-    /// The capture-only sched_waking program's layout, judged apart.
-    waking_layout: TracepointLayout,
-    sched_programs: SchedPrograms,
-    runq_wait: bool,
-    capture_sizing: Option<CaptureSizing>,
-    /// Where capture records go (meaningful only with `capture_sizing`).
-    transport: CaptureTransport,
-    /// The transport between captures (None: no capture tier).
-    ring: Option<IdleTransport>,
-    /// A capture holds the transport's output (`capture_start` lent it).
-    capture_lent: bool,
-    /// The pinned sched_waking program (attached from pins; None: `ebpf`'s).
-    pinned_waking: Option<aya::programs::TracePoint>,
-    /// sched_waking link while a capture with FLAG_SCHED runs.
-    waking_link: Option<TracePointLinkId>,
-    /// How the hashes are read; `Batch` falls back to `Iterate` for
-    /// good on a kernel without batch lookups.
-    map_read: MapRead,
-}
-
-impl Accounting {
-    /// Where capture records go (set at load).
-    pub fn capture_transport(&self) -> CaptureTransport {
-        self.transport
-    }
-
-    /// Is `runq_wait_ns` measured? When not, it is not zero but unknown.
-    pub fn runq_wait(&self) -> bool {
-        self.runq_wait
-    }
-
-    /// The classic always-on programs' layout (the scheduler programs
-    /// when `sched_programs` is `Classic`).
-    pub fn layout(&self) -> TracepointLayout {
-        self.layout
-    }
-
-    /// The layout of sched_waking, attached during captures.
-    pub fn waking_layout(&self) -> TracepointLayout {
-        self.waking_layout
-    }
-
-    pub fn sched_programs(&self) -> SchedPrograms {
-        self.sched_programs
-    }
-
-    pub fn fault_source(&self) -> FaultSource {
-        self.fault_source
-    }
-
-    pub fn features(&self) -> &Features {
-        &self.features
-    }
-
-    pub fn limits(&self) -> MapLimits {
-        self.limits
-    }
-
-    fn map(&self, name: &'static str) -> Result<&aya::maps::Map, BpfError> {
-        self.pinned_maps
-            .get(name)
-            .or_else(|| self.ebpf.as_ref().and_then(|e| e.map(name)))
-            .ok_or(BpfError::Missing(name))
-    }
-
-    fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map, BpfError> {
-        if self.pinned_maps.contains_key(name) {
-            return self
-                .pinned_maps
-                .get_mut(name)
-                .ok_or(BpfError::Missing(name));
-        }
-        self.ebpf
-            .as_mut()
-            .and_then(|e| e.map_mut(name))
-            .ok_or(BpfError::Missing(name))
-    }
-
-    /// Where the programs came from: "pins" or "aya".
-    pub fn source(&self) -> &'static str {
-        if self.ebpf.is_none() {
-            "pins"
-        } else {
-            "aya"
-        }
-    }
-}
-
-fn map_err(name: &'static str) -> impl Fn(MapError) -> BpfError {
+pub(crate) fn map_err(name: &'static str) -> impl Fn(MapError) -> BpfError {
     move |source| BpfError::Map { name, source }
 }
 
@@ -241,15 +140,4 @@ fn attach_err(
         target,
         source,
     }
-}
-
-/// Program `name` of the object, as its program type.
-fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, BpfError>
-where
-    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
-{
-    ebpf.program_mut(name)
-        .ok_or(BpfError::Missing(name))?
-        .try_into()
-        .map_err(program_err(name))
 }

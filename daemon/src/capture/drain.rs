@@ -14,9 +14,10 @@ use std::{
     time::Duration,
 };
 
-use crate::bpf::CaptureOutput;
-
-use super::{decode::Record, perf_array, ringbuf};
+use super::{
+    decode::Record,
+    transport::{perf_array, ringbuf, CaptureOutput},
+};
 
 /// The drain thread of a running capture and the channel its batches
 /// arrive on.

@@ -6,15 +6,14 @@
 //! Kernel side: `ebpf-programs` emits into the CAPTURE_EVENTS ring buffer
 //! (or, where the kernel has no ringbuf or it is forced, the CAPTURE_PERF
 //! perf event array) only while the CAPTURE flag is set;
-//! `Accounting::capture_start/stop` flip it. The always-on tier is
+//! `transport::start/stop` flip it. The always-on tier is
 //! unchanged while no capture runs.
 
 pub mod decode;
 pub mod drain;
 pub mod fault_stacks;
 mod mapped_files;
-pub mod perf_array;
-pub mod ringbuf;
+pub mod transport;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -168,13 +167,13 @@ impl Capture {
         opts: &CaptureOptions,
         proc_root: &Path,
     ) -> Result<Self, CaptureError> {
-        let base_lost = acc.capture_lost()?;
-        let ring = acc.capture_start(opts.flags(), opts.fault_period)?;
+        let base_lost = transport::lost(acc)?;
+        let ring = transport::start(acc, opts.flags(), opts.fault_period)?;
         let drainer = match Drainer::start(ring, opts.poll) {
             Ok(d) => d,
             Err(e) => {
                 // The flag is off again and the transport no longer lent.
-                if let Err(e) = acc.capture_stop(None) {
+                if let Err(e) = transport::stop(acc, None) {
                     log::warn!("ending a capture that could not start: {e}");
                 }
                 return Err(CaptureError::Thread(e));
@@ -293,7 +292,7 @@ impl Capture {
         ts_boot_ns: u64,
     ) -> Result<(), CaptureError> {
         self.take_records();
-        let lost = self.merge_lost(acc.capture_lost()?);
+        let lost = self.merge_lost(transport::lost(acc)?);
         self.write_pending(acc, writer, ts_boot_ns, &lost, false)
     }
 
@@ -437,7 +436,7 @@ impl Capture {
         let seq = NonZeroU32::new(SAMPLE_SEQUENCE_ID).expect("nonzero");
         for p in self
             .faults
-            .take_packets(last, |id| acc.capture_stack(id).ok().flatten())
+            .take_packets(last, |id| transport::stack(acc, id).ok().flatten())
         {
             writer.write_packet_on_sequence(seq, p)?;
         }
@@ -497,15 +496,15 @@ impl Capture {
         writer: &mut TraceWriter<W>,
         ts_boot_ns: u64,
     ) -> Result<CaptureStats, CaptureError> {
-        acc.capture_pause()?;
+        transport::pause(acc)?;
         if let Some(d) = self.drainer.take() {
             let (ring, batches) = d.stop();
             for b in batches {
                 self.absorb(b);
             }
-            acc.capture_stop(ring)?;
+            transport::stop(acc, ring)?;
         }
-        let lost = self.merge_lost(acc.capture_lost()?);
+        let lost = self.merge_lost(transport::lost(acc)?);
         self.write_pending(acc, writer, ts_boot_ns, &lost, true)?;
         log::info!("{}", self.stats.render());
         Ok(self.stats)
@@ -514,11 +513,11 @@ impl Capture {
     /// Ends a capture whose recording failed: clears the flag, detaches
     /// sched_waking and hands the ring buffer back, writing nothing.
     pub fn abort(mut self, acc: &mut Accounting) {
-        if let Err(e) = acc.capture_pause() {
+        if let Err(e) = transport::pause(acc) {
             log::warn!("aborting the capture: {e}");
         }
         if let Some((ring, _)) = self.drainer.take().map(Drainer::stop) {
-            if let Err(e) = acc.capture_stop(ring) {
+            if let Err(e) = transport::stop(acc, ring) {
                 log::warn!("aborting the capture: {e}");
             }
         }

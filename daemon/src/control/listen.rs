@@ -4,10 +4,22 @@
 
 use std::{
     os::unix::fs::{FileTypeExt, PermissionsExt},
-    path::Path,
+    path::{Path, PathBuf},
 };
 
-use super::server::ServerError;
+use thiserror::Error;
+
+/// Binding or inheriting the control socket failed.
+#[derive(Debug, Error)]
+pub enum ServerError {
+    #[error("control socket {path}: {op}: {source}")]
+    Socket {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// The listening socket: the one Android init created from vitalsd.rc's
 /// `socket vitalsd stream 0660 system system` line when there is one

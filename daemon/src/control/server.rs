@@ -7,7 +7,6 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    path::PathBuf,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex,
@@ -16,14 +15,13 @@ use std::{
 };
 
 use serde::Serialize;
-use thiserror::Error;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{UnixListener, UnixStream},
     sync::{oneshot, Semaphore},
 };
 
-pub use super::listen::{android_socket_env, bind, bind_or_inherit};
+pub use super::listen::{android_socket_env, bind, bind_or_inherit, ServerError};
 use super::{
     printable,
     slots::{FdBudget, Full, Slot, Slots, IDLE_TIMEOUT},
@@ -31,17 +29,6 @@ use super::{
     Request, Response,
 };
 use crate::store::Store;
-
-#[derive(Debug, Error)]
-pub enum ServerError {
-    #[error("control socket {path}: {op}: {source}")]
-    Socket {
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
 
 /// One row of `top`: eBPF and procfs figures of a process over the last window.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

@@ -30,7 +30,7 @@ use nix::{
     unistd::Pid,
 };
 
-use super::runner::{
+use super::route::{
     create_trace_file, RouteEnd, RunError, RunnerConfig, SessionLimits, SessionStatus, POLL,
 };
 

@@ -59,7 +59,7 @@ use perfetto_sdk_sys::{
     PerfettoTracingSessionStopBlocking, PerfettoTracingSessionSystemCreate,
 };
 
-use super::runner::{
+use super::route::{
     create_trace_file, RouteEnd, RunError, RunnerConfig, SessionLimits, SessionStatus, POLL,
 };
 

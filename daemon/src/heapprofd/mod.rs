@@ -9,6 +9,8 @@
 //!   trace file it opened as stdout; [`in_process`] (`producer` feature)
 //!   is traced's consumer itself through the Perfetto SDK and writes the
 //!   trace it reads back into the same file;
+//! - [`route`]: what the runner and both routes share (the route choice,
+//!   settings, errors, how a session ended, the trace file it fills);
 //! - [`ratelimit`]: persisted per-target and system-wide limits;
 //! - [`outcome`]: heapprofd's per-process verdict read back from the trace,
 //!   stored with the config in `<trace>.meta.json`.
@@ -25,6 +27,7 @@ pub mod config;
 pub mod in_process;
 pub mod outcome;
 pub mod ratelimit;
+pub mod route;
 pub mod runner;
 
 #[cfg(test)]
@@ -39,10 +42,8 @@ pub use outcome::{
     TargetOutcome, TargetStatus, TraceOutcome,
 };
 pub use ratelimit::{RateLimitError, RateLimiter, RateLimits};
-pub use runner::{
-    ConsumerRoute, RunError, RunnerConfig, SessionReport, SessionRunner, SessionStatus,
-    DEFAULT_PERFETTO_BIN,
-};
+pub use route::{ConsumerRoute, RunError, RunnerConfig, SessionStatus, DEFAULT_PERFETTO_BIN};
+pub use runner::{SessionReport, SessionRunner};
 
 /// Where the rate-limit history lives by default: in a `state/`
 /// subdirectory of the store, because the store's start-up repair treats

@@ -32,7 +32,8 @@ pub use config::{CaptureRequest, HeapInSession};
 use crate::heapprofd::{
     config::encode,
     outcome::read_outcome,
-    runner::{run_route, RunError, RunnerConfig, SessionLimits},
+    route::{RunError, RunnerConfig, SessionLimits},
+    runner::run_route,
     ConsumerRoute, SessionStatus,
 };
 
@@ -223,23 +224,5 @@ mod tests {
         assert_eq!(BackendChoice::Perfetto.resolve(true), Backend::Perfetto);
         // An eBPF capture /proc-only: chosen, and it fails as such.
         assert_eq!(BackendChoice::Ebpf.resolve(false), Backend::Ebpf);
-    }
-
-    #[test]
-    fn the_config_key_reads() {
-        let c: crate::config::Config =
-            toml::from_str("[capture]\nbackend = \"perfetto\"\n").unwrap();
-        assert_eq!(c.capture.backend, BackendChoice::Perfetto);
-        assert!(toml::from_str::<crate::config::Config>("[capture]\nbackend = \"bpf\"\n").is_err());
-        let rule = |prelude: &str| {
-            format!(
-                "[[rule]]\nname = \"r\"\nmetric = {{ kind = \"system_cpu_busy_pct\" }}\n\
-                 threshold = 90\nwindow = \"1s\"\ncooldown = \"1m\"\n\
-                 capture = {{ prelude = \"{prelude}\" }}\n"
-            )
-        };
-        let c: crate::config::Config = toml::from_str(&rule("ring")).unwrap();
-        assert_eq!(c.rules[0].capture.prelude, crate::config::Prelude::Ring);
-        assert!(toml::from_str::<crate::config::Config>(&rule("rings")).is_err());
     }
 }

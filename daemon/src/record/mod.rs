@@ -21,9 +21,10 @@ use self::tier::Tier;
 use crate::{
     accounting::{self, CounterOrigin},
     bpf::{
+        self,
         denied::{self, ProcOnly},
         totals::{ProcessCounters, Totals},
-        AccountingConfig, AccountingReader, BpfError, FaultSource, SharedAccounting,
+        AccountingConfig, AccountingReader, BpfError, FaultSource, Opened, SharedAccounting,
     },
     capture::{CaptureError, CaptureOptions},
     clock::ClockPair,
@@ -101,9 +102,9 @@ pub fn record_with(
     prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
 ) -> Result<RecordSummary, RecordError> {
     let accounting =
-        match denied::load(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))? {
-            Ok(acc) => Ok(SharedAccounting::new(acc).reader()),
-            Err(why) => {
+        match bpf::open(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))? {
+            Opened::Ebpf(acc) => Ok(SharedAccounting::new(acc).reader()),
+            Opened::ProcOnly(why) => {
                 log_proc_only(&why, "recording");
                 Err(why)
             }

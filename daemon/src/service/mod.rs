@@ -42,9 +42,10 @@ use tick::ReadErrors;
 use crate::{
     accounting::CounterOrigin,
     bpf::{
-        denied::{self, ProcOnly},
+        self,
+        denied::ProcOnly,
         totals::{ProcessCounters, Totals},
-        AccountingConfig, AccountingReader, BpfError, MapLimits, SharedAccounting,
+        AccountingConfig, AccountingReader, BpfError, MapLimits, Opened, SharedAccounting,
     },
     config::Config,
     control::server::{self, Command, DaemonState, ServerError, Shared, TriggerRecord},
@@ -312,9 +313,9 @@ impl Service {
         let accounting_cfg = accounting_config(&cfg);
         let store_lock = try_lock_store(&cfg.store.dir)?
             .ok_or_else(|| ServiceError::StoreBusy(cfg.store.dir.clone()))?;
-        let (accounting, proc_only) = match denied::load(&accounting_cfg)? {
-            Ok(acc) => (Some(SharedAccounting::new(acc).reader()), None),
-            Err(why) => {
+        let (accounting, proc_only) = match bpf::open(&accounting_cfg)? {
+            Opened::Ebpf(acc) => (Some(SharedAccounting::new(acc).reader()), None),
+            Opened::ProcOnly(why) => {
                 crate::record::log_proc_only(&why, "running");
                 (None, Some(why))
             }

@@ -4,7 +4,7 @@
 //!
 //! On Android user builds only bpfloader may load BPF programs (SELinux
 //! neverallow); vitalsd then attaches what it pinned
-//! (`daemon/src/bpf/pins.rs`, `PinMode::AttachFrom`).
+//! (`daemon/src/bpf/programs/pins.rs`, `PinMode::AttachFrom`).
 //!
 //! Checked against the real loader by `cargo xtask android-check` (1a):
 //! AOSP's Loader.cpp, built for the host, loads this object into a fresh

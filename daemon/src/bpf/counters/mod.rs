@@ -1,8 +1,13 @@
-//! Reading the accounting maps: `Accounting::read` takes a `BpfSnapshot`
+//! The counters: reading the accounting maps and folding what was read.
+//! `Accounting::read` takes a `BpfSnapshot`
 //! (drains EXITED, walks the hashes TASKS and PROCESS_FAULTS, sums the
 //! per-CPU arrays CPU_STATE and DROPS over possible CPUs), the hashes
 //! batched where the kernel has BPF_MAP_LOOKUP_BATCH and iterated
-//! otherwise (`MapRead`).
+//! otherwise (`MapRead`); `batch` is BPF_MAP_LOOKUP_BATCH, `totals` folds
+//! successive snapshots into cumulative counters per process.
+
+pub mod batch;
+pub mod totals;
 
 use std::{collections::HashMap, os::fd::AsFd};
 
@@ -11,7 +16,14 @@ use vitals_common::{
     drop_reason, names, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters,
 };
 
-use super::{batch, features, map_err, Accounting, BpfError};
+use super::{
+    map_err,
+    object::{
+        feature_table::{log_missing, Feature},
+        MapRead,
+    },
+    Accounting, BpfError,
+};
 
 /// Everything read from the maps at one instant.
 #[derive(Debug, Clone, Default)]
@@ -41,15 +53,6 @@ pub struct BpfSnapshot {
     pub process_faults: HashMap<u32, FaultCounters>,
     /// Cumulative drop counters, indexed by `drop_reason`.
     pub drops: [u64; drop_reason::COUNT as usize],
-}
-
-/// How `Accounting::read` walks the hashes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MapRead {
-    /// BPF_MAP_LOOKUP_BATCH (Linux 5.6+).
-    Batch,
-    /// aya's iterator: get_next_key + lookup per entry.
-    Iterate,
 }
 
 impl Accounting {
@@ -137,23 +140,12 @@ impl Accounting {
         Ok(per_cpu.iter().copied().collect())
     }
 
-    /// How the hashes are read now.
-    pub fn map_read(&self) -> MapRead {
-        self.map_read
-    }
-
-    /// Forces a way of reading the hashes; for tests comparing them.
-    #[doc(hidden)]
-    pub fn set_map_read(&mut self, how: MapRead) {
-        self.map_read = how;
-    }
-
     /// One BPF_MAP_TYPE_HASH with u32 keys.
     fn read_hash<V: aya::Pod + Default>(
         &mut self,
         name: &'static str,
     ) -> Result<HashMap<u32, V>, BpfError> {
-        if self.map_read == MapRead::Batch {
+        if self.map_read() == MapRead::Batch {
             if let aya::maps::Map::HashMap(data) = self.map(name)? {
                 let mut out = HashMap::new();
                 let batched = batch::hash_u32::<V>(data.fd().as_fd(), |key, value| {
@@ -163,11 +155,11 @@ impl Accounting {
                 if batched {
                     return Ok(out);
                 }
-                features::log_missing(
-                    features::Feature::BatchLookup,
+                log_missing(
+                    Feature::BatchLookup,
                     format!("BPF_MAP_LOOKUP_BATCH on {name} returned EINVAL"),
                 );
-                self.map_read = MapRead::Iterate;
+                self.set_map_read(MapRead::Iterate);
             }
         }
         iterate_hash(self.map(name)?, name)

@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 
 use vitals_common::{FaultCounters, TaskCounters};
 
-use super::{BpfSnapshot, FaultSource};
+use super::{super::FaultSource, BpfSnapshot};
 
 pub use crate::accounting::ProcessCounters;
 

@@ -5,7 +5,7 @@
 
 use aya::maps::{perf::PerfEvent, perf::PerfEventArrayBuffer, MapData};
 
-use super::decode::{decode, Record};
+use super::super::decode::{decode, Record};
 
 /// Drains every CPU's buffer into `out`. Samples that straddle the end of
 /// a perf ring arrive in two pieces and are joined first. A

@@ -6,7 +6,7 @@
 
 use aya::maps::{MapData, RingBuf};
 
-use super::decode::{decode, Record};
+use super::super::decode::{decode, Record};
 
 /// Everything readable in the ring now, decoded, appended to `out`.
 pub fn drain(ring: &mut RingBuf<MapData>, out: &mut Vec<Record>) {

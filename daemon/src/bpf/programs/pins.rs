@@ -1,77 +1,31 @@
-//! Pinned objects on a bpffs: the pin names (bpfloader's `prog_vitals_*`
-//! and `map_vitals_*` scheme, and the names `vitalsd pin` gives), and
-//! attaching the programs bpfloader pinned, the only way in on Android user
-//! builds (`PinMode::AttachFrom`), the capture tier included when pinned.
+//! Attaching the programs bpfloader pinned on a bpffs, the only way in on
+//! Android user builds (`PinMode::AttachFrom`), the capture tier included
+//! when pinned. The pin names are `object`'s.
 
-use std::{
-    collections::HashMap,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashMap, path::Path};
 
 use aya::{
     maps::MapData,
     programs::{perf_event::SoftwareEvent, PerfEvent, TracePoint},
-    Ebpf,
 };
 use vitals_common::names;
 
 use super::{
-    attach_err,
-    capture_maps::{waking_program, IdleTransport},
-    features::{log_missing, Feature},
-    map_err,
-    tracefs::Tracefs,
-    Accounting, AccountingConfig, BpfError, CaptureSizing, CaptureTransport,
-    CaptureTransportChoice, FaultSource, FaultSourceChoice, Features, MapRead, SchedPrograms,
-    TracepointLayout,
+    super::{
+        attach_err, map_err,
+        object::{
+            feature_table::{log_missing, Feature},
+            pinned_map_path, pinned_prog_candidates, waking_program, CaptureTransport, MapRead,
+            SchedPrograms, TracepointLayout, ACCOUNTING_MAPS, CAPTURE_MAPS,
+        },
+        tracefs::Tracefs,
+        AccountingConfig, BpfError, CaptureSizing, CaptureTransportChoice, FaultSource,
+        FaultSourceChoice, Features,
+    },
+    attach::attach_perf_on_cpus,
+    capture_tier::{IdleTransport, TransportSlot},
+    Accounting,
 };
-
-/// Pin names follow bpfloader's scheme, `prog_<object>_<program>` and
-/// `map_<object>_<map>`, with object name `vitals`.
-pub fn pinned_prog_path(dir: &Path, prog: &str) -> PathBuf {
-    dir.join(format!("prog_vitals_{prog}"))
-}
-
-/// The pin bpfloader gives a program of `cargo xtask android-bpf`'s
-/// `vitals.o`: `prog_vitals_<section, '/' -> '_'>` (AOSP Loader.cpp), so
-/// named after the tracepoint, not the function. Keep in step with
-/// `xtask/src/android_bpf.rs` PROGRAMS.
-pub fn bpfloader_prog_path(dir: &Path, prog: &str) -> Option<PathBuf> {
-    let section = match prog {
-        names::PROG_SCHED_SWITCH_FIXED => "tracepoint_sched_sched_switch",
-        names::PROG_SCHED_WAKEUP_FIXED => "tracepoint_sched_sched_wakeup",
-        names::PROG_SCHED_WAKEUP_NEW_FIXED => "tracepoint_sched_sched_wakeup_new",
-        names::PROG_SCHED_PROCESS_FREE => "tracepoint_sched_sched_process_free",
-        names::PROG_PAGE_FAULT_USER => "tracepoint_exceptions_page_fault_user",
-        names::PROG_PERF_MINFLT => "perf_event_minflt",
-        names::PROG_PERF_MAJFLT => "perf_event_majflt",
-        names::PROG_SCHED_WAKING_FIXED => "tracepoint_sched_sched_waking",
-        _ => return None,
-    };
-    Some(dir.join(format!("prog_vitals_{section}")))
-}
-
-/// Where to look for a pinned program: bpfloader's name first, then the
-/// `vitalsd pin` name.
-fn pinned_prog_candidates(dir: &Path, prog: &str) -> Vec<PathBuf> {
-    bpfloader_prog_path(dir, prog)
-        .into_iter()
-        .chain([pinned_prog_path(dir, prog)])
-        .collect()
-}
-
-pub fn pinned_map_path(dir: &Path, map: &str) -> PathBuf {
-    dir.join(format!("map_vitals_{map}"))
-}
-
-/// The maps the always-on path reads.
-const ACCOUNTING_MAPS: [&str; 5] = [
-    names::TASKS,
-    names::PROCESS_FAULTS,
-    names::EXITED,
-    names::CPU_STATE,
-    names::DROPS,
-];
 
 /// Held for its links: dropping a program detaches what it attached.
 #[allow(dead_code)]
@@ -141,17 +95,16 @@ impl Accounting {
             runq_wait,
             capture_sizing,
             transport: CaptureTransport::RingBuf,
-            ring,
-            capture_lent: false,
+            slot: TransportSlot {
+                idle: ring,
+                lent: false,
+            },
             pinned_waking,
             waking_link: None,
             map_read: MapRead::Batch,
         })
     }
 }
-
-/// The maps a capture reads or writes besides the ring buffer.
-const CAPTURE_MAPS: [&str; 3] = [names::CAPTURE, names::CAPTURE_LOST, names::CAPTURE_STACKS];
 
 /// The capture tier as pinned: its maps, the ring buffer and sched_waking
 /// (bpfloader's vitals.o carries them, sized in `xtask/src/android_bpf.rs`;
@@ -209,24 +162,6 @@ impl PinnedCapture {
             sizing,
         })
     }
-}
-
-/// Pins every map of `ebpf` in `dir` under bpfloader's names (`PinMode::PinTo`).
-pub(super) fn pin_maps(ebpf: &Ebpf, dir: &Path) -> Result<(), BpfError> {
-    // Internal maps (.rodata, .bss) stay with the programs that use
-    // them; bpffs refuses names with a '.' anyway.
-    for (name, map) in ebpf.maps().filter(|(n, _)| !n.starts_with('.')) {
-        let path = pinned_map_path(dir, name);
-        map.pin(&path).map_err(|e| BpfError::Pin {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
-    }
-    log::info!(
-        "eBPF programs and maps pinned in {} (not attached)",
-        dir.display()
-    );
-    Ok(())
 }
 
 /// The pinned maps `names` (e.g. `ACCOUNTING_MAPS`, what the always-on
@@ -374,7 +309,7 @@ impl PinnedAttach<'_> {
             else {
                 continue;
             };
-            super::load::attach_perf_on_cpus(&mut prog, name, event, &cpus, " (pinned)")?;
+            attach_perf_on_cpus(&mut prog, name, event, &cpus, " (pinned)")?;
             self.programs.push(PinnedProgram::Perf(prog));
             found = true;
         }
@@ -383,31 +318,5 @@ impl PinnedAttach<'_> {
         } else {
             FaultSource::None
         })
-    }
-}
-
-#[cfg(test)]
-mod pin_name_tests {
-    use super::*;
-
-    #[test]
-    fn bpfloader_names_come_first_and_vitalsd_pin_names_still_work() {
-        let dir = Path::new("/sys/fs/bpf");
-        assert_eq!(
-            pinned_prog_candidates(dir, names::PROG_SCHED_SWITCH_FIXED),
-            [
-                dir.join("prog_vitals_tracepoint_sched_sched_switch"),
-                dir.join("prog_vitals_sched_switch_fixed"),
-            ]
-        );
-        assert_eq!(
-            pinned_prog_candidates(dir, names::PROG_PERF_MINFLT)[0],
-            dir.join("prog_vitals_perf_event_minflt")
-        );
-        // Portable programs are not in the bpfloader object.
-        assert_eq!(
-            pinned_prog_candidates(dir, names::PROG_SCHED_SWITCH),
-            [dir.join("prog_vitals_sched_switch")]
-        );
     }
 }

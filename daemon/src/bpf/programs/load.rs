@@ -1,0 +1,306 @@
+//! Loading the embedded object with aya and attaching it: the fault
+//! source, the scheduler programs (tp_btf where the kernel's BTF allows,
+//! else classic tracepoints in the fixed or portable layout) with the
+//! load-time settings `settings` chose, and with `PinMode::PinTo` pinning
+//! everything instead of attaching.
+
+use std::{collections::HashMap, path::Path};
+
+use aya::{
+    programs::{perf_event::SoftwareEvent, BtfTracePoint, PerfEvent},
+    Btf, Ebpf,
+};
+use vitals_common::names;
+
+use super::{
+    super::{
+        attach_err,
+        features::{self, VMLINUX_BTF},
+        object::{
+            feature_table::{log_missing, Feature},
+            pinned_map_path, sched_program, MapRead, SchedPrograms, TracepointLayout,
+        },
+        program_err,
+        tracefs::Tracefs,
+        AccountingConfig, BpfError, FaultSource, FaultSourceChoice, Features, PinMode,
+    },
+    attach::{attach_perf_sw, attach_tracepoint, pin_maps},
+    capture_tier::{load_capture_tier, TransportSlot},
+    program,
+    settings::{FieldOffsets, LoadSettings},
+    Accounting,
+};
+
+impl Accounting {
+    /// Mounts tracefs if needed, probes, loads and attaches everything.
+    pub fn load(cfg: &AccountingConfig) -> Result<Self, BpfError> {
+        if let PinMode::AttachFrom(dir) = &cfg.pins {
+            // No capability is asked for here: on Android vitalsd holds
+            // none, and SELinux alone gates opening the pins, the map
+            // syscalls and perf_event_open (perf_event_paranoid -1,
+            // unprivileged_bpf_disabled 0; sepolicy/vitalsd.te). A refusal
+            // shows as EPERM/EACCES from the syscall itself.
+            if pinned_map_path(dir, names::TASKS).exists() {
+                return Self::attach_pinned(cfg, dir);
+            }
+            log::info!(
+                "no pinned vitals objects in {}; loading with aya",
+                dir.display()
+            );
+        }
+        check_capabilities()?;
+        let pin_to = match &cfg.pins {
+            PinMode::PinTo(dir) => Some(dir.as_path()),
+            _ => None,
+        };
+        let tracefs = Tracefs::find_or_mount()?;
+        let features = Features::probe(&tracefs)?;
+        features::require_program_features()?;
+        let fault_source = choose_fault_source(cfg.fault_source, &features)?;
+        features::require_tracepoints(&tracefs)?;
+        let offsets = FieldOffsets::read(&tracefs)?;
+        let settings = LoadSettings::choose(cfg, &features, pin_to.is_some())?;
+        let mut ebpf = settings.load(cfg, &offsets)?;
+        let layout = offsets.layout(&tracefs, cfg.force_portable_layout)?;
+        let waking_layout = offsets.waking_layout(cfg.force_portable_layout);
+        // sched_process_free before the programs that insert tasks: a task
+        // sched_switch counted and that was freed before this attached
+        // would stay in TASKS for good, a process that never ends and is
+        // no longer in /proc to be named.
+        attach_tracepoint(
+            &mut ebpf,
+            names::PROG_SCHED_PROCESS_FREE,
+            "sched",
+            "sched_process_free",
+            pin_to,
+        )?;
+        let sched_programs = attach_sched(
+            &mut ebpf,
+            cfg.runq_wait,
+            layout,
+            settings.btf_offsets.is_some(),
+            pin_to,
+        )?;
+        let fault_source = attach_fault_source(&mut ebpf, fault_source, cfg.fault_source, pin_to)?;
+        if let Some(dir) = pin_to {
+            pin_maps(&ebpf, dir)?;
+        }
+        log::info!(
+            "eBPF accounting {}: fault source {}; scheduler programs {}; wakeup times in {}; {} possible CPUs; BTF {}; capture transport {}",
+            if pin_to.is_some() { "loaded" } else { "attached" },
+            fault_source.describe(),
+            match sched_programs {
+                SchedPrograms::Btf => "tp_btf".to_string(),
+                SchedPrograms::Classic => format!("classic tracepoints, {layout:?} layout"),
+            },
+            if settings.wake_array { "an array (pid_max small)" } else { "a bounded hash" },
+            settings.nr_cpus,
+            if features.btf_vmlinux { "yes" } else { "no" },
+            match cfg.capture {
+                Some(_) => settings.transport.name(),
+                None => "none (capture not configured)",
+            }
+        );
+        let ring = load_capture_tier(
+            &mut ebpf,
+            waking_layout,
+            cfg.capture,
+            settings.transport,
+            settings.page,
+            pin_to,
+        )?;
+        Ok(Self {
+            ebpf: Some(ebpf),
+            pinned_maps: HashMap::new(),
+            pinned_programs: Vec::new(),
+            fault_source,
+            features,
+            limits: cfg.limits,
+            layout,
+            waking_layout,
+            sched_programs,
+            runq_wait: cfg.runq_wait,
+            capture_sizing: cfg.capture,
+            transport: settings.transport,
+            slot: TransportSlot {
+                idle: ring,
+                lent: false,
+            },
+            pinned_waking: None,
+            waking_link: None,
+            map_read: MapRead::Batch,
+        })
+    }
+}
+
+/// The fault source for `choice` on this kernel.
+fn choose_fault_source(
+    choice: FaultSourceChoice,
+    features: &Features,
+) -> Result<FaultSource, BpfError> {
+    Ok(match (choice, features.page_fault_user_tracepoint) {
+        (FaultSourceChoice::Off, _) => FaultSource::None,
+        (FaultSourceChoice::PerfEvent, _) => FaultSource::PerfEvent,
+        (FaultSourceChoice::Auto, false) => {
+            log_missing(
+                Feature::PageFaultTracepoint,
+                "no exceptions/page_fault_user in tracefs",
+            );
+            FaultSource::PerfEvent
+        }
+        (FaultSourceChoice::Tracepoint | FaultSourceChoice::Auto, true) => FaultSource::Tracepoint,
+        (FaultSourceChoice::Tracepoint, false) => return Err(BpfError::NoFaultTracepoint),
+    })
+}
+
+/// Attaches sched_switch, and with `runq_wait` sched_wakeup and
+/// sched_wakeup_new: as tp_btf programs with `try_btf` where the kernel
+/// takes them, else as classic tracepoints in `layout` (with `pin_to`
+/// pinned there instead).
+fn attach_sched(
+    ebpf: &mut Ebpf,
+    runq_wait: bool,
+    layout: TracepointLayout,
+    try_btf: bool,
+    pin_to: Option<&Path>,
+) -> Result<SchedPrograms, BpfError> {
+    let mut events = vec!["sched_switch"];
+    if runq_wait {
+        events.extend(["sched_wakeup", "sched_wakeup_new"]);
+    }
+    let vmlinux_btf = if try_btf {
+        match Btf::from_sys_fs() {
+            Ok(btf) => Some(btf),
+            Err(e) => {
+                log_missing(Feature::KernelBtf, format!("parsing {VMLINUX_BTF}: {e}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut sched_programs = SchedPrograms::Classic;
+    if let Some(btf) = &vmlinux_btf {
+        // A kernel or policy that refuses them (verifier, LSM) costs
+        // the cheaper attach, not the accounting.
+        match attach_btf_sched(ebpf, &events, btf) {
+            Ok(()) => sched_programs = SchedPrograms::Btf,
+            // Surprising where the probes said yes, hence a warning.
+            Err(e) => log::warn!(
+                "{}",
+                Feature::KernelBtf.missing_message(format!("loading the tp_btf programs: {e}"))
+            ),
+        }
+    }
+    drop(vmlinux_btf);
+    crate::system::release_free_heap();
+    if sched_programs == SchedPrograms::Classic {
+        for event in &events {
+            let name = sched_program(SchedPrograms::Classic, layout, event);
+            attach_tracepoint(ebpf, name, "sched", event, pin_to)?;
+        }
+    }
+    Ok(sched_programs)
+}
+
+/// Attaches (or with `pin_to` pins) the programs of `fault_source`, and
+/// returns the fault source now counting: none where the perf events
+/// cannot be opened and the source was `auto` (`Feature::PerfFaultEvents`).
+fn attach_fault_source(
+    ebpf: &mut Ebpf,
+    fault_source: FaultSource,
+    choice: FaultSourceChoice,
+    pin_to: Option<&Path>,
+) -> Result<FaultSource, BpfError> {
+    match fault_source {
+        FaultSource::Tracepoint => attach_tracepoint(
+            ebpf,
+            names::PROG_PAGE_FAULT_USER,
+            "exceptions",
+            "page_fault_user",
+            pin_to,
+        )?,
+        FaultSource::PerfEvent => {
+            let cpus = crate::system::online_cpus(Path::new("/sys"))?;
+            let perf_progs = [
+                (names::PROG_PERF_MINFLT, SoftwareEvent::PageFaultsMin),
+                (names::PROG_PERF_MAJFLT, SoftwareEvent::PageFaultsMaj),
+            ];
+            let attached = perf_progs
+                .iter()
+                .try_for_each(|&(name, event)| attach_perf_sw(ebpf, name, event, &cpus, pin_to));
+            match attached {
+                Ok(()) => {}
+                // perf_event_open or PERF_EVENT_IOC_SET_BPF refused (no
+                // software events, a perf_event_paranoid or LSM policy):
+                // no fault accounting rather than no accounting at all.
+                Err(e @ BpfError::Attach { .. }) if choice == FaultSourceChoice::Auto => {
+                    for (name, _) in perf_progs {
+                        if let Ok(p) = program::<PerfEvent>(ebpf, name) {
+                            // Unloading detaches the CPUs attached so far.
+                            let _ = p.unload();
+                        }
+                    }
+                    log_missing(Feature::PerfFaultEvents, e);
+                    return Ok(FaultSource::None);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        FaultSource::None => {}
+    }
+    Ok(fault_source)
+}
+
+/// Names the missing capability up front instead of surfacing a bare EPERM
+/// from bpf(2) or perf_event_open(2). CAP_SYS_ADMIN implies both on kernels
+/// before 5.8, and still does for BPF.
+fn check_capabilities() -> Result<(), BpfError> {
+    use caps::{CapSet, Capability};
+    let have = caps::read(None, CapSet::Effective).unwrap_or_default();
+    let admin = have.contains(&Capability::CAP_SYS_ADMIN);
+    let mut missing = Vec::new();
+    if !admin && !have.contains(&Capability::CAP_BPF) {
+        missing.push("CAP_BPF");
+    }
+    if !admin && !have.contains(&Capability::CAP_PERFMON) {
+        missing.push("CAP_PERFMON");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(BpfError::MissingCapabilities {
+        missing: missing.join(" and "),
+        have: crate::privileges::describe(&have),
+    })
+}
+
+/// Loads (verifies) every tp_btf scheduler program, then attaches them;
+/// all or none: on an error the ones loaded are unloaded again, which
+/// detaches them.
+fn attach_btf_sched(ebpf: &mut Ebpf, events: &[&str], btf: &Btf) -> Result<(), BpfError> {
+    let result = (|| {
+        for event in events {
+            let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
+            program::<BtfTracePoint>(ebpf, name)?
+                .load(event, btf)
+                .map_err(program_err(name))?;
+        }
+        for event in events {
+            let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
+            program::<BtfTracePoint>(ebpf, name)?
+                .attach()
+                .map_err(attach_err(name, format!("tp_btf/{event}")))?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        for event in events {
+            let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
+            if let Ok(p) = program::<BtfTracePoint>(ebpf, name) {
+                let _ = p.unload();
+            }
+        }
+    }
+    result
+}

@@ -1,0 +1,150 @@
+//! The programs handle: `Accounting` owns the loaded object (aya's `Ebpf`)
+//! or the programs and maps opened from pins, and the links that keep the
+//! programs attached. `load` loads with aya and attaches (or pins, with
+//! `PinMode::PinTo`), `pins` attaches what bpfloader pinned, `attach`
+//! holds what both attach with, `settings` what the load sets in the
+//! object, and `capture_tier` the capture tier's kernel end (sched_waking
+//! and the transport's buffers). The maps are read by `bpf::counters` and
+//! `capture::transport` through `map`.
+
+mod attach;
+mod capture_tier;
+mod load;
+mod pins;
+mod settings;
+
+use std::collections::HashMap;
+
+use aya::{
+    programs::{trace_point::TracePointLinkId, ProgramError},
+    Ebpf,
+};
+
+pub(crate) use self::capture_tier::{IdleTransport, TransportSlot};
+use self::pins::PinnedProgram;
+pub use self::settings::WAKE_ARRAY_MAX_PIDS;
+use super::{
+    object::{CaptureTransport, MapRead, SchedPrograms, TracepointLayout},
+    program_err, BpfError, CaptureSizing, FaultSource, Features, MapLimits,
+};
+
+/// The loaded and attached accounting programs.
+pub struct Accounting {
+    /// The aya object (None when attached from pins).
+    ebpf: Option<Ebpf>,
+    /// Maps opened from pins; looked up before `ebpf`'s.
+    pinned_maps: HashMap<&'static str, aya::maps::Map>,
+    /// Programs opened from pins; dropping one detaches its links.
+    #[allow(dead_code)]
+    pinned_programs: Vec<PinnedProgram>,
+    fault_source: FaultSource,
+    features: Features,
+    limits: MapLimits,
+    layout: TracepointLayout,
+    /// The capture-only sched_waking program's layout, judged apart.
+    waking_layout: TracepointLayout,
+    sched_programs: SchedPrograms,
+    runq_wait: bool,
+    capture_sizing: Option<CaptureSizing>,
+    /// Where capture records go (meaningful only with `capture_sizing`).
+    transport: CaptureTransport,
+    /// The transport's kernel end between captures.
+    slot: TransportSlot,
+    /// The pinned sched_waking program (attached from pins; None: `ebpf`'s).
+    pinned_waking: Option<aya::programs::TracePoint>,
+    /// sched_waking link while a capture with FLAG_SCHED runs.
+    waking_link: Option<TracePointLinkId>,
+    /// How the hashes are read; `Batch` falls back to `Iterate` for
+    /// good on a kernel without batch lookups.
+    map_read: MapRead,
+}
+
+impl Accounting {
+    /// Where capture records go (set at load).
+    pub fn capture_transport(&self) -> CaptureTransport {
+        self.transport
+    }
+
+    /// Is `runq_wait_ns` measured? When not, it is not zero but unknown.
+    pub fn runq_wait(&self) -> bool {
+        self.runq_wait
+    }
+
+    /// The classic always-on programs' layout (the scheduler programs
+    /// when `sched_programs` is `Classic`).
+    pub fn layout(&self) -> TracepointLayout {
+        self.layout
+    }
+
+    /// The layout of sched_waking, attached during captures.
+    pub fn waking_layout(&self) -> TracepointLayout {
+        self.waking_layout
+    }
+
+    pub fn sched_programs(&self) -> SchedPrograms {
+        self.sched_programs
+    }
+
+    pub fn fault_source(&self) -> FaultSource {
+        self.fault_source
+    }
+
+    pub fn features(&self) -> &Features {
+        &self.features
+    }
+
+    pub fn limits(&self) -> MapLimits {
+        self.limits
+    }
+
+    pub(crate) fn map(&self, name: &'static str) -> Result<&aya::maps::Map, BpfError> {
+        self.pinned_maps
+            .get(name)
+            .or_else(|| self.ebpf.as_ref().and_then(|e| e.map(name)))
+            .ok_or(BpfError::Missing(name))
+    }
+
+    pub(crate) fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map, BpfError> {
+        if self.pinned_maps.contains_key(name) {
+            return self
+                .pinned_maps
+                .get_mut(name)
+                .ok_or(BpfError::Missing(name));
+        }
+        self.ebpf
+            .as_mut()
+            .and_then(|e| e.map_mut(name))
+            .ok_or(BpfError::Missing(name))
+    }
+
+    /// How the hashes are read now.
+    pub fn map_read(&self) -> MapRead {
+        self.map_read
+    }
+
+    /// Forces a way of reading the hashes; for tests comparing them.
+    #[doc(hidden)]
+    pub fn set_map_read(&mut self, how: MapRead) {
+        self.map_read = how;
+    }
+
+    /// Where the programs came from: "pins" or "aya".
+    pub fn source(&self) -> &'static str {
+        if self.ebpf.is_none() {
+            "pins"
+        } else {
+            "aya"
+        }
+    }
+}
+
+/// Program `name` of the object, as its program type.
+pub(super) fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, BpfError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or(BpfError::Missing(name))?
+        .try_into()
+        .map_err(program_err(name))
+}

@@ -1,0 +1,188 @@
+//! The capture transport as the capture tier drives it: its user-space end
+//! (`CaptureOutput`: the ring buffer mapped for a capture, or one perf
+//! buffer per CPU), lent out of the loaded programs' handle for a capture
+//! and handed back; the CAPTURE control flag and the sched_waking link
+//! that start, pause and stop one; its loss counters and the user stacks
+//! it recorded. The readers of each end (`ringbuf`, `perf_array`) drain
+//! records for the drain thread.
+//!
+//! The kernel end is the programs handle's (`bpf::Accounting`): which
+//! transport the load chose, the map it took out of the object and the
+//! perf buffers it opened then (opening one needs CAP_PERFMON, which the
+//! daemon drops after loading).
+
+pub mod perf_array;
+pub mod ringbuf;
+
+use std::os::fd::AsFd;
+
+use aya::maps::{
+    perf::PerfEventArrayBuffer, Array, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap,
+};
+use vitals_common::{capture, names, CaptureControl};
+
+use crate::bpf::{map_err, Accounting, BpfError, IdleTransport};
+
+/// The user-space end of the capture transport: lent to a capture by
+/// `start`, handed back by `stop`.
+pub enum CaptureOutput {
+    Ring(RingBuf<MapData>),
+    /// (cpu, that CPU's perf buffer), for every online CPU.
+    Perf(Vec<(u32, PerfEventArrayBuffer<MapData>)>),
+}
+
+/// The output a capture drains; `Perf` is left empty until handed back.
+fn lend(idle: &mut IdleTransport) -> Result<CaptureOutput, BpfError> {
+    match idle {
+        IdleTransport::Ring(data) => {
+            let fd = data
+                .fd()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| BpfError::Map {
+                    name: names::CAPTURE_EVENTS,
+                    source: MapError::SyscallError(aya::sys::SyscallError {
+                        call: "dup",
+                        io_error: e,
+                    }),
+                })?;
+            let dup = MapData::from_fd(fd).map_err(map_err(names::CAPTURE_EVENTS))?;
+            let ring = RingBuf::try_from(aya::maps::Map::RingBuf(dup))
+                .map_err(map_err(names::CAPTURE_EVENTS))?;
+            Ok(CaptureOutput::Ring(ring))
+        }
+        IdleTransport::Perf(bufs) => Ok(CaptureOutput::Perf(std::mem::take(bufs))),
+    }
+}
+
+/// Takes `out` back: a ring buffer's mapping is dropped (unmapped), perf
+/// buffers are kept for the next capture.
+fn give_back(idle: &mut IdleTransport, out: CaptureOutput) {
+    match (idle, out) {
+        (IdleTransport::Perf(bufs), CaptureOutput::Perf(lent)) => *bufs = lent,
+        (_, CaptureOutput::Ring(mapping)) => drop(mapping),
+        (IdleTransport::Ring(_), CaptureOutput::Perf(_)) => {
+            log::warn!("capture handed back perf buffers to a ring-buffer transport")
+        }
+    }
+}
+
+/// Starts emitting capture records: attaches sched_waking (with
+/// `capture::FLAG_SCHED`) and sets the CAPTURE flag. Returns the output,
+/// which the caller drains and hands back to `stop`. Attaching needs
+/// CAP_PERFMON: start captures before dropping it.
+pub fn start(
+    acc: &mut Accounting,
+    flags: u32,
+    fault_period: u32,
+) -> Result<CaptureOutput, BpfError> {
+    if acc.capture_sizing().is_none() {
+        return Err(BpfError::CaptureNotConfigured);
+    }
+    if acc.transport_slot().lent {
+        return Err(BpfError::CaptureRunning);
+    }
+    // Stacks of an earlier capture are stale; ids are reused by hash.
+    // Cleared before the output is taken: an error here must not lose it
+    // (the daemon's accounting serves every later capture).
+    if let Ok(mut stacks) = StackTraceMap::try_from(acc.map_mut(names::CAPTURE_STACKS)?) {
+        let ids: Vec<u32> = stacks.stack_ids().filter_map(Result::ok).collect();
+        for id in ids {
+            let _ = stacks.remove(&id);
+        }
+    }
+    let slot = acc.transport_slot();
+    let ring = lend(slot.idle.as_mut().ok_or(BpfError::CaptureNotConfigured)?)?;
+    slot.lent = true;
+    if flags & capture::FLAG_SCHED != 0 {
+        if let Err(e) = acc.attach_waking() {
+            // The transport stays here for the next capture.
+            take_back(acc, ring);
+            return Err(e);
+        }
+    }
+    set_flag(
+        acc,
+        CaptureControl {
+            flags,
+            fault_period: fault_period.max(1),
+        },
+    )?;
+    Ok(ring)
+}
+
+/// Clears the CAPTURE flag and detaches sched_waking. Records already in
+/// `ring` stay readable; drain it before or after handing it back.
+/// `None`: the output was lost (its drain thread panicked). A ring buffer
+/// is mapped anew by the next capture; lost perf buffers end captures
+/// until the daemon restarts, which the log says.
+pub fn stop(acc: &mut Accounting, ring: Option<CaptureOutput>) -> Result<(), BpfError> {
+    let res = pause(acc);
+    match ring {
+        Some(out) => take_back(acc, out),
+        None => {
+            let slot = acc.transport_slot();
+            if matches!(slot.idle, Some(IdleTransport::Perf(_))) {
+                log::error!("capture: the perf buffers were lost with their drain thread; no more captures until restart");
+                slot.idle = None;
+            }
+            slot.lent = false;
+        }
+    }
+    res
+}
+
+/// `out` back into the handle, which no capture holds any more.
+fn take_back(acc: &mut Accounting, out: CaptureOutput) {
+    let slot = acc.transport_slot();
+    if let Some(idle) = slot.idle.as_mut() {
+        give_back(idle, out);
+    }
+    slot.lent = false;
+}
+
+/// Clears the CAPTURE flag and detaches sched_waking; idempotent.
+pub fn pause(acc: &mut Accounting) -> Result<(), BpfError> {
+    let res = set_flag(acc, CaptureControl::default());
+    acc.detach_waking();
+    res
+}
+
+/// The CAPTURE control flag the programs read before emitting anything.
+fn set_flag(acc: &mut Accounting, c: CaptureControl) -> Result<(), BpfError> {
+    let mut arr: Array<&mut MapData, CaptureControl> =
+        Array::try_from(acc.map_mut(names::CAPTURE)?).map_err(map_err(names::CAPTURE))?;
+    arr.set(0, c, 0).map_err(map_err(names::CAPTURE))
+}
+
+/// Per-CPU cumulative capture loss counters, `[cpu][capture::lost::*]`.
+pub fn lost(acc: &Accounting) -> Result<Vec<[u64; capture::lost::COUNT as usize]>, BpfError> {
+    let arr: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(acc.map(names::CAPTURE_LOST)?)
+        .map_err(map_err(names::CAPTURE_LOST))?;
+    let mut out = Vec::new();
+    for reason in 0..capture::lost::COUNT {
+        let per_cpu = arr.get(&reason, 0).map_err(map_err(names::CAPTURE_LOST))?;
+        if out.len() < per_cpu.len() {
+            out.resize(per_cpu.len(), [0; capture::lost::COUNT as usize]);
+        }
+        for (cpu, v) in per_cpu.iter().enumerate() {
+            out[cpu][reason as usize] = *v;
+        }
+    }
+    Ok(out)
+}
+
+/// The user stack (instruction pointers, innermost first) under
+/// `stack_id`, or None if the map has no such entry.
+pub fn stack(acc: &Accounting, stack_id: u32) -> Result<Option<Vec<u64>>, BpfError> {
+    let map: StackTraceMap<&MapData> = StackTraceMap::try_from(acc.map(names::CAPTURE_STACKS)?)
+        .map_err(map_err(names::CAPTURE_STACKS))?;
+    match map.get(&stack_id, 0) {
+        Ok(st) => Ok(Some(st.frames().iter().map(|f| f.ip).collect())),
+        Err(MapError::KeyNotFound) => Ok(None),
+        Err(source) => Err(BpfError::Map {
+            name: names::CAPTURE_STACKS,
+            source,
+        }),
+    }
+}
