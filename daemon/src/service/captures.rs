@@ -13,12 +13,12 @@ use std::{
 
 use thiserror::Error;
 
-use super::{push_trigger, Service};
+use super::{push_trigger, state::Shared, Service};
 use crate::{
     bpf::{denied::ProcOnly, AccountingConfig, AccountingReader},
     capture::CaptureOptions,
     config::{CaptureSpec, Config},
-    control::server::{CaptureProgress, Shared},
+    control::protocol::CaptureProgress,
     export,
     heapprofd::RunnerConfig,
     history::{self, History},
@@ -156,13 +156,13 @@ pub(super) fn start_capture(
     let started_unix_ms = store::now_unix_ms();
     {
         let mut st = shared.state.lock().unwrap();
-        st.capture_backend = backend.name();
+        st.capture_backend = backend.name().into();
         st.capture = Some(CaptureProgress {
             id: pending.id.clone(),
             rule: trigger.rule.clone(),
             started_unix_ms,
             duration_ms: spec.duration.0.as_millis() as u64,
-            backend: backend.name(),
+            backend: backend.name().into(),
         });
     }
     let run: Box<dyn FnOnce() -> Result<Captured, CaptureFailed> + Send> = match engine {
@@ -259,7 +259,7 @@ pub(super) fn adopt_session(
         rule: trigger.rule.clone(),
         started_unix_ms,
         duration_ms: spec.duration.0.as_millis() as u64,
-        backend: Backend::Perfetto.name(),
+        backend: Backend::Perfetto.name().into(),
     });
     RunningCapture {
         pending,

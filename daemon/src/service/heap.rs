@@ -9,10 +9,10 @@ use std::{
     time::Duration,
 };
 
-use super::{push_trigger, Service};
+use super::{push_trigger, state::Shared, Service};
 use crate::{
     config::Config,
-    control::server::{CaptureProgress, Shared},
+    control::protocol::CaptureProgress,
     heapprofd::{
         HeapProfileRequest, RateLimiter, RateLimits, RequestLimits, RunError, RunnerConfig,
         SessionReport, SessionRunner,
@@ -130,7 +130,7 @@ pub(super) fn start_heap(
         rule: trigger.rule.clone(),
         started_unix_ms,
         duration_ms: u64::from(request.duration_ms),
-        backend: "",
+        backend: String::new(),
     });
     log::info!(
         "heapprofd session {} started for {:?} {:?}",

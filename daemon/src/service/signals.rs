@@ -90,7 +90,8 @@ impl Service {
             .capture
             .backend
             .resolve(self.accounting.is_some())
-            .name();
+            .name()
+            .into();
         st.interval_ms = new.sampling.interval.0.as_millis() as u64;
         st.last_reload_error = None;
         drop(st);

@@ -46,7 +46,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 pub use clock::{ClockReading, StoreClock, SystemClock, PLAUSIBLE_UNIX_MS};
@@ -95,7 +95,7 @@ pub struct Limits {
 }
 
 /// Counted store events, exported in status and dump.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoreCounters {
     pub committed: u64,
     pub evicted_over_quota: u64,
