@@ -24,7 +24,7 @@ use crate::{
     history::{self, History},
     perfetto_capture::{self, Backend, CaptureRequest, HeapInSession, PerfettoCaptureError},
     record::{record_on, RecordError, RecordOptions},
-    store::{self, BackendInfo, CaptureMeta, Pending, Store, TriggerInfo},
+    store::{self, BackendInfo, CaptureMeta, CaptureStatus, Pending, Store, TriggerInfo},
 };
 
 /// What a capture runs on: the daemon's eBPF programs (or, /proc-only with
@@ -299,7 +299,7 @@ pub(super) fn finish_capture(
     c: RunningCapture,
     store: &Arc<Mutex<Store>>,
     shared: &Shared,
-    how: &str,
+    how: CaptureStatus,
 ) {
     let result = c.thread.join();
     if let Some(out) = c.session_out.as_ref().filter(|o| o.exists()) {
@@ -312,7 +312,7 @@ pub(super) fn finish_capture(
     let mut pending = c.pending;
     let _ = pending.seal();
     let mut store = store.lock().unwrap();
-    let meta = |duration_ms: u64, status: String, notes: Vec<String>| CaptureMeta {
+    let meta = |duration_ms: u64, status: CaptureStatus, notes: Vec<String>| CaptureMeta {
         id: String::new(),
         created_unix_ms: c.started_unix_ms,
         trigger: c.trigger.clone(),
@@ -329,10 +329,8 @@ pub(super) fn finish_capture(
     let outcome = match result {
         Ok(Ok(done)) => {
             let status = match done.cut_at_bytes {
-                Some(bytes) => {
-                    format!("cut: reached store.max_capture_bytes ({bytes} bytes)")
-                }
-                None => how.into(),
+                Some(at_bytes) => CaptureStatus::CutAtLimit { at_bytes },
+                None => how,
             };
             let mut m = meta(done.wall_ms, status, done.notes);
             m.heapprofd = done.heapprofd;
@@ -357,7 +355,13 @@ pub(super) fn finish_capture(
                 let elapsed = store::now_unix_ms().saturating_sub(c.started_unix_ms);
                 match store.commit(
                     pending,
-                    meta(elapsed, format!("cut short: {e}"), Vec::new()),
+                    meta(
+                        elapsed,
+                        CaptureStatus::CutShort {
+                            error: e.to_string(),
+                        },
+                        Vec::new(),
+                    ),
                 ) {
                     Ok(m) => format!("captured {} (cut short: {e})", m.id),
                     Err(e2) => format!("failed ({backend} backend): {e}; {e2}"),
@@ -387,7 +391,7 @@ impl Service {
             .is_some_and(|c| c.thread.is_finished())
         {
             let c = self.capture.take().unwrap();
-            finish_capture(c, &self.store, &self.shared, "complete");
+            finish_capture(c, &self.store, &self.shared, CaptureStatus::Complete);
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::{
         SessionReport, SessionRunner,
     },
     perfetto_capture::HeapInSession,
-    store::{self, CaptureMeta, Pending, Store, TriggerInfo},
+    store::{self, CaptureMeta, CaptureStatus, Pending, Store, TriggerInfo},
     triggers::Fired,
 };
 
@@ -172,12 +172,11 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
         Ok(Ok(report)) => {
             let ok = report.success();
             let status = if ok {
-                "complete".to_string()
+                CaptureStatus::Complete
             } else {
-                format!(
-                    "heapprofd: {}",
-                    serde_json::to_string(&report.status).unwrap_or_default()
-                )
+                CaptureStatus::HeapprofdIncomplete {
+                    session: serde_json::to_string(&report.status).unwrap_or_default(),
+                }
             };
             let meta = CaptureMeta {
                 id: String::new(),
