@@ -401,8 +401,8 @@ fn wait_stored(
                 .iter()
                 .rev()
                 .find(|t| t.rule == rule)
-                .map(|t| t.outcome.as_str())
-                .unwrap_or("unknown");
+                .map(|t| t.outcome.to_string())
+                .unwrap_or_else(|| "unknown".into());
             bail!("{id} was not stored: {why}");
         }
         if std::time::Instant::now() > deadline {

@@ -166,7 +166,7 @@ fn render_dump(st: &DaemonStatus, store: &Store) -> String {
             // A process names itself: its control characters would reach
             // the bugreport's reader raw, or forge a line of this section.
             printable(t.offender.as_deref().unwrap_or("-")),
-            printable(&t.outcome)
+            printable(&t.outcome.to_string())
         );
     }
     let _ = writeln!(

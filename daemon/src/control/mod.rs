@@ -10,6 +10,7 @@
 
 mod handle;
 mod listen;
+mod outcome;
 pub mod protocol;
 pub mod render;
 pub mod server;

@@ -13,6 +13,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+pub use super::outcome::TriggerOutcome;
 use crate::store::StoreCounters;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -156,8 +157,8 @@ pub struct TriggerRecord {
     pub value: Option<f64>,
     pub threshold: Option<f64>,
     pub offender: Option<String>,
-    /// "captured <id>", "failed: …", or a skip reason.
-    pub outcome: String,
+    /// "captured <id>", "failed: …", …: the text it has always been.
+    pub outcome: TriggerOutcome,
 }
 
 /// What the daemon's main loop publishes: most of `status`.

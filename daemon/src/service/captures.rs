@@ -18,7 +18,7 @@ use crate::{
     bpf::{denied::ProcOnly, AccountingConfig, AccountingReader},
     capture::CaptureOptions,
     config::{CaptureSpec, Config},
-    control::protocol::CaptureProgress,
+    control::protocol::{CaptureProgress, TriggerOutcome},
     export,
     heapprofd::RunnerConfig,
     history::{self, History},
@@ -337,11 +337,17 @@ pub(super) fn finish_capture(
             match store.commit(pending, m) {
                 Ok(m) => {
                     log::info!("capture {} stored ({} bytes)", m.id, m.trace_bytes);
-                    format!("captured {}", m.id)
+                    TriggerOutcome::Captured {
+                        id: m.id,
+                        cut_short: None,
+                    }
                 }
                 Err(e) => {
                     log::error!("capture could not be stored: {e}");
-                    format!("failed: {e}")
+                    TriggerOutcome::Failed {
+                        backend: None,
+                        error: e.to_string(),
+                    }
                 }
             }
         }
@@ -363,17 +369,29 @@ pub(super) fn finish_capture(
                         Vec::new(),
                     ),
                 ) {
-                    Ok(m) => format!("captured {} (cut short: {e})", m.id),
-                    Err(e2) => format!("failed ({backend} backend): {e}; {e2}"),
+                    Ok(m) => TriggerOutcome::Captured {
+                        id: m.id,
+                        cut_short: Some(e.to_string()),
+                    },
+                    Err(e2) => TriggerOutcome::Failed {
+                        backend: Some(backend.into()),
+                        error: format!("{e}; {e2}"),
+                    },
                 }
             } else {
                 store.abort(pending);
-                format!("failed ({backend} backend): {e}")
+                TriggerOutcome::Failed {
+                    backend: Some(backend.into()),
+                    error: e.to_string(),
+                }
             }
         }
         Err(_) => {
             store.abort(pending);
-            "failed: capture thread panicked".into()
+            TriggerOutcome::Failed {
+                backend: None,
+                error: "capture thread panicked".into(),
+            }
         }
     };
     drop(store);

@@ -12,7 +12,7 @@ use std::{
 use super::{push_trigger, state::Shared, Service};
 use crate::{
     config::Config,
-    control::protocol::CaptureProgress,
+    control::protocol::{CaptureProgress, TriggerOutcome},
     heapprofd::{
         HeapProfileRequest, RateLimiter, RateLimits, RequestLimits, RunError, RunnerConfig,
         SessionReport, SessionRunner,
@@ -190,12 +190,11 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
             };
             if pending.tmp_path.exists() {
                 match store.commit(pending, meta) {
-                    Ok(m) => format!(
-                        "heap profile {} ({})",
-                        m.id,
-                        if ok { "usable" } else { "see outcome" }
-                    ),
-                    Err(e) => format!("heap profile not stored: {e}"),
+                    Ok(m) => TriggerOutcome::HeapProfile {
+                        id: m.id,
+                        usable: ok,
+                    },
+                    Err(e) => TriggerOutcome::HeapNotStored { why: e.to_string() },
                 }
             } else {
                 store.abort(pending);
@@ -206,16 +205,20 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
                         .clone()
                         .unwrap_or_else(|| "client wrote nothing".into())
                 });
-                format!("heap profile not stored: {why}")
+                TriggerOutcome::HeapNotStored { why }
             }
         }
         Ok(Err(e)) => {
             store.abort(pending);
-            format!("heap profile refused: {e}")
+            TriggerOutcome::HeapRefused {
+                error: e.to_string(),
+            }
         }
         Err(_) => {
             store.abort(pending);
-            "heap profile failed: thread panicked".into()
+            TriggerOutcome::HeapFailed {
+                why: "thread panicked".into(),
+            }
         }
     };
     log::info!("{outcome}");
@@ -259,7 +262,7 @@ fn heap_not_started(shared: &Shared, fired: &Fired, trigger: &TriggerInfo, e: &s
         &mut st,
         trigger,
         store::now_unix_ms(),
-        format!("heap profile not started: {e}"),
+        TriggerOutcome::HeapNotStarted { error: e.into() },
     );
 }
 

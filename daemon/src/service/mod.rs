@@ -50,7 +50,7 @@ use crate::{
     },
     config::Config,
     control::{
-        protocol::{DaemonStatus, TriggerRecord},
+        protocol::{DaemonStatus, TriggerOutcome, TriggerRecord},
         server::{self, Command, ServerError},
     },
     heapprofd::SessionRunner,
@@ -186,7 +186,7 @@ fn limits(cfg: &Config) -> Limits {
     }
 }
 
-fn push_trigger(st: &mut DaemonState, t: &TriggerInfo, unix_ms: u64, outcome: String) {
+fn push_trigger(st: &mut DaemonState, t: &TriggerInfo, unix_ms: u64, outcome: TriggerOutcome) {
     st.recent_triggers.push_back(TriggerRecord {
         unix_ms,
         rule: t.rule.clone(),
