@@ -42,11 +42,6 @@ use super::{
     Store, StoreError, FILE_MODE,
 };
 
-/// Status of a capture salvaged from a daemon crash.
-
-/// Status of a capture whose metadata was unreadable at start, rebuilt
-/// from its trace.
-
 /// The largest `<id>.json` read: a capture's metadata is a few KiB (the
 /// heapprofd outcome the largest part); a larger file is treated as torn.
 pub const MAX_META_BYTES: u64 = 1 << 20;
