@@ -119,7 +119,7 @@ fn store_summary(store: &Store) -> StoreSummary {
 }
 
 /// The bugreport section (`vitalsctl dump`): plain text, stable headings.
-pub fn dump_text(shared: &Shared) -> String {
+pub(super) fn dump_text(shared: &Shared) -> String {
     let st = shared.state.status();
     let store = shared.store.lock().unwrap();
     render_dump(&st, &store)
