@@ -84,7 +84,7 @@ impl Daemon {
         let d = Self { child, dir };
         let deadline = Instant::now() + Duration::from_secs(30);
         while Client::connect(&d.socket())
-            .and_then(|mut c| c.call(&Request::Status {}))
+            .and_then(|mut c| c.status())
             .is_err()
         {
             assert!(Instant::now() < deadline, "daemon not up: {}", d.log());

@@ -22,7 +22,11 @@ use vitals_tests::{
     trace_processor::{trace_processor, Row, TraceProcessor, IMPORT_ERRORS_SQL},
     *,
 };
-use vitalsd::{control::Request, perfetto_capture::config::UNIQUE_SESSION_NAME};
+use vitalsd::{
+    control::Request,
+    perfetto_capture::config::UNIQUE_SESSION_NAME,
+    store::{CaptureMeta, CaptureStatus},
+};
 
 // The checks trace_processor.rs runs on eBPF captures, shared as files.
 #[allow(dead_code)]
@@ -406,10 +410,9 @@ fn a_capture_reaching_the_byte_cap_is_kept_cut_and_within_it() {
         bytes > 0 && bytes <= CAP,
         "{bytes} bytes, cap {CAP}: {meta}"
     );
+    let stored: CaptureMeta = serde_json::from_value(meta.clone()).unwrap();
     assert!(
-        meta["status"]
-            .as_str()
-            .is_some_and(|s| s.starts_with("cut: reached store.max_capture_bytes")),
+        matches!(stored.status, CaptureStatus::CutAtLimit { .. }),
         "{meta}"
     );
     let dir = tempfile::tempdir().unwrap();

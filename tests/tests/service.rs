@@ -14,7 +14,10 @@ use std::{
 
 use serde_json::Value;
 use vitals_tests::{daemon::*, *};
-use vitalsd::control::{read_frame, write_frame, Client, Request};
+use vitalsd::control::{
+    protocol::{TriggerOutcome, TriggerRecord},
+    read_frame, write_frame, Client, Request,
+};
 
 // A test target's root looks for modules beside it, hence the paths.
 #[path = "service/control.rs"]
@@ -144,6 +147,8 @@ fn kill_9_during_a_capture_salvages_its_whole_packets() {
     let m = &list[0];
     assert_eq!(m["id"], id.as_str(), "{m}");
     assert_eq!(m["status"], "cut: daemon crashed", "{m}");
+    let stored: vitalsd::store::CaptureMeta = serde_json::from_value(m.clone()).unwrap();
+    assert_eq!(stored.status, vitalsd::store::CaptureStatus::Crashed);
     assert_eq!(m["trigger"]["rule"], "manual", "{m}");
     let path = d.store().join(format!("{id}.pftrace"));
     assert_eq!(
@@ -267,16 +272,21 @@ fn a_full_disk_costs_at_most_that_capture_and_the_daemon_keeps_going() {
                 .is_some_and(|t| t.iter().any(|t| t["rule"] == "manual"))
     });
     drop(storm);
-    let outcome = st["recent_triggers"][0]["outcome"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let record: TriggerRecord = serde_json::from_value(st["recent_triggers"][0].clone()).unwrap();
+    let outcome = record.outcome;
     eprintln!("full-disk capture outcome: {outcome}");
-    assert!(
-        outcome.contains("cut short") || outcome.starts_with("failed"),
-        "the full disk must show in the outcome: {outcome}"
-    );
-    if outcome.contains("cut short") {
+    let cut_short = match &outcome {
+        TriggerOutcome::Captured {
+            id: stored,
+            cut_short: Some(_),
+        } => {
+            assert_eq!(stored, &id);
+            true
+        }
+        TriggerOutcome::Failed { .. } => false,
+        _ => panic!("the full disk must show in the outcome: {outcome:?}"),
+    };
+    if cut_short {
         // Kept and listed (even if the disk then refused `index.json`):
         // what reached the disk, cut at a whole packet, decodes.
         assert!(

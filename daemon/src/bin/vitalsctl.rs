@@ -14,8 +14,12 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use serde_json::Value;
-use vitalsd::control::{printable, Client, Request};
+use serde::Serialize;
+use vitalsd::{
+    control::{printable, protocol::Status, render, Client},
+    heapprofd::TraceOutcome,
+    store::CaptureMeta,
+};
 
 /// A write to stdout failed: told apart from the socket's errors, so that
 /// only a closed stdout (EPIPE) ends us quietly.
@@ -35,11 +39,6 @@ macro_rules! out {
     ($($arg:tt)*) => {
         write!(std::io::stdout().lock(), $($arg)*).map_err(StdoutError)
     };
-}
-
-/// A string field of the daemon's answer, safe to print.
-fn text<'a>(v: &'a Value, default: &'a str) -> std::borrow::Cow<'a, str> {
-    printable(v.as_str().unwrap_or(default))
 }
 
 #[derive(Parser)]
@@ -168,56 +167,22 @@ fn run() -> Result<()> {
 
 /// `vitalsctl status`: sampling, drops, triggers, store, running capture.
 fn status(c: &mut Client, json: bool) -> Result<()> {
-    show(json, c.call(&Request::Status {})?, |v| {
-        let st = &v["store"];
-        format!(
-            "vitalsd {}: {} samples every {} ms, faults from {}\naccounting: {}, captures on {}\ntier: {} ({}){}\ncapabilities: {}\ncpu busy {}  loadavg {}\ntriggers fired {}, skipped {}\nbpf drops {}\nprocfs drops {}\nperfetto producer {}{}\nstore {}: {} captures, {} bytes; newest {}\n{}",
-            text(&v["version"], "?"),
-            v["samples"],
-            v["interval_ms"],
-            text(&v["fault_source"], "?"),
-            text(&v["accounting"], "?"),
-            text(&v["capture_backend"], "?"),
-            text(&v["tier"], "?"),
-            text(&v["tier_gives"], "?"),
-            match v["sched_procfs"].as_object() {
-                Some(m) if !m.is_empty() => format!("\nschedstat source {}", v["sched_procfs"]),
-                _ => String::new(),
-            },
-            text(&v["capabilities"], "?"),
-            v["local_busy_pct"].as_f64().map(|p| format!("{p:.1}%")).unwrap_or("-".into()),
-            loadavg(&v["loadavg"]),
-            v["triggers_fired"],
-            printable(&v["triggers_skipped"].to_string()),
-            v["bpf_drops"],
-            v["procfs_drops"],
-            v["producer"],
-            v["producer_error"].as_str().map(|e| format!(" (last error: {})", printable(e))).unwrap_or_default(),
-            text(&st["dir"], "?"),
-            st["captures"],
-            st["bytes"],
-            text(&st["newest"], "-"),
-            match &v["capture"] {
-                Value::Null => "no capture running".to_string(),
-                cap => format!("capture running: {} ({})", text(&cap["id"], "?"), text(&cap["rule"], "?")),
-            }
-        )
-    })
+    show(json, &c.status()?, render::status)
 }
 
 /// `vitalsctl top`: the busiest processes every `interval`, redrawn in
 /// place, or once.
 fn top(c: &mut Client, json: bool, n: usize, once: bool, interval: Duration) -> Result<()> {
     loop {
-        let v = c.call(&Request::Top { n })?;
+        let v = c.top(n)?;
         if json {
-            outln!("{v}")?;
+            outln!("{}", as_json(&v))?;
         } else {
             // Clear the screen and home the cursor: refresh in place.
             if !once {
                 out!("\x1b[2J\x1b[H")?;
             }
-            print_top(&v)?;
+            out!("{}", render::top(&v))?;
         }
         std::io::stdout().flush().map_err(StdoutError)?;
         if once {
@@ -225,60 +190,6 @@ fn top(c: &mut Client, json: bool, n: usize, once: bool, interval: Duration) -> 
         }
         std::thread::sleep(interval);
     }
-}
-
-/// One `top` answer as a table.
-fn print_top(v: &Value) -> Result<(), StdoutError> {
-    outln!(
-        "cpu busy {}  loadavg {}",
-        v["local_busy_pct"]
-            .as_f64()
-            .map(|p| format!("{p:.1}%"))
-            .unwrap_or("-".into()),
-        loadavg(&v["loadavg"])
-    )?;
-    outln!(
-        "{:>7} {:<24} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>8} {:>8} {:>10}",
-        "PID",
-        "PROCESS",
-        "CORE_EQ%",
-        "MACHINE%",
-        "ONCPU_MS",
-        "RUNQ_MS",
-        "VOL_SW",
-        "INV_SW",
-        "MINFLT",
-        "MAJFLT",
-        "RSS_KB"
-    )?;
-    for p in v["processes"].as_array().into_iter().flatten() {
-        // eBPF columns: "-" on a process's first window.
-        let e = &p["ebpf"];
-        let ms = |k: &str| {
-            e[k].as_f64()
-                .map(|v| format!("{v:.1}"))
-                .unwrap_or("-".into())
-        };
-        let n = |k: &str| e[k].as_u64().map(|v| v.to_string()).unwrap_or("-".into());
-        outln!(
-            "{:>7} {:<24} {:>9.1} {:>9.1} {:>9} {:>8} {:>7} {:>7} {:>8} {:>8} {:>10}",
-            p["pid"].as_i64().unwrap_or(0),
-            text(&p["name"], "?").chars().take(24).collect::<String>(),
-            p["core_equivalent_pct"].as_f64().unwrap_or(0.0),
-            p["machine_share_pct"].as_f64().unwrap_or(0.0),
-            ms("oncpu_ms"),
-            ms("runq_wait_ms"),
-            n("voluntary_switches"),
-            n("involuntary_switches"),
-            p["minflt"].as_u64().unwrap_or(0),
-            p["majflt"].as_u64().unwrap_or(0),
-            p["rss_kb"]
-                .as_u64()
-                .map(|k| k.to_string())
-                .unwrap_or("-".into())
-        )?;
-    }
-    Ok(())
 }
 
 /// `vitalsctl capture`: start a manual capture and, unless `no_wait`, wait
@@ -291,20 +202,23 @@ fn capture(
     faults: bool,
     no_wait: bool,
 ) -> Result<()> {
-    let v = c.call(&Request::Capture {
-        duration_s: duration.as_secs_f64(),
-        sched,
-        faults,
-    })?;
-    let id = v["id"].as_str().context("no capture id")?.to_owned();
+    let v = c.capture(duration.as_secs_f64(), sched, faults)?;
+    let id = v.id.clone();
     if !json {
         eprintln!("capture {id} started ({duration:?})");
     }
     if !no_wait {
-        let m = wait_stored(c, &id, "capture", "manual", duration, json)?;
+        let m = wait_stored(
+            c,
+            &id,
+            |s| s.daemon.capture.as_ref(),
+            "manual",
+            duration,
+            json,
+        )?;
         print_stored(&m, json)?;
     } else if json {
-        outln!("{v}")?;
+        outln!("{}", as_json(&v))?;
     }
     Ok(())
 }
@@ -320,40 +234,35 @@ fn heap(
     if name.is_none() && pid.is_none() {
         bail!("give --name or --pid");
     }
-    let v = c.call(&Request::Heap {
-        name,
-        pid,
-        duration_s: duration.as_secs_f64(),
-    })?;
-    let id = v["id"].as_str().context("no session id")?.to_owned();
+    let id = c.heap(name, pid, duration.as_secs_f64())?.id;
     if !json {
         eprintln!("heapprofd session {id} started ({duration:?})");
     }
-    let m = wait_stored(c, &id, "heap_session", "manual-heap", duration, json)?;
+    let m = wait_stored(
+        c,
+        &id,
+        |s| s.daemon.heap_session.as_ref(),
+        "manual-heap",
+        duration,
+        json,
+    )?;
     print_stored(&m, json)?;
     if !json {
         // What each profile caught: sampled allocations and their bytes.
-        for p in m["heapprofd"]["outcome"]["processes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
+        let outcome = heap_outcome(&m).unwrap_or_default();
+        for p in &outcome.processes {
             outln!(
                 "  pid {} {}: {} sampled allocation(s), {} B allocated, {} B freed, issues {}",
-                p["pid"],
-                text(&p["name"], "?"),
-                p["allocations"],
-                p["allocated_bytes"],
-                p["freed_bytes"],
-                printable(&p["issues"].to_string())
+                p.pid,
+                printable(p.name.as_deref().unwrap_or("?")),
+                p.allocations,
+                p.allocated_bytes,
+                p.freed_bytes,
+                printable(&as_json(&p.issues).to_string())
             )?;
         }
-        for t in m["heapprofd"]["outcome"]["targets"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            outln!("  target {}", printable(&t.to_string()))?;
+        for t in &outcome.targets {
+            outln!("  target {}", printable(&as_json(t).to_string()))?;
         }
     }
     Ok(())
@@ -361,23 +270,18 @@ fn heap(
 
 /// `vitalsctl list`: one line per stored capture.
 fn list(c: &mut Client, json: bool) -> Result<()> {
-    show(json, c.call(&Request::List {})?, |v| {
-        let mut s = format!(
-            "{:<40} {:<18} {:>10} {:>9}  {}\n",
-            "ID", "RULE", "BYTES", "SECONDS", "STATUS"
-        );
-        for m in v.as_array().into_iter().flatten() {
-            s += &format!(
-                "{:<40} {:<18} {:>10} {:>9.1}  {}\n",
-                text(&m["id"], "?"),
-                text(&m["trigger"]["rule"], "?"),
-                m["trace_bytes"].as_u64().unwrap_or(0),
-                m["duration_ms"].as_f64().unwrap_or(0.0) / 1000.0,
-                text(&m["status"], "?")
-            );
-        }
-        s
-    })
+    show(json, &c.list()?, |v| render::list(v))
+}
+
+/// What heapprofd's session report in an entry's metadata says of each
+/// profile; None when it holds none (no profile, or an unreadable trace).
+fn heap_outcome(m: &CaptureMeta) -> Option<TraceOutcome> {
+    #[derive(serde::Deserialize)]
+    struct Report {
+        outcome: Option<TraceOutcome>,
+    }
+    let report: Report = serde_json::from_value(m.heapprofd.clone()?).ok()?;
+    report.outcome
 }
 
 /// stdout that remembers its own write error, to tell it from the socket's.
@@ -447,27 +351,21 @@ fn export(c: &mut Client, id: &str, out: &Path) -> Result<()> {
 
 /// `vitalsctl delete`.
 fn delete(c: &mut Client, json: bool, id: String) -> Result<()> {
-    show(json, c.call(&Request::Delete { id })?, |v| {
-        format!("deleted {}\n", text(&v["deleted"], "?"))
+    show(json, &c.delete(id)?, |v| {
+        format!("deleted {}\n", printable(&v.deleted))
     })
 }
 
 /// `vitalsctl config`: the daemon's effective config as TOML.
 fn config(c: &mut Client, json: bool) -> Result<()> {
-    show(json, c.call(&Request::Config {})?, |v| {
-        format!(
-            "# {}\n{}",
-            text(&v["path"], "?"),
-            printable_lines(v["toml"].as_str().unwrap_or(""))
-        )
+    show(json, &c.config()?, |v| {
+        format!("# {}\n{}", printable(&v.path), printable_lines(&v.toml))
     })
 }
 
 /// `vitalsctl dump`: the bugreport section.
 fn dump(c: &mut Client, json: bool) -> Result<()> {
-    show(json, c.call(&Request::Dump {})?, |v| {
-        printable_lines(v["text"].as_str().unwrap_or(""))
-    })
+    show(json, &c.dump()?, |v| printable_lines(&v.text))
 }
 
 /// Multi-line text with each line made printable (its newlines kept).
@@ -477,37 +375,34 @@ fn printable_lines(s: &str) -> String {
 
 /// Polls until capture `id` is listed (returns its metadata), showing
 /// progress; fails with the daemon's recorded outcome if it stops running
-/// without being stored. `progress` is the status key of the running job,
-/// `rule` the trigger name its outcome is recorded under.
+/// without being stored. `progress` picks the status field of the running
+/// job, `rule` the trigger name its outcome is recorded under.
 fn wait_stored(
     c: &mut Client,
     id: &str,
-    progress: &str,
+    progress: Progress,
     rule: &str,
     duration: Duration,
     json: bool,
-) -> Result<Value> {
+) -> Result<CaptureMeta> {
     let deadline = std::time::Instant::now() + duration + Duration::from_secs(120);
     loop {
-        let list = c.call(&Request::List {})?;
-        if let Some(m) = list
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|m| m["id"] == id)
-        {
+        if let Some(m) = c.list()?.into_iter().find(|m| m.id == id) {
             if !json {
                 eprintln!();
             }
-            return Ok(m.clone());
+            return Ok(m);
         }
-        let st = c.call(&Request::Status {})?;
-        if st[progress]["id"] != id {
-            let why = st["recent_triggers"]
-                .as_array()
-                .and_then(|t| t.iter().rev().find(|t| t["rule"] == rule))
-                .and_then(|t| t["outcome"].as_str())
-                .unwrap_or("unknown");
+        let st = c.status()?;
+        if progress(&st).map(|p| p.id.as_str()) != Some(id) {
+            let why = st
+                .daemon
+                .recent_triggers
+                .iter()
+                .rev()
+                .find(|t| t.rule == rule)
+                .map(|t| t.outcome.to_string())
+                .unwrap_or_else(|| "unknown".into());
             bail!("{id} was not stored: {why}");
         }
         if std::time::Instant::now() > deadline {
@@ -520,25 +415,34 @@ fn wait_stored(
     }
 }
 
+/// The running job `wait_stored` waits for, in a status answer.
+type Progress = fn(&Status) -> Option<&vitalsd::control::protocol::CaptureProgress>;
+
 /// One stored capture's metadata: JSON, or a line for people.
-fn print_stored(m: &Value, json: bool) -> Result<(), StdoutError> {
+fn print_stored(m: &CaptureMeta, json: bool) -> Result<(), StdoutError> {
     if json {
-        outln!("{m}")
+        outln!("{}", as_json(m))
     } else {
         outln!(
             "stored {}: {} bytes, {}",
-            text(&m["id"], "?"),
-            m["trace_bytes"],
-            text(&m["status"], "?")
+            printable(&m.id),
+            m.trace_bytes,
+            printable(&m.status.to_string())
         )
     }
 }
 
-fn show(json: bool, v: Value, human: impl Fn(&Value) -> String) -> Result<()> {
+/// A reply as `--json` prints it: through `serde_json::Value`, whose maps
+/// keep their keys sorted, as vitalsctl has always printed them.
+fn as_json(v: &impl Serialize) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or_default()
+}
+
+fn show<T: Serialize>(json: bool, v: &T, human: impl Fn(&T) -> String) -> Result<()> {
     if json {
-        outln!("{v}")?;
+        outln!("{}", as_json(v))?;
     } else {
-        let s = human(&v);
+        let s = human(v);
         out!("{s}")?;
         if !s.ends_with('\n') {
             outln!()?;
@@ -546,15 +450,4 @@ fn show(json: bool, v: Value, human: impl Fn(&Value) -> String) -> Result<()> {
     }
     std::io::stdout().flush().map_err(StdoutError)?;
     Ok(())
-}
-
-fn loadavg(v: &Value) -> String {
-    match v.as_array() {
-        Some(a) => a
-            .iter()
-            .map(|x| format!("{:.2}", x.as_f64().unwrap_or(0.0)))
-            .collect::<Vec<_>>()
-            .join(" "),
-        None => "-".into(),
-    }
 }

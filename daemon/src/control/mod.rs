@@ -2,13 +2,19 @@
 //!
 //! A frame is a 4-byte big-endian length and that many bytes of JSON.
 //! Requests are `{"cmd": ...}` objects; every request gets one response
-//! frame `{"ok": true, "result": ...}` or `{"ok": false, "error": "..."}`.
+//! frame `{"ok": true, "result": ...}` or `{"ok": false, "error": "..."}`
+//! ([`protocol`] has every request and reply type).
 //! `export` is followed, after its response, by exactly `result.bytes` raw
 //! bytes of the trace. Requests longer than the daemon's limit are refused
 //! and the connection closed (the stream cannot be resynchronised).
 
+mod handle;
 mod listen;
+mod outcome;
+pub mod protocol;
+pub mod render;
 pub mod server;
+mod shared;
 pub mod slots;
 mod throttle;
 
@@ -19,88 +25,12 @@ use std::{
     time::Duration,
 };
 
-use serde::{Deserialize, Serialize};
+use serde::de::DeserializeOwned;
 use thiserror::Error;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Request {
-    // Empty-brace variants, not unit ones: serde ignores unknown fields of
-    // unit variants in an internally tagged enum, and a request with a
-    // stray key must be an error.
-    Status {},
-    Top {
-        #[serde(default = "default_top")]
-        n: usize,
-    },
-    /// Start a capture now.
-    Capture {
-        #[serde(default = "default_capture_s")]
-        duration_s: f64,
-        #[serde(default)]
-        sched: bool,
-        #[serde(default)]
-        faults: bool,
-    },
-    /// A heapprofd profile of a process (by name and/or pid), stored as a capture.
-    Heap {
-        #[serde(default)]
-        name: Option<String>,
-        #[serde(default)]
-        pid: Option<u64>,
-        #[serde(default = "default_heap_s")]
-        duration_s: f64,
-    },
-    List {},
-    Export {
-        id: String,
-    },
-    Delete {
-        id: String,
-    },
-    Config {},
-    /// A bugreport section: status, recent triggers, store summary.
-    Dump {},
-}
-
-fn default_top() -> usize {
-    15
-}
-
-fn default_heap_s() -> f64 {
-    30.0
-}
-
-fn default_capture_s() -> f64 {
-    10.0
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Response {
-    pub ok: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-impl Response {
-    pub fn ok(result: serde_json::Value) -> Self {
-        Self {
-            ok: true,
-            result: Some(result),
-            error: None,
-        }
-    }
-
-    pub fn err(e: impl std::fmt::Display) -> Self {
-        Self {
-            ok: false,
-            result: None,
-            error: Some(e.to_string()),
-        }
-    }
-}
+use crate::store::CaptureMeta;
+use protocol::{ConfigReply, Deleted, DumpReply, ExportHead, Started, Status, TopReply};
+pub use protocol::{Request, Response};
 
 #[derive(Debug, Error)]
 pub enum ClientError {
@@ -187,8 +117,10 @@ impl Client {
         Ok(Self { stream })
     }
 
-    /// Sends a request; returns `result` or the daemon's error.
-    pub fn call(&mut self, req: &Request) -> Result<serde_json::Value, ClientError> {
+    /// Sends a request; returns `result`, read as `R` (the reply type
+    /// [`protocol`] names for `req`, or `serde_json::Value` to see the
+    /// wire), or the daemon's error.
+    pub fn call<R: DeserializeOwned>(&mut self, req: &Request) -> Result<R, ClientError> {
         let sent = write_frame(&mut self.stream, &serde_json::to_vec(req)?);
         // A daemon that refuses a peer answers before reading the request;
         // read its answer even when our write failed.
@@ -196,18 +128,73 @@ impl Client {
             Ok(f) => f,
             Err(e) => return Err(sent.err().unwrap_or(e).into()),
         };
-        let resp: Response = serde_json::from_slice(&frame)?;
+        // The envelope first: an error reply has no `result` to read as R.
+        let resp: Response<serde_json::Value> = serde_json::from_slice(&frame)?;
         if resp.ok {
-            Ok(resp.result.unwrap_or(serde_json::Value::Null))
+            Ok(serde_json::from_value(
+                resp.result.unwrap_or(serde_json::Value::Null),
+            )?)
         } else {
             Err(ClientError::Daemon(resp.error.unwrap_or_default()))
         }
     }
 
+    pub fn status(&mut self) -> Result<Status, ClientError> {
+        self.call(&Request::Status {})
+    }
+
+    pub fn top(&mut self, n: usize) -> Result<TopReply, ClientError> {
+        self.call(&Request::Top { n })
+    }
+
+    /// Starts a capture; returns the id it will be stored as.
+    pub fn capture(
+        &mut self,
+        duration_s: f64,
+        sched: bool,
+        faults: bool,
+    ) -> Result<Started, ClientError> {
+        self.call(&Request::Capture {
+            duration_s,
+            sched,
+            faults,
+        })
+    }
+
+    /// Starts a heapprofd profile; returns the id it will be stored as.
+    pub fn heap(
+        &mut self,
+        name: Option<String>,
+        pid: Option<u64>,
+        duration_s: f64,
+    ) -> Result<Started, ClientError> {
+        self.call(&Request::Heap {
+            name,
+            pid,
+            duration_s,
+        })
+    }
+
+    pub fn list(&mut self) -> Result<Vec<CaptureMeta>, ClientError> {
+        self.call(&Request::List {})
+    }
+
+    pub fn delete(&mut self, id: String) -> Result<Deleted, ClientError> {
+        self.call(&Request::Delete { id })
+    }
+
+    pub fn config(&mut self) -> Result<ConfigReply, ClientError> {
+        self.call(&Request::Config {})
+    }
+
+    pub fn dump(&mut self) -> Result<DumpReply, ClientError> {
+        self.call(&Request::Dump {})
+    }
+
     /// Streams a capture's trace into `out`; returns the byte count.
     pub fn export(&mut self, id: &str, out: &mut impl Write) -> Result<u64, ClientError> {
-        let head = self.call(&Request::Export { id: id.into() })?;
-        let bytes = head["bytes"].as_u64().unwrap_or(0);
+        let head: ExportHead = self.call(&Request::Export { id: id.into() })?;
+        let bytes = head.bytes;
         let copied = std::io::copy(&mut (&mut self.stream).take(bytes), out)?;
         if copied != bytes {
             return Err(ClientError::Daemon(format!(
@@ -225,26 +212,6 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn requests_round_trip_and_reject_unknown() {
-        let r: Request =
-            serde_json::from_str(r#"{"cmd":"capture","duration_s":2,"sched":true}"#).unwrap();
-        assert_eq!(
-            r,
-            Request::Capture {
-                duration_s: 2.0,
-                sched: true,
-                faults: false
-            }
-        );
-        assert!(serde_json::from_str::<Request>(r#"{"cmd":"reboot"}"#).is_err());
-        assert!(serde_json::from_str::<Request>(r#"{"cmd":"list","x":1}"#).is_err());
-        assert_eq!(
-            serde_json::from_str::<Request>(r#"{"cmd":"top"}"#).unwrap(),
-            Request::Top { n: 15 }
-        );
-    }
 
     #[test]
     fn printable_escapes_what_drives_a_terminal() {

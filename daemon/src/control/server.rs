@@ -6,11 +6,7 @@
 //! daemon's own work (sampling, captures, the store) its descriptors.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc, Mutex,
-    },
+    sync::{atomic::Ordering, Arc},
     time::Duration,
 };
 
@@ -18,168 +14,16 @@ use serde::Serialize;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{UnixListener, UnixStream},
-    sync::{oneshot, Semaphore},
+    sync::Semaphore,
 };
 
 pub use super::listen::{android_socket_env, bind, bind_or_inherit, ServerError};
+pub use super::shared::{Command, ControlCounters, Published, Shared};
 use super::{
-    printable,
+    handle::handle,
+    protocol::{ExportHead, Refusal, Request, Response},
     slots::{FdBudget, Full, Slot, Slots, IDLE_TIMEOUT},
-    throttle::LogThrottle,
-    Request, Response,
 };
-use crate::store::Store;
-
-/// One row of `top`: eBPF and procfs figures of a process over the last window.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct TopRow {
-    pub pid: i32,
-    pub name: String,
-    pub core_equivalent_pct: f64,
-    pub machine_share_pct: f64,
-    pub minflt: u64,
-    pub majflt: u64,
-    pub rss_kb: Option<u64>,
-    /// The eBPF figures of the same window; None on a process's first
-    /// window (no delta yet) or when the maps could not be read.
-    pub ebpf: Option<TopEbpf>,
-}
-
-/// eBPF per-window figures of one process.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct TopEbpf {
-    pub oncpu_ms: f64,
-    pub runq_wait_ms: f64,
-    pub voluntary_switches: u64,
-    pub involuntary_switches: u64,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct CaptureProgress {
-    pub id: String,
-    pub rule: String,
-    pub started_unix_ms: u64,
-    pub duration_ms: u64,
-    /// The capture backend ("ebpf", "perfetto"); empty for heap profiles.
-    #[serde(skip_serializing_if = "str::is_empty")]
-    pub backend: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TriggerRecord {
-    pub unix_ms: u64,
-    pub rule: String,
-    pub value: Option<f64>,
-    pub threshold: Option<f64>,
-    pub offender: Option<String>,
-    /// "captured <id>", "failed: …", or a skip reason.
-    pub outcome: String,
-}
-
-/// What the main loop publishes for the socket to serve.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct DaemonState {
-    pub version: &'static str,
-    pub started_unix_ms: u64,
-    pub samples: u64,
-    pub interval_ms: u64,
-    pub fault_source: String,
-    /// "ebpf", or "proc-only (bpf denied: …)" / "proc-only (asked for …)".
-    pub accounting: String,
-    /// The tier the always-on accounting runs in ("ebpf", "cts", "ticks";
-    /// `accounting::Tier`) and what it gives.
-    pub tier: &'static str,
-    pub tier_gives: &'static str,
-    /// The procfs scheduler source's counters (the CTS tier); empty in
-    /// the others.
-    pub sched_procfs: BTreeMap<String, u64>,
-    /// The backend a capture started now runs on (`capture.backend`
-    /// resolved against the accounting): "ebpf" or "perfetto".
-    pub capture_backend: &'static str,
-    pub capabilities: String,
-    pub local_busy_pct: Option<f64>,
-    pub loadavg: Option<[f32; 3]>,
-    pub top: Vec<TopRow>,
-    pub capture: Option<CaptureProgress>,
-    pub heap_session: Option<CaptureProgress>,
-    pub recent_triggers: VecDeque<TriggerRecord>,
-    pub triggers_fired: u64,
-    pub triggers_skipped: BTreeMap<String, u64>,
-    /// Manual captures and heap profiles refused, by reason.
-    pub manual_refused: BTreeMap<String, u64>,
-    pub bpf_drops: BTreeMap<String, u64>,
-    /// Samples skipped because a read failed, by source.
-    pub sample_errors: BTreeMap<String, u64>,
-    pub procfs_drops: BTreeMap<String, u64>,
-    pub history_samples: usize,
-    /// The Perfetto producer's counters (reconnects, sessions, drops);
-    /// empty when it is not running.
-    pub producer: BTreeMap<String, u64>,
-    /// Its last error (a session's bad data source config), or why it
-    /// is not running (not started: /proc-only, or registering failed).
-    pub producer_error: Option<String>,
-    pub config_path: String,
-    #[serde(skip)]
-    pub config_toml: String,
-    pub last_reload_error: Option<String>,
-}
-
-/// Requests only the main loop can serve.
-#[derive(Debug)]
-pub enum Command {
-    Capture {
-        duration: Duration,
-        sched: bool,
-        faults: bool,
-        reply: oneshot::Sender<Result<String, String>>,
-    },
-    Heap {
-        name: Option<String>,
-        pid: Option<u64>,
-        duration: Duration,
-        reply: oneshot::Sender<Result<String, String>>,
-    },
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct ControlCounters {
-    pub connections: AtomicU64,
-    pub refused_uid: AtomicU64,
-    /// Connections closed for sending no request (idle past the timeout,
-    /// or evicted to make room for a new connection).
-    pub idle_closed: AtomicU64,
-    /// Connections refused because every slot in the way was busy.
-    pub refused_full: AtomicU64,
-    pub bad_requests: AtomicU64,
-    pub oversized_requests: AtomicU64,
-    /// Requests refused on an open connection whose uid a reload removed
-    /// from `allowed_uids` (the connection is then closed).
-    pub refused_uid_revoked: AtomicU64,
-    /// accept() failures (EMFILE, ENFILE, ...), retried after a pause.
-    pub accept_errors: AtomicU64,
-    /// Connections dropped because the peer read nothing for `WRITE_TIMEOUT`.
-    pub write_timeouts: AtomicU64,
-    /// Accepted connections open now, and the most allowed (the fd budget).
-    pub open_connections: AtomicU64,
-    pub max_open_connections: AtomicU64,
-    /// Peer-caused log lines (refused uids, accept errors), at most one per
-    /// kind a minute; serialized as the count of lines held back.
-    #[serde(rename = "log_lines_suppressed", serialize_with = "held_back")]
-    pub log: LogThrottle,
-}
-
-fn held_back<S: serde::Serializer>(t: &LogThrottle, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_u64(t.suppressed.load(Ordering::Relaxed))
-}
-
-pub struct Shared {
-    pub state: Mutex<DaemonState>,
-    pub store: Arc<Mutex<Store>>,
-    pub commands: std::sync::mpsc::Sender<Command>,
-    pub allowed_uids: Mutex<Vec<u32>>,
-    pub max_request_bytes: AtomicU64,
-    pub counters: ControlCounters,
-}
 
 /// A client must deliver a whole request within this.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -307,11 +151,24 @@ async fn write_timed(
     Ok(())
 }
 
-async fn send(stream: &mut UnixStream, resp: &Response, shared: &Shared) -> std::io::Result<()> {
-    let body = serde_json::to_vec(resp).unwrap_or_default();
+async fn send<T: Serialize>(
+    stream: &mut UnixStream,
+    resp: &Response<T>,
+    shared: &Shared,
+) -> std::io::Result<()> {
+    send_body(
+        stream,
+        &serde_json::to_vec(resp).unwrap_or_default(),
+        shared,
+    )
+    .await
+}
+
+/// Sends one answer already serialized.
+async fn send_body(stream: &mut UnixStream, body: &[u8], shared: &Shared) -> std::io::Result<()> {
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    frame.extend_from_slice(&body);
+    frame.extend_from_slice(body);
     write_timed(stream, &frame, shared).await
 }
 
@@ -333,7 +190,7 @@ async fn admit_and_serve(
         shared.counters.log.warn(&format!("refused {uid}"), || {
             format!("control socket: refused uid {uid}")
         });
-        let why = Response::err(format!("uid {uid} is not allowed"));
+        let why = Refusal::err(format!("uid {uid} is not allowed"));
         return send(&mut stream, &why, shared).await;
     }
     let slot = match slots.take(uid) {
@@ -350,7 +207,7 @@ async fn admit_and_serve(
                 Full::Uid => format!("uid {uid} has too many busy connections"),
                 Full::Total => "too many busy connections".to_string(),
             };
-            return send(&mut stream, &Response::err(why), shared).await;
+            return send(&mut stream, &Refusal::err(why), shared).await;
         }
     };
     serve(stream, uid, &slot, shared).await
@@ -360,7 +217,7 @@ async fn admit_and_serve(
 enum Next {
     Request(Vec<u8>),
     /// Answer this, then close (the stream cannot be resynchronised).
-    Refuse(Response),
+    Refuse(Refusal),
     Close,
 }
 
@@ -385,14 +242,14 @@ async fn read_request(stream: &mut UnixStream, shared: &Shared) -> std::io::Resu
             .counters
             .oversized_requests
             .fetch_add(1, Ordering::Relaxed);
-        return Ok(Next::Refuse(Response::err(format!(
+        return Ok(Next::Refuse(Refusal::err(format!(
             "request of {len} bytes exceeds the limit of {max}"
         ))));
     }
     let mut body = vec![0u8; len as usize];
     match tokio::time::timeout(REQUEST_TIMEOUT, stream.read_exact(&mut body)).await {
         Ok(r) => r?,
-        Err(_) => return Ok(Next::Refuse(Response::err("request timed out"))),
+        Err(_) => return Ok(Next::Refuse(Refusal::err("request timed out"))),
     };
     Ok(Next::Request(body))
 }
@@ -426,14 +283,14 @@ async fn serve(
             shared.counters.log.warn(&format!("revoked {uid}"), || {
                 format!("control socket: uid {uid} is no longer allowed; closing its connection")
             });
-            let why = Response::err(format!("uid {uid} is not allowed"));
+            let why = Refusal::err(format!("uid {uid} is not allowed"));
             return send(&mut stream, &why, shared).await;
         }
         let req: Request = match serde_json::from_slice(&body) {
             Ok(r) => r,
             Err(e) => {
                 shared.counters.bad_requests.fetch_add(1, Ordering::Relaxed);
-                let why = Response::err(format!("malformed request: {e}"));
+                let why = Refusal::err(format!("malformed request: {e}"));
                 send(&mut stream, &why, shared).await?;
                 continue;
             }
@@ -442,8 +299,8 @@ async fn serve(
             export(&mut stream, shared, id).await?;
             continue;
         }
-        let resp = handle(req, shared).await;
-        send(&mut stream, &resp, shared).await?;
+        let body = handle(req, shared).await;
+        send_body(&mut stream, &body, shared).await?;
     }
 }
 
@@ -474,19 +331,19 @@ async fn export(stream: &mut UnixStream, shared: &Shared, id: &str) -> std::io::
         .map(|(m, p)| (m.clone(), p));
     let (meta, path) = match found {
         Ok(x) => x,
-        Err(e) => return send(stream, &Response::err(e), shared).await,
+        Err(e) => return send(stream, &Refusal::err(e), shared).await,
     };
     // Opened before the header: an eviction racing us cannot cut the
     // stream short, the open file stays readable.
     let mut file = match open_trace(&path).await {
         Ok(f) => f,
         Err(e) => {
-            let why = Response::err(format!("{}: {e}", path.display()));
+            let why = Refusal::err(format!("{}: {e}", path.display()));
             return send(stream, &why, shared).await;
         }
     };
     let bytes = file.metadata().await?.len();
-    let head = Response::ok(serde_json::json!({ "id": meta.id, "bytes": bytes }));
+    let head = Response::ok(ExportHead { id: meta.id, bytes });
     send(stream, &head, shared).await?;
     let mut buf = vec![0u8; WRITE_CHUNK_BYTES];
     let mut copied = 0u64;
@@ -503,177 +360,4 @@ async fn export(stream: &mut UnixStream, shared: &Shared, id: &str) -> std::io::
         copied += n as u64;
     }
     Ok(())
-}
-
-async fn handle(req: Request, shared: &Shared) -> Response {
-    match req {
-        Request::Status {} => {
-            let st = shared.state.lock().unwrap();
-            let mut v = serde_json::to_value(&*st).unwrap_or_default();
-            v["control"] = serde_json::to_value(&shared.counters).unwrap_or_default();
-            let store = shared.store.lock().unwrap();
-            v["store"] = store_summary(&store);
-            Response::ok(v)
-        }
-        Request::Top { n } => {
-            let st = shared.state.lock().unwrap();
-            let top: Vec<&TopRow> = st.top.iter().take(n).collect();
-            Response::ok(serde_json::json!({
-                "local_busy_pct": st.local_busy_pct,
-                "loadavg": st.loadavg,
-                "processes": top,
-            }))
-        }
-        Request::Capture {
-            duration_s,
-            sched,
-            faults,
-        } => {
-            if !(duration_s.is_finite() && duration_s > 0.0 && duration_s <= 3600.0) {
-                return Response::err("duration_s must be in (0, 3600]");
-            }
-            ask_main_loop(shared, |reply| Command::Capture {
-                duration: Duration::from_secs_f64(duration_s),
-                sched,
-                faults,
-                reply,
-            })
-            .await
-        }
-        Request::Heap {
-            name,
-            pid,
-            duration_s,
-        } => {
-            if !(duration_s.is_finite() && duration_s > 0.0 && duration_s <= 86400.0) {
-                return Response::err("duration_s must be in (0, 86400]");
-            }
-            ask_main_loop(shared, |reply| Command::Heap {
-                name,
-                pid,
-                duration: Duration::from_secs_f64(duration_s),
-                reply,
-            })
-            .await
-        }
-        Request::List {} => {
-            let store = shared.store.lock().unwrap();
-            Response::ok(serde_json::to_value(store.list()).unwrap_or_default())
-        }
-        Request::Delete { id } => match shared.store.lock().unwrap().delete(&id) {
-            Ok(()) => Response::ok(serde_json::json!({ "deleted": id })),
-            Err(e) => Response::err(e),
-        },
-        Request::Config {} => {
-            let st = shared.state.lock().unwrap();
-            Response::ok(serde_json::json!({ "path": st.config_path, "toml": st.config_toml }))
-        }
-        Request::Dump {} => Response::ok(serde_json::json!({ "text": dump_text(shared) })),
-        Request::Export { .. } => Response::err("export is streamed"),
-    }
-}
-
-/// Hands a command to the main loop and answers with the id it returns.
-async fn ask_main_loop(
-    shared: &Shared,
-    command: impl FnOnce(oneshot::Sender<Result<String, String>>) -> Command,
-) -> Response {
-    let (reply, rx) = oneshot::channel();
-    if shared.commands.send(command(reply)).is_err() {
-        return Response::err("daemon is shutting down");
-    }
-    match rx.await {
-        Ok(Ok(id)) => Response::ok(serde_json::json!({ "id": id })),
-        Ok(Err(e)) => Response::err(e),
-        Err(_) => Response::err("daemon is shutting down"),
-    }
-}
-
-fn store_summary(store: &Store) -> serde_json::Value {
-    serde_json::json!({
-        "dir": store.dir(),
-        "captures": store.list().len(),
-        "bytes": store.total_trace_bytes(),
-        "newest": store.newest().map(|m| m.id.clone()),
-        "newest_path": store.newest().and_then(|m| store.get(&m.id).ok().map(|(_, p)| p)),
-        "heapprofd_bytes": store.heapprofd_bytes(),
-        "counters": store.counters,
-    })
-}
-
-/// The bugreport section (`vitalsctl dump`): plain text, stable headings.
-pub fn dump_text(shared: &Shared) -> String {
-    use std::fmt::Write;
-    let st = shared.state.lock().unwrap().clone();
-    let store = shared.store.lock().unwrap();
-    let mut s = String::new();
-    let _ = writeln!(s, "------ VITALSD (vitalsctl dump) ------");
-    let _ =
-        writeln!(
-        s,
-        "version {} up since {} ms (unix), {} samples at {} ms, faults from {}, capabilities {}",
-        st.version, st.started_unix_ms, st.samples, st.interval_ms, st.fault_source, st.capabilities
-    );
-    let _ = writeln!(s, "accounting: {}", st.accounting);
-    let _ = writeln!(
-        s,
-        "cpu local busy {:.1}%  loadavg {:?}",
-        st.local_busy_pct.unwrap_or(f64::NAN),
-        st.loadavg
-    );
-    if let Some(c) = &st.capture {
-        let _ = writeln!(
-            s,
-            "capture running: {} (rule {}, {} ms)",
-            c.id, c.rule, c.duration_ms
-        );
-    }
-    let _ = writeln!(
-        s,
-        "triggers: fired {}, skipped {:?}",
-        st.triggers_fired, st.triggers_skipped
-    );
-    let _ = writeln!(s, "recent triggers:");
-    for t in &st.recent_triggers {
-        let _ = writeln!(
-            s,
-            "  {} {} value={:?} threshold={:?} offender={} -> {}",
-            t.unix_ms,
-            printable(&t.rule),
-            t.value,
-            t.threshold,
-            // A process names itself: its control characters would reach
-            // the bugreport's reader raw, or forge a line of this section.
-            printable(t.offender.as_deref().unwrap_or("-")),
-            printable(&t.outcome)
-        );
-    }
-    let _ = writeln!(
-        s,
-        "drops: bpf {:?} procfs {:?}; samples skipped by read errors {:?}",
-        st.bpf_drops, st.procfs_drops, st.sample_errors
-    );
-    let _ = writeln!(
-        s,
-        "store {}: {} captures, {} bytes, counters {:?}",
-        store.dir().display(),
-        store.list().len(),
-        store.total_trace_bytes(),
-        store.counters
-    );
-    if let Some(m) = store.newest() {
-        if let Ok((_, p)) = store.get(&m.id) {
-            let _ = writeln!(
-                s,
-                "newest capture: {} ({} bytes, rule {})",
-                p.display(),
-                m.trace_bytes,
-                m.trigger.rule
-            );
-        }
-    }
-    if let Some(e) = &st.last_reload_error {
-        let _ = writeln!(s, "last config reload failed: {e}");
-    }
-    s
 }

@@ -13,18 +13,18 @@ use std::{
 
 use thiserror::Error;
 
-use super::{push_trigger, Service};
+use super::{push_trigger, state::Shared, Service};
 use crate::{
     bpf::{denied::ProcOnly, AccountingConfig, AccountingReader},
     capture::CaptureOptions,
     config::{CaptureSpec, Config},
-    control::server::{CaptureProgress, Shared},
+    control::protocol::{CaptureProgress, TriggerOutcome},
     export,
     heapprofd::RunnerConfig,
     history::{self, History},
     perfetto_capture::{self, Backend, CaptureRequest, HeapInSession, PerfettoCaptureError},
     record::{record_on, RecordError, RecordOptions},
-    store::{self, BackendInfo, CaptureMeta, Pending, Store, TriggerInfo},
+    store::{self, BackendInfo, CaptureMeta, CaptureStatus, Pending, Store, TriggerInfo},
 };
 
 /// What a capture runs on: the daemon's eBPF programs (or, /proc-only with
@@ -156,13 +156,13 @@ pub(super) fn start_capture(
     let started_unix_ms = store::now_unix_ms();
     {
         let mut st = shared.state.lock().unwrap();
-        st.capture_backend = backend.name();
+        st.capture_backend = backend.name().into();
         st.capture = Some(CaptureProgress {
             id: pending.id.clone(),
             rule: trigger.rule.clone(),
             started_unix_ms,
             duration_ms: spec.duration.0.as_millis() as u64,
-            backend: backend.name(),
+            backend: backend.name().into(),
         });
     }
     let run: Box<dyn FnOnce() -> Result<Captured, CaptureFailed> + Send> = match engine {
@@ -259,7 +259,7 @@ pub(super) fn adopt_session(
         rule: trigger.rule.clone(),
         started_unix_ms,
         duration_ms: spec.duration.0.as_millis() as u64,
-        backend: Backend::Perfetto.name(),
+        backend: Backend::Perfetto.name().into(),
     });
     RunningCapture {
         pending,
@@ -299,7 +299,7 @@ pub(super) fn finish_capture(
     c: RunningCapture,
     store: &Arc<Mutex<Store>>,
     shared: &Shared,
-    how: &str,
+    how: CaptureStatus,
 ) {
     let result = c.thread.join();
     if let Some(out) = c.session_out.as_ref().filter(|o| o.exists()) {
@@ -312,7 +312,7 @@ pub(super) fn finish_capture(
     let mut pending = c.pending;
     let _ = pending.seal();
     let mut store = store.lock().unwrap();
-    let meta = |duration_ms: u64, status: String, notes: Vec<String>| CaptureMeta {
+    let meta = |duration_ms: u64, status: CaptureStatus, notes: Vec<String>| CaptureMeta {
         id: String::new(),
         created_unix_ms: c.started_unix_ms,
         trigger: c.trigger.clone(),
@@ -329,21 +329,25 @@ pub(super) fn finish_capture(
     let outcome = match result {
         Ok(Ok(done)) => {
             let status = match done.cut_at_bytes {
-                Some(bytes) => {
-                    format!("cut: reached store.max_capture_bytes ({bytes} bytes)")
-                }
-                None => how.into(),
+                Some(at_bytes) => CaptureStatus::CutAtLimit { at_bytes },
+                None => how,
             };
             let mut m = meta(done.wall_ms, status, done.notes);
             m.heapprofd = done.heapprofd;
             match store.commit(pending, m) {
                 Ok(m) => {
                     log::info!("capture {} stored ({} bytes)", m.id, m.trace_bytes);
-                    format!("captured {}", m.id)
+                    TriggerOutcome::Captured {
+                        id: m.id,
+                        cut_short: None,
+                    }
                 }
                 Err(e) => {
                     log::error!("capture could not be stored: {e}");
-                    format!("failed: {e}")
+                    TriggerOutcome::Failed {
+                        backend: None,
+                        error: e.to_string(),
+                    }
                 }
             }
         }
@@ -357,19 +361,37 @@ pub(super) fn finish_capture(
                 let elapsed = store::now_unix_ms().saturating_sub(c.started_unix_ms);
                 match store.commit(
                     pending,
-                    meta(elapsed, format!("cut short: {e}"), Vec::new()),
+                    meta(
+                        elapsed,
+                        CaptureStatus::CutShort {
+                            error: e.to_string(),
+                        },
+                        Vec::new(),
+                    ),
                 ) {
-                    Ok(m) => format!("captured {} (cut short: {e})", m.id),
-                    Err(e2) => format!("failed ({backend} backend): {e}; {e2}"),
+                    Ok(m) => TriggerOutcome::Captured {
+                        id: m.id,
+                        cut_short: Some(e.to_string()),
+                    },
+                    Err(e2) => TriggerOutcome::Failed {
+                        backend: Some(backend.into()),
+                        error: format!("{e}; {e2}"),
+                    },
                 }
             } else {
                 store.abort(pending);
-                format!("failed ({backend} backend): {e}")
+                TriggerOutcome::Failed {
+                    backend: Some(backend.into()),
+                    error: e.to_string(),
+                }
             }
         }
         Err(_) => {
             store.abort(pending);
-            "failed: capture thread panicked".into()
+            TriggerOutcome::Failed {
+                backend: None,
+                error: "capture thread panicked".into(),
+            }
         }
     };
     drop(store);
@@ -387,7 +409,7 @@ impl Service {
             .is_some_and(|c| c.thread.is_finished())
         {
             let c = self.capture.take().unwrap();
-            finish_capture(c, &self.store, &self.shared, "complete");
+            finish_capture(c, &self.store, &self.shared, CaptureStatus::Complete);
         }
     }
 }

@@ -9,16 +9,16 @@ use std::{
     time::Duration,
 };
 
-use super::{push_trigger, Service};
+use super::{push_trigger, state::Shared, Service};
 use crate::{
     config::Config,
-    control::server::{CaptureProgress, Shared},
+    control::protocol::{CaptureProgress, TriggerOutcome},
     heapprofd::{
         HeapProfileRequest, RateLimiter, RateLimits, RequestLimits, RunError, RunnerConfig,
         SessionReport, SessionRunner,
     },
     perfetto_capture::HeapInSession,
-    store::{self, CaptureMeta, Pending, Store, TriggerInfo},
+    store::{self, CaptureMeta, CaptureStatus, Pending, Store, TriggerInfo},
     triggers::Fired,
 };
 
@@ -130,7 +130,7 @@ pub(super) fn start_heap(
         rule: trigger.rule.clone(),
         started_unix_ms,
         duration_ms: u64::from(request.duration_ms),
-        backend: "",
+        backend: String::new(),
     });
     log::info!(
         "heapprofd session {} started for {:?} {:?}",
@@ -172,12 +172,11 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
         Ok(Ok(report)) => {
             let ok = report.success();
             let status = if ok {
-                "complete".to_string()
+                CaptureStatus::Complete
             } else {
-                format!(
-                    "heapprofd: {}",
-                    serde_json::to_string(&report.status).unwrap_or_default()
-                )
+                CaptureStatus::HeapprofdIncomplete {
+                    session: serde_json::to_string(&report.status).unwrap_or_default(),
+                }
             };
             let meta = CaptureMeta {
                 id: String::new(),
@@ -191,12 +190,11 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
             };
             if pending.tmp_path.exists() {
                 match store.commit(pending, meta) {
-                    Ok(m) => format!(
-                        "heap profile {} ({})",
-                        m.id,
-                        if ok { "usable" } else { "see outcome" }
-                    ),
-                    Err(e) => format!("heap profile not stored: {e}"),
+                    Ok(m) => TriggerOutcome::HeapProfile {
+                        id: m.id,
+                        usable: ok,
+                    },
+                    Err(e) => TriggerOutcome::HeapNotStored { why: e.to_string() },
                 }
             } else {
                 store.abort(pending);
@@ -207,16 +205,20 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
                         .clone()
                         .unwrap_or_else(|| "client wrote nothing".into())
                 });
-                format!("heap profile not stored: {why}")
+                TriggerOutcome::HeapNotStored { why }
             }
         }
         Ok(Err(e)) => {
             store.abort(pending);
-            format!("heap profile refused: {e}")
+            TriggerOutcome::HeapRefused {
+                error: e.to_string(),
+            }
         }
         Err(_) => {
             store.abort(pending);
-            "heap profile failed: thread panicked".into()
+            TriggerOutcome::HeapFailed {
+                why: "thread panicked".into(),
+            }
         }
     };
     log::info!("{outcome}");
@@ -260,7 +262,7 @@ fn heap_not_started(shared: &Shared, fired: &Fired, trigger: &TriggerInfo, e: &s
         &mut st,
         trigger,
         store::now_unix_ms(),
-        format!("heap profile not started: {e}"),
+        TriggerOutcome::HeapNotStarted { error: e.into() },
     );
 }
 

@@ -19,6 +19,7 @@ mod requests;
 mod rings;
 mod rules;
 mod signals;
+mod state;
 mod tick;
 
 use std::{
@@ -37,6 +38,7 @@ pub use signals::Signals;
 
 use captures::RunningCapture;
 use heap::{heap_runner, RunningHeap};
+use state::{DaemonState, Shared};
 use tick::ReadErrors;
 
 use crate::{
@@ -48,7 +50,10 @@ use crate::{
         AccountingConfig, AccountingReader, BpfError, MapLimits, Opened, SharedAccounting,
     },
     config::Config,
-    control::server::{self, Command, DaemonState, ServerError, Shared, TriggerRecord},
+    control::{
+        protocol::{DaemonStatus, TriggerOutcome, TriggerRecord},
+        server::{self, Command, ServerError},
+    },
     heapprofd::SessionRunner,
     history::History,
     privileges::{self, PrivilegeError},
@@ -182,7 +187,7 @@ fn limits(cfg: &Config) -> Limits {
     }
 }
 
-fn push_trigger(st: &mut DaemonState, t: &TriggerInfo, unix_ms: u64, outcome: String) {
+fn push_trigger(st: &mut DaemonState, t: &TriggerInfo, unix_ms: u64, outcome: TriggerOutcome) {
     st.recent_triggers.push_back(TriggerRecord {
         unix_ms,
         rule: t.rule.clone(),
@@ -356,18 +361,25 @@ impl Service {
         let (tx, commands) = mpsc::channel::<Command>();
         let shared = Arc::new(Shared {
             state: Mutex::new(DaemonState {
-                version: env!("CARGO_PKG_VERSION"),
-                started_unix_ms: store::now_unix_ms(),
-                interval_ms: cfg.sampling.interval.0.as_millis() as u64,
-                fault_source,
-                accounting: accounting_mode,
-                tier: tier.name(),
-                tier_gives: tier.gives(),
-                capture_backend: cfg.capture.backend.resolve(accounting.is_some()).name(),
-                capabilities,
-                config_path: config_path.display().to_string(),
+                status: DaemonStatus {
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    started_unix_ms: store::now_unix_ms(),
+                    interval_ms: cfg.sampling.interval.0.as_millis() as u64,
+                    fault_source,
+                    accounting: accounting_mode,
+                    tier: tier.name().into(),
+                    tier_gives: tier.gives().into(),
+                    capture_backend: cfg
+                        .capture
+                        .backend
+                        .resolve(accounting.is_some())
+                        .name()
+                        .into(),
+                    capabilities,
+                    config_path: config_path.display().to_string(),
+                    ..DaemonStatus::default()
+                },
                 config_toml: cfg.to_toml(),
-                ..DaemonState::default()
             }),
             store: Arc::clone(&store),
             commands: tx,
@@ -375,7 +387,8 @@ impl Service {
             max_request_bytes: AtomicU64::new(u64::from(cfg.control.max_request_bytes)),
             counters: Default::default(),
         });
-        server::spawn(listener, Arc::clone(&shared)).map_err(ServiceError::Thread)?;
+        server::spawn(listener, Arc::clone(&shared) as Arc<server::Shared>)
+            .map_err(ServiceError::Thread)?;
 
         // Written in the order `run` once created these as locals.
         Ok(Self {

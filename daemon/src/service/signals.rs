@@ -34,7 +34,12 @@ impl Service {
             );
             c.stop.store(true, Ordering::SeqCst);
             c.thread.thread().unpark();
-            finish_capture(c, &self.store, &self.shared, "stopped by daemon shutdown");
+            finish_capture(
+                c,
+                &self.store,
+                &self.shared,
+                crate::store::CaptureStatus::StoppedByShutdown,
+            );
         }
         if let Some(h) = self.heap.take() {
             // SIGTERM makes the client stop the session and flush.
@@ -90,7 +95,8 @@ impl Service {
             .capture
             .backend
             .resolve(self.accounting.is_some())
-            .name();
+            .name()
+            .into();
         st.interval_ms = new.sampling.interval.0.as_millis() as u64;
         st.last_reload_error = None;
         drop(st);

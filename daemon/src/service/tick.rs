@@ -12,7 +12,7 @@ use super::Service;
 use crate::{
     bpf::totals::ProcessCounters,
     clock::ClockPair,
-    control::server::{TopEbpf, TopRow},
+    control::protocol::{TopEbpf, TopRow},
     history,
     tracker::{bpf_deltas, BpfDelta, Window},
 };

@@ -41,9 +41,9 @@ pub struct CaptureMeta {
     pub trigger: TriggerInfo,
     pub duration_ms: u64,
     pub trace_bytes: u64,
-    /// "complete", or why the capture ended early (stopped, write error,
-    /// "cut: …" when the store cut it).
-    pub status: String,
+    /// How the recording ended: complete, or why it ended early. Written
+    /// as the text it has always been (`"complete"`, `"cut: …"`).
+    pub status: CaptureStatus,
     /// heapprofd's own outcome per process, when a profile was taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heapprofd: Option<serde_json::Value>,
@@ -51,6 +51,156 @@ pub struct CaptureMeta {
     /// metadata written before backends existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<BackendInfo>,
+}
+
+/// How a stored entry's recording ended. In `<id>.json`, `vitalsctl list`
+/// and `--json` it is the text it has always been (the variants' docs
+/// quote it); text this daemon does not write reads as [`Self::Other`],
+/// so metadata of any version loads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaptureStatus {
+    /// `complete`: recorded for its whole window.
+    Complete,
+    /// `stopped by daemon shutdown`: ended early, kept.
+    StoppedByShutdown,
+    /// `cut: reached store.max_capture_bytes (N bytes)`: the recording
+    /// stopped itself at the per-capture limit, `at_bytes` written.
+    CutAtLimit { at_bytes: u64 },
+    /// `[<before>; ]cut: over the store's per-capture limit of N bytes`:
+    /// the store cut the trace at the last whole packet under the limit
+    /// when committing it; `before` is how the recording itself ended,
+    /// when that was not complete.
+    CutByStore {
+        limit_bytes: u64,
+        before: Option<Box<CaptureStatus>>,
+    },
+    /// `cut short: <error>`: the recording failed part-way; the whole
+    /// packets that reached the disk are kept.
+    CutShort { error: String },
+    /// `cut: daemon crashed`: the daemon died during the recording; its
+    /// whole packets were kept at the next start.
+    Crashed,
+    /// `recovered: metadata unreadable, rebuilt from the trace`.
+    Recovered,
+    /// `heapprofd: <session status as JSON>`: a heap profile whose session
+    /// did not complete (its `heapprofd` field has the whole report).
+    HeapprofdIncomplete { session: String },
+    /// Any other text (written by another version of vitalsd), kept as is.
+    Other(String),
+}
+
+const COMPLETE: &str = "complete";
+const STOPPED_BY_SHUTDOWN: &str = "stopped by daemon shutdown";
+const CRASHED: &str = "cut: daemon crashed";
+const RECOVERED: &str = "recovered: metadata unreadable, rebuilt from the trace";
+const CUT_SHORT: &str = "cut short: ";
+const HEAPPROFD: &str = "heapprofd: ";
+const AT_LIMIT: (&str, &str) = ("cut: reached store.max_capture_bytes (", " bytes)");
+const BY_STORE: (&str, &str) = ("cut: over the store's per-capture limit of ", " bytes");
+
+impl CaptureStatus {
+    /// Recorded for its whole window.
+    pub fn is_complete(&self) -> bool {
+        *self == Self::Complete
+    }
+
+    /// `self`, then cut by the store at `limit_bytes`.
+    pub fn cut_by_store(self, limit_bytes: u64) -> Self {
+        let before = (!self.is_complete()).then(|| Box::new(self));
+        Self::CutByStore {
+            limit_bytes,
+            before,
+        }
+    }
+
+    /// Reads the text the store writes; never fails (see [`Self::Other`]).
+    pub fn parse(s: &str) -> Self {
+        let within = |(head, tail): (&str, &str)| {
+            s.strip_prefix(head)?
+                .strip_suffix(tail)?
+                .parse::<u64>()
+                .ok()
+        };
+        match s {
+            COMPLETE => return Self::Complete,
+            STOPPED_BY_SHUTDOWN => return Self::StoppedByShutdown,
+            CRASHED => return Self::Crashed,
+            RECOVERED => return Self::Recovered,
+            _ => {}
+        }
+        if let Some(at_bytes) = within(AT_LIMIT) {
+            return Self::CutAtLimit { at_bytes };
+        }
+        // The store's cut comes last, after what the recording said.
+        if let Some(at) = s.rfind(BY_STORE.0) {
+            let (before, cut) = s.split_at(at);
+            let before = match before.strip_suffix("; ") {
+                Some(b) => Some(Box::new(Self::parse(b))),
+                None if before.is_empty() => None,
+                None => return Self::Other(s.to_owned()),
+            };
+            if let Some(limit_bytes) = cut
+                .strip_prefix(BY_STORE.0)
+                .and_then(|c| c.strip_suffix(BY_STORE.1))
+                .and_then(|n| n.parse().ok())
+            {
+                return Self::CutByStore {
+                    limit_bytes,
+                    before,
+                };
+            }
+        }
+        if let Some(error) = s.strip_prefix(CUT_SHORT) {
+            return Self::CutShort {
+                error: error.to_owned(),
+            };
+        }
+        if let Some(session) = s.strip_prefix(HEAPPROFD) {
+            return Self::HeapprofdIncomplete {
+                session: session.to_owned(),
+            };
+        }
+        Self::Other(s.to_owned())
+    }
+}
+
+impl std::fmt::Display for CaptureStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Complete => f.write_str(COMPLETE),
+            Self::StoppedByShutdown => f.write_str(STOPPED_BY_SHUTDOWN),
+            Self::CutAtLimit { at_bytes } => {
+                write!(f, "{}{at_bytes}{}", AT_LIMIT.0, AT_LIMIT.1)
+            }
+            Self::CutByStore {
+                limit_bytes,
+                before,
+            } => {
+                if let Some(b) = before {
+                    write!(f, "{b}; ")?;
+                }
+                write!(f, "{}{limit_bytes}{}", BY_STORE.0, BY_STORE.1)
+            }
+            Self::CutShort { error } => write!(f, "{CUT_SHORT}{error}"),
+            Self::Crashed => f.write_str(CRASHED),
+            Self::Recovered => f.write_str(RECOVERED),
+            Self::HeapprofdIncomplete { session } => write!(f, "{HEAPPROFD}{session}"),
+            Self::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+impl Serialize for CaptureStatus {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for CaptureStatus {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        Ok(Self::parse(&s))
+    }
 }
 
 /// Which capture backend recorded a capture, and what that means for it.

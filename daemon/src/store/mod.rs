@@ -46,13 +46,13 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 pub use clock::{ClockReading, StoreClock, SystemClock, PLAUSIBLE_UNIX_MS};
-pub use meta::{AgeBasis, BackendInfo, CaptureMeta, TriggerInfo, MANUAL_RULES};
+pub use meta::{AgeBasis, BackendInfo, CaptureMeta, CaptureStatus, TriggerInfo, MANUAL_RULES};
 pub use packets::truncate_to_whole_packets;
-pub use repair::{CRASH_STATUS, MAX_META_BYTES, RECOVERED_STATUS};
+pub use repair::MAX_META_BYTES;
 pub use spill::{DEFAULT_STALE_AFTER_MS, HEAPPROFD_DIR};
 
 use meta::{RecordRef, Stamp, INDEX};
@@ -95,7 +95,7 @@ pub struct Limits {
 }
 
 /// Counted store events, exported in status and dump.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoreCounters {
     pub committed: u64,
     pub evicted_over_quota: u64,
@@ -110,7 +110,7 @@ pub struct StoreCounters {
     /// made captures at start (a full disk), left for the next start.
     pub salvage_deferred: u64,
     /// Traces kept at start with metadata rebuilt from them, theirs being
-    /// unreadable (status [`RECOVERED_STATUS`]).
+    /// unreadable (status [`CaptureStatus::Recovered`]).
     pub metadata_recovered: u64,
     /// Metadata whose `trace_bytes` disagreed with the trace file at
     /// start; the file's size was taken.
@@ -236,12 +236,8 @@ fn record_json(meta: &CaptureMeta, stamp: &Stamp) -> Vec<u8> {
 
 /// Marks a capture the store cut at `limit` bytes.
 fn mark_cut(meta: &mut CaptureMeta, limit: u64) {
-    let why = format!("cut: over the store's per-capture limit of {limit} bytes");
-    meta.status = if meta.status == "complete" {
-        why
-    } else {
-        format!("{}; {why}", meta.status)
-    };
+    let before = std::mem::replace(&mut meta.status, CaptureStatus::Complete);
+    meta.status = before.cut_by_store(limit);
 }
 
 impl Store {

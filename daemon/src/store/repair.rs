@@ -6,7 +6,7 @@
 //! `notes.json` someone left) is never touched. Of the store's names:
 //! - `<id>.json` with its `<id>.pftrace`: a capture;
 //! - `.<id>.pftrace.tmp`: a capture in flight when the daemon died. Its whole
-//!   packets are kept as a capture with status [`CRASH_STATUS`], metadata
+//!   packets are kept as a capture with status [`CaptureStatus::Crashed`], metadata
 //!   synthesised from the id (creation time, rule label); a file without a
 //!   whole packet, or that is not a singly linked regular file, is removed.
 //!   A salvage that fails otherwise (a full disk: ENOSPC writing the
@@ -14,7 +14,7 @@
 //!   `salvage_deferred`;
 //! - `<id>.json` that does not read (torn, over [`MAX_META_BYTES`], another
 //!   id) beside its `<id>.pftrace`: the trace is kept, with metadata rebuilt
-//!   from it and status [`RECOVERED_STATUS`] (or, when that cannot be
+//!   from it and status [`CaptureStatus::Recovered`] (or, when that cannot be
 //!   written, left as it is for the next start); a readable `<id>.json` has
 //!   its `trace_bytes` checked against the trace file;
 //! - anything else of ours is a leftover and removed: metadata being
@@ -35,17 +35,12 @@ use std::{
 
 use super::{
     io,
-    meta::{self, classify, CaptureMeta, OwnId, OwnName, Record, Stamp, TriggerInfo},
+    meta::{
+        self, classify, CaptureMeta, CaptureStatus, OwnId, OwnName, Record, Stamp, TriggerInfo,
+    },
     packets::{self, Stop},
     Store, StoreError, FILE_MODE,
 };
-
-/// Status of a capture salvaged from a daemon crash.
-pub const CRASH_STATUS: &str = "cut: daemon crashed";
-
-/// Status of a capture whose metadata was unreadable at start, rebuilt
-/// from its trace.
-pub const RECOVERED_STATUS: &str = "recovered: metadata unreadable, rebuilt from the trace";
 
 /// The largest `<id>.json` read: a capture's metadata is a few KiB (the
 /// heapprofd outcome the largest part); a larger file is treated as torn.
@@ -120,7 +115,7 @@ fn rebuilt_meta(
     id: &str,
     st: &fs::Metadata,
     whole_bytes: u64,
-    status: &str,
+    status: CaptureStatus,
 ) -> CaptureMeta {
     // The last write, on the wall clock: 0 if it reads before creation.
     let mtime_ms = (st.mtime().max(0) as u64)
@@ -138,7 +133,7 @@ fn rebuilt_meta(
         },
         duration_ms: mtime_ms.saturating_sub(own.unix_ms),
         trace_bytes: whole_bytes,
-        status: status.into(),
+        status,
         heapprofd: None,
         backend: None,
     }
@@ -328,7 +323,7 @@ impl Store {
 
     /// Lists the trace of a capture whose metadata is unreadable, with
     /// metadata rebuilt from its id (creation time, rule label), its file
-    /// (size, last write) and status [`RECOVERED_STATUS`]. `None`: the
+    /// (size, last write) and status [`CaptureStatus::Recovered`]. `None`: the
     /// trace has not one whole packet, it is not a trace.
     fn recover(&mut self, id: &str) -> Result<Option<()>, StoreError> {
         let own = meta::parse_id(id).expect("classify checked the id");
@@ -340,7 +335,7 @@ impl Store {
             return Ok(None);
         }
         let st = f.metadata().map_err(io("fstat", &path))?;
-        let m = rebuilt_meta(&own, id, &st, scan.whole_bytes, RECOVERED_STATUS);
+        let m = rebuilt_meta(&own, id, &st, scan.whole_bytes, CaptureStatus::Recovered);
         let stamp = Stamp {
             seq: Some(own.seq),
             age_basis: None,
@@ -372,7 +367,7 @@ impl Store {
             return Ok(None);
         }
         let st = f.metadata().map_err(io("fstat", tmp))?;
-        let mut m = rebuilt_meta(own, id, &st, scan.whole_bytes, CRASH_STATUS);
+        let mut m = rebuilt_meta(own, id, &st, scan.whole_bytes, CaptureStatus::Crashed);
         if scan.stop == Stop::Limit {
             super::mark_cut(&mut m, limit);
         }

@@ -27,7 +27,7 @@ fn a_uid_not_allowed_is_refused() {
 fn garbage_and_oversized_requests_get_errors_while_others_are_served() {
     let d = Daemon::start("");
     let mut good = Client::connect(&d.socket()).unwrap();
-    assert!(good.call(&Request::Status {}).is_ok());
+    assert!(good.call::<Value>(&Request::Status {}).is_ok());
 
     // Random bytes inside a valid frame: an error, and the connection lives.
     let mut bad = UnixStream::connect(d.socket()).unwrap();
@@ -82,13 +82,13 @@ fn garbage_and_oversized_requests_get_errors_while_others_are_served() {
     };
 
     // The well-behaved client is served throughout.
-    let st = good.call(&Request::Status {}).unwrap();
+    let st: Value = good.call(&Request::Status {}).unwrap();
     assert!(st["control"]["bad_requests"].as_u64().unwrap() >= 2, "{st}");
     assert!(
         st["control"]["oversized_requests"].as_u64().unwrap() >= 1,
         "{st}"
     );
-    assert!(good.call(&Request::Top { n: 5 }).is_ok());
+    assert!(good.call::<Value>(&Request::Top { n: 5 }).is_ok());
 }
 
 /// Manual requests follow the rules' policy: heap profiles only of
@@ -125,7 +125,7 @@ fn manual_requests_obey_the_allowlist_the_manual_budget_and_the_conditions() {
     let e = capture().unwrap_err();
     assert!(e.contains("thermal"), "{e}");
     std::fs::write(zone.join("temp"), "30000\n").unwrap();
-    let v = capture().unwrap();
+    let v: Value = capture().unwrap();
     let id = v["id"].as_str().unwrap_or_else(|| panic!("{v}")).to_owned();
     d.wait_status("the capture to end", Duration::from_secs(30), |st| {
         st["capture"].is_null() && d.list().iter().any(|m| m["id"] == id.as_str())

@@ -249,7 +249,7 @@ fn exports_whose_reader_stalls_are_dropped_and_free_the_trace() {
     let v = as_uid(65534, 65534, move || {
         Client::connect(&sock)
             .unwrap()
-            .call(&Request::List {})
+            .call::<Value>(&Request::List {})
             .map_err(|e| e.to_string())
     });
     assert!(v.is_ok(), "{v:?}");
@@ -312,7 +312,7 @@ fn a_uid_removed_by_a_reload_loses_its_open_connection() {
     d.open_socket_to_all();
     let sock = d.socket();
     let mut c = as_uid(65534, 65534, move || Client::connect(&sock).unwrap());
-    assert!(c.call(&Request::Config {}).is_ok());
+    assert!(c.call::<Value>(&Request::Config {}).is_ok());
     std::fs::write(
         d.config_path(),
         config(d.dir.path(), "allowed_uids = [0]\n"),
@@ -328,11 +328,14 @@ fn a_uid_removed_by_a_reload_loses_its_open_connection() {
         assert!(Instant::now() < deadline, "no reload: {}", d.log());
         std::thread::sleep(Duration::from_millis(100));
     }
-    let e = c.call(&Request::Config {}).unwrap_err().to_string();
+    let e = c
+        .call::<Value>(&Request::Config {})
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("uid 65534 is not allowed"), "{e}");
     // And the connection is closed: nothing more is served on it.
     assert!(c
-        .call(&Request::Delete {
+        .call::<Value>(&Request::Delete {
             id: "whatever".into()
         })
         .is_err());

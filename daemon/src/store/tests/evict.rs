@@ -44,7 +44,13 @@ fn store_one_capture_over_half_the_quota_is_cut_and_never_empties_the_store() {
         12 * 102,
         "cut at the last whole packet under 1250"
     );
-    assert!(big.status.starts_with("cut: "), "{}", big.status);
+    assert_eq!(
+        big.status,
+        CaptureStatus::CutByStore {
+            limit_bytes: 1250,
+            before: None
+        }
+    );
     assert_eq!(s.counters.cut_at_limit, 1);
     assert_eq!(fs::metadata(s.get(&big.id).unwrap().1).unwrap().len(), 1224);
     // Only the oldest went; the newest other capture survives.

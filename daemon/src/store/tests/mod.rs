@@ -89,7 +89,7 @@ fn meta_at(rule: &str, created_unix_ms: u64) -> CaptureMeta {
         },
         duration_ms: 1000,
         trace_bytes: 0,
-        status: "complete".into(),
+        status: CaptureStatus::Complete,
         heapprofd: None,
         backend: None,
     }
@@ -212,7 +212,7 @@ fn sealed_outside_the_store_then_committed() {
     p.seal().unwrap();
     assert_eq!(fs::metadata(&p.tmp_path).unwrap().len(), 204);
     let m = s.commit(p, meta("cpu")).unwrap();
-    assert_eq!((m.trace_bytes, m.status.as_str()), (204, "complete"));
+    assert_eq!((m.trace_bytes, m.status), (204, CaptureStatus::Complete));
 }
 
 #[test]
@@ -305,4 +305,100 @@ fn legacy_metadata_without_seq_sorts_first_by_creation_time() {
         ids(&s),
         vec!["2000-1-old-a", "1000-1-old-b", new.id.as_str()]
     );
+}
+
+/// `<id>.json` as the daemon wrote it before the status was typed (the
+/// text below is that daemon's, field for field): every status text it
+/// wrote loads as its variant, and reads back as the same text in the
+/// listing `vitalsctl list --json` prints.
+#[test]
+fn metadata_written_before_typed_statuses_loads() {
+    let cases = [
+        ("complete", CaptureStatus::Complete),
+        (
+            "stopped by daemon shutdown",
+            CaptureStatus::StoppedByShutdown,
+        ),
+        (
+            "cut: reached store.max_capture_bytes (262198 bytes)",
+            CaptureStatus::CutAtLimit { at_bytes: 262198 },
+        ),
+        (
+            "cut short: writing the trace: No space left on device (os error 28)",
+            CaptureStatus::CutShort {
+                error: "writing the trace: No space left on device (os error 28)".into(),
+            },
+        ),
+        ("cut: daemon crashed", CaptureStatus::Crashed),
+        (
+            "recovered: metadata unreadable, rebuilt from the trace",
+            CaptureStatus::Recovered,
+        ),
+        (
+            r#"heapprofd: {"kind":"timed_out","killed":false}"#,
+            CaptureStatus::HeapprofdIncomplete {
+                session: r#"{"kind":"timed_out","killed":false}"#.into(),
+            },
+        ),
+        (
+            "cut: over the store's per-capture limit of 1250 bytes",
+            CaptureStatus::CutByStore {
+                limit_bytes: 1250,
+                before: None,
+            },
+        ),
+        (
+            "cut short: disk full; cut: over the store's per-capture limit of 1250 bytes",
+            CaptureStatus::CutByStore {
+                limit_bytes: 1250,
+                before: Some(Box::new(CaptureStatus::CutShort {
+                    error: "disk full".into(),
+                })),
+            },
+        ),
+        (
+            "a reason a later vitalsd writes",
+            CaptureStatus::Other("a reason a later vitalsd writes".into()),
+        ),
+    ];
+    let d = tempfile::tempdir().unwrap();
+    let trace = packets(1, 10);
+    for (i, (text, _)) in cases.iter().enumerate() {
+        let id = format!("{T0_UNIX_MS}-{}-cpu", i + 1);
+        let json = format!(
+            r#"{{
+  "id": "{id}",
+  "created_unix_ms": {T0_UNIX_MS},
+  "trigger": {{
+    "rule": "cpu",
+    "value": 95.0,
+    "threshold": 90.0,
+    "offender_pid": 42,
+    "offender_name": "spinner"
+  }},
+  "duration_ms": 1000,
+  "trace_bytes": {},
+  "status": {},
+  "backend": {{
+    "name": "ebpf"
+  }},
+  "seq": {}
+}}"#,
+            trace.len(),
+            serde_json::to_string(text).unwrap(),
+            i + 1
+        );
+        fs::write(d.path().join(format!("{id}.json")), json).unwrap();
+        fs::write(d.path().join(format!("{id}.pftrace")), &trace).unwrap();
+    }
+    let clock = FakeClock::new();
+    let s = open_at(d.path(), LIMITS, &clock);
+    assert_eq!(s.counters.metadata_recovered, 0, "every file read whole");
+    let listed = serde_json::to_value(s.list()).unwrap();
+    for (i, (text, status)) in cases.iter().enumerate() {
+        let id = format!("{T0_UNIX_MS}-{}-cpu", i + 1);
+        assert_eq!(&s.get(&id).unwrap().0.status, status, "{text}");
+        assert_eq!(listed[i]["id"], id.as_str());
+        assert_eq!(listed[i]["status"], *text, "written back as it was");
+    }
 }
