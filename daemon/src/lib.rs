@@ -17,6 +17,8 @@ pub mod heapprofd;
 pub mod history;
 pub mod perfetto;
 pub mod perfetto_capture;
+#[cfg(feature = "producer")]
+pub mod perfetto_sdk;
 pub mod privileges;
 pub mod process_tracks;
 pub mod procfs;
