@@ -12,6 +12,7 @@ pub mod capture;
 pub mod clock;
 pub mod config;
 pub mod control;
+pub mod event_set;
 pub mod export;
 pub mod heapprofd;
 pub mod history;

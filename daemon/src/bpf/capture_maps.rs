@@ -7,6 +7,7 @@
 
 use std::{os::fd::AsFd, path::Path};
 
+use crate::event_set::EventSet;
 use aya::{
     maps::{
         perf::{PerfEventArray, PerfEventArrayBuffer},
@@ -150,12 +151,12 @@ impl IdleTransport {
 
 impl Accounting {
     /// Starts emitting capture records: attaches sched_waking (with
-    /// `capture::FLAG_SCHED`) and sets the CAPTURE flag. Returns the ring
+    /// `events.sched`) and sets the CAPTURE flag to `events`. Returns the ring
     /// buffer, which the caller drains and hands back to `capture_stop`.
     /// Attaching needs CAP_PERFMON: start captures before dropping it.
     pub fn capture_start(
         &mut self,
-        flags: u32,
+        events: EventSet,
         fault_period: u32,
     ) -> Result<CaptureOutput, BpfError> {
         if self.capture_sizing.is_none() {
@@ -179,7 +180,7 @@ impl Accounting {
             .ok_or(BpfError::CaptureNotConfigured)?
             .lend()?;
         self.capture_lent = true;
-        if flags & capture::FLAG_SCHED != 0 {
+        if events.sched {
             let attached = self.waking_prog().and_then(|(name, prog)| {
                 prog.attach("sched", "sched_waking")
                     .map_err(attach_err(name, "tracepoint sched/sched_waking"))
@@ -194,7 +195,7 @@ impl Accounting {
             }
         }
         self.set_capture(CaptureControl {
-            flags,
+            flags: events.flags(),
             fault_period: fault_period.max(1),
         })?;
         Ok(ring)

@@ -30,7 +30,7 @@ use super::{
     throttle::LogThrottle,
     Request, Response,
 };
-use crate::store::Store;
+use crate::{event_set::EventSet, store::Store};
 
 #[derive(Debug, Error)]
 pub enum ServerError {
@@ -142,8 +142,7 @@ pub struct DaemonState {
 pub enum Command {
     Capture {
         duration: Duration,
-        sched: bool,
-        faults: bool,
+        events: EventSet,
         reply: oneshot::Sender<Result<String, String>>,
     },
     Heap {
@@ -547,8 +546,7 @@ async fn handle(req: Request, shared: &Shared) -> Response {
             }
             ask_main_loop(shared, |reply| Command::Capture {
                 duration: Duration::from_secs_f64(duration_s),
-                sched,
-                faults,
+                events: EventSet { sched, faults },
                 reply,
             })
             .await

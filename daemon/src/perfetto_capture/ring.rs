@@ -121,13 +121,16 @@ fn activate_with_client(runner: &RunnerConfig, name: &str) -> Result<(), String>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event_set::EventSet;
 
     #[test]
     fn a_ring_waits_for_its_rules_trigger_then_runs_the_capture_duration() {
         let req = CaptureRequest {
             duration: Duration::from_secs(10),
-            sched: true,
-            faults: false,
+            events: EventSet {
+                sched: true,
+                faults: false,
+            },
             max_bytes: 1 << 20,
             vitals_data_source: None,
             poll: Duration::from_secs(1),
