@@ -5,8 +5,6 @@
 
 pub mod accounting;
 pub mod android;
-#[cfg(test)]
-mod android_tests;
 pub mod bpf;
 pub mod capture;
 pub mod clock;
