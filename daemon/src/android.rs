@@ -3,7 +3,7 @@
 //! `ANDROID_PATHS` is the list of absolute paths (a trailing `/` means "and
 //! everything below"; `<pid>` stands for any process id) that the daemon and
 //! the libraries it calls (aya) may open on Android. The tests in
-//! `android_tests/` check that every entry is labelled, either by our
+//! `android/tests/` check that every entry is labelled, either by our
 //! `sepolicy/file_contexts` or by an AOSP label listed in [`AOSP_LABELS`], and
 //! that `sepolicy/vitalsd.te` grants vitalsd that label. They also scan the
 //! daemon's source for path literals, so a new path in code without a policy
@@ -205,3 +205,6 @@ pub const SOURCE_SCAN_EXEMPT: &[(&str, &str)] = &[
         "Linux default socket (cfg!(not(target_os = \"android\")))",
     ),
 ];
+
+#[cfg(test)]
+mod tests;

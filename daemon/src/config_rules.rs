@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::Dur;
+use crate::event_set::EventSet;
 
 /// What a rule watches.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,14 +41,14 @@ pub struct Rule {
     pub capture: CaptureSpec,
 }
 
+/// The capture a rule asks for (`capture = { … }`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(from = "CaptureSpecFile", into = "CaptureSpecFile")]
 pub struct CaptureSpec {
     pub duration: Dur,
-    /// Every sched_switch/sched_waking in the window (capture tier).
-    pub sched: bool,
-    /// Sampled page-fault call stacks (capture tier).
-    pub faults: bool,
+    /// The kernel events the window records (`sched`, `faults` in the
+    /// file); [`EventSet::RULE_DEFAULT`] when it names neither.
+    pub events: EventSet,
     /// heapprofd profile of the offending process when allowlisted.
     pub heap_profile: bool,
     /// Process names (normalised cmdline) a heap profile may target.
@@ -73,12 +74,62 @@ impl Default for CaptureSpec {
     fn default() -> Self {
         Self {
             duration: Dur(Duration::from_secs(10)),
-            sched: true,
-            faults: false,
+            events: EventSet::RULE_DEFAULT,
             heap_profile: false,
             heap_allowlist: Vec::new(),
             heap_installers: Vec::new(),
             prelude: Prelude::None,
+        }
+    }
+}
+
+/// [`CaptureSpec`] as the config file spells it: `sched` and `faults`
+/// among the other keys. (serde's `flatten` would do, but it does not
+/// work with `deny_unknown_fields`.)
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "CaptureSpec", deny_unknown_fields, default)]
+struct CaptureSpecFile {
+    duration: Dur,
+    sched: bool,
+    faults: bool,
+    heap_profile: bool,
+    heap_allowlist: Vec<String>,
+    heap_installers: Vec<String>,
+    prelude: Prelude,
+}
+
+impl Default for CaptureSpecFile {
+    fn default() -> Self {
+        CaptureSpec::default().into()
+    }
+}
+
+impl From<CaptureSpecFile> for CaptureSpec {
+    fn from(f: CaptureSpecFile) -> Self {
+        Self {
+            duration: f.duration,
+            events: EventSet {
+                sched: f.sched,
+                faults: f.faults,
+            },
+            heap_profile: f.heap_profile,
+            heap_allowlist: f.heap_allowlist,
+            heap_installers: f.heap_installers,
+            prelude: f.prelude,
+        }
+    }
+}
+
+impl From<CaptureSpec> for CaptureSpecFile {
+    fn from(s: CaptureSpec) -> Self {
+        Self {
+            duration: s.duration,
+            sched: s.events.sched,
+            faults: s.events.faults,
+            heap_profile: s.heap_profile,
+            heap_allowlist: s.heap_allowlist,
+            heap_installers: s.heap_installers,
+            prelude: s.prelude,
         }
     }
 }

@@ -5,18 +5,19 @@
 
 pub mod accounting;
 pub mod android;
-#[cfg(test)]
-mod android_tests;
 pub mod bpf;
 pub mod capture;
 pub mod clock;
 pub mod config;
 pub mod control;
+pub mod event_set;
 pub mod export;
 pub mod heapprofd;
 pub mod history;
 pub mod perfetto;
 pub mod perfetto_capture;
+#[cfg(feature = "producer")]
+pub mod perfetto_sdk;
 pub mod privileges;
 pub mod process_tracks;
 pub mod procfs;

@@ -429,12 +429,16 @@ fn lib_capture(
     use vitalsd::{
         bpf::Accounting,
         capture::{Capture, CaptureOptions},
+        event_set::EventSet,
         perfetto::TraceWriter,
     };
     require_root();
     let mut acc = Accounting::load(&cfg).unwrap();
     let opts = CaptureOptions {
-        sched: true,
+        events: EventSet {
+            sched: true,
+            faults: false,
+        },
         ..CaptureOptions::default()
     };
     let cap = Capture::start(&mut acc, &opts, Path::new("/proc")).unwrap();

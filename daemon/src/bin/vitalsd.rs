@@ -15,6 +15,7 @@ use vitalsd::{
     },
     capture::CaptureOptions,
     config::{parse_duration, Config},
+    event_set::EventSet,
     heapprofd::{
         self, ContinuousDump, HeapProfileRequest, Heaps, RateLimiter, RateLimits, RequestLimits,
         RunnerConfig, SessionReport, SessionRunner, TargetStatus,
@@ -377,8 +378,7 @@ fn record_options(args: RecordArgs) -> RecordOptions {
         capture_transport,
     } = args;
     let capture = CaptureOptions {
-        sched,
-        faults,
+        events: EventSet { sched, faults },
         fault_period: fault_period.max(1),
         ..CaptureOptions::default()
     };
@@ -397,7 +397,7 @@ fn record_options(args: RecordArgs) -> RecordOptions {
             runq_wait: !no_runq_wait,
             force_classic_tracepoints: classic_tracepoints,
             pins: pins.map(PinMode::AttachFrom).unwrap_or_default(),
-            capture: capture.any().then(|| CaptureSizing {
+            capture: capture.events.any().then(|| CaptureSizing {
                 ring_bytes: capture_buffer_kb.saturating_mul(1024),
                 transport: capture_transport,
                 ..CaptureSizing::default()
@@ -570,4 +570,33 @@ fn scan(threads: bool, repeat: u32, proc_root: PathBuf) -> Result<()> {
         scan_repeat(&proc_root, threads, repeat).context("vitalsd scan")?
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `vitalsd record` without `--sched`/`--faults` switches no events on;
+    /// each flag switches on its own.
+    #[test]
+    fn record_flags_are_the_event_set() {
+        let events = |flags: &[&str]| {
+            let cli = Cli::try_parse_from([&["vitalsd", "record"][..], flags].concat()).unwrap();
+            let Command::Record(args) = cli.command else {
+                panic!("not record");
+            };
+            record_options(args).capture.events
+        };
+        assert_eq!(events(&[]), EventSet::NONE);
+        let sched = EventSet {
+            sched: true,
+            faults: false,
+        };
+        assert_eq!(events(&["--sched"]), sched);
+        let faults = EventSet {
+            sched: false,
+            faults: true,
+        };
+        assert_eq!(events(&["--faults"]), faults);
+    }
 }

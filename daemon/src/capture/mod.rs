@@ -29,6 +29,7 @@ use vitals_proto::protos::{process_tree, trace_packet, ProcessTree, TracePacket}
 
 use crate::{
     bpf::{Accounting, BpfError, CaptureTransport},
+    event_set::EventSet,
     perfetto::{
         compact_sched::{build_bundle, comm_str, Comm, CpuEvents},
         CounterSpec, CounterUnit, CounterValue, PerfettoError, TraceWriter, TrackUuid,
@@ -52,12 +53,11 @@ pub enum CaptureError {
     Thread(#[source] std::io::Error),
 }
 
-/// What a capture records. `vitalsd record --sched --faults`; the health
-/// triggers use the same switches.
+/// What a capture records: its event set (`vitalsd record --sched
+/// --faults`, a rule's or `vitalsctl capture`'s), and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CaptureOptions {
-    pub sched: bool,
-    pub faults: bool,
+    pub events: EventSet,
     /// One fault sample every this many faults of each process.
     pub fault_period: u32,
     /// How often the drain thread polls the ring buffer.
@@ -67,22 +67,10 @@ pub struct CaptureOptions {
 impl Default for CaptureOptions {
     fn default() -> Self {
         Self {
-            sched: false,
-            faults: false,
+            events: EventSet::NONE,
             fault_period: 100,
             poll: Duration::from_millis(5),
         }
-    }
-}
-
-impl CaptureOptions {
-    pub fn any(&self) -> bool {
-        self.sched || self.faults
-    }
-
-    fn flags(&self) -> u32 {
-        (if self.sched { cap::FLAG_SCHED } else { 0 })
-            | (if self.faults { cap::FLAG_FAULTS } else { 0 })
     }
 }
 
@@ -168,7 +156,7 @@ impl Capture {
         proc_root: &Path,
     ) -> Result<Self, CaptureError> {
         let base_lost = transport::lost(acc)?;
-        let ring = transport::start(acc, opts.flags(), opts.fault_period)?;
+        let ring = transport::start(acc, opts.events, opts.fault_period)?;
         let drainer = match Drainer::start(ring, opts.poll) {
             Ok(d) => d,
             Err(e) => {
@@ -182,8 +170,8 @@ impl Capture {
         let transport = acc.capture_transport();
         log::info!(
             "capture started: sched {}, faults {} (1 in {}); transport {}",
-            opts.sched,
-            opts.faults,
+            opts.events.sched,
+            opts.events.faults,
             opts.fault_period,
             transport.name()
         );
@@ -198,7 +186,7 @@ impl Capture {
             perf_lost: Vec::new(),
             // A lost-sample report does not say what was lost; sched
             // records outnumber fault samples by orders of magnitude.
-            perf_lost_kind: if opts.sched {
+            perf_lost_kind: if opts.events.sched {
                 cap::lost::SCHED
             } else {
                 cap::lost::FAULT

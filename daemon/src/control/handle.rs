@@ -13,7 +13,7 @@ use super::{
     },
     shared::{Command, Shared},
 };
-use crate::store::Store;
+use crate::{event_set::EventSet, store::Store};
 
 /// The answer to `req`, serialized.
 pub(super) async fn handle(req: Request, shared: &Shared) -> Vec<u8> {
@@ -31,8 +31,7 @@ pub(super) async fn handle(req: Request, shared: &Shared) -> Vec<u8> {
             frame(
                 &ask_main_loop(shared, |reply| Command::Capture {
                     duration: Duration::from_secs_f64(duration_s),
-                    sched,
-                    faults,
+                    events: EventSet { sched, faults },
                     reply,
                 })
                 .await,

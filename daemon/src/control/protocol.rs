@@ -389,4 +389,18 @@ mod tests {
         let r: Response<Status> = serde_json::from_slice(&wire).unwrap();
         assert_eq!((r.ok, r.result), (false, None));
     }
+
+    /// `vitalsctl capture` with neither `--sched` nor `--faults` sends a
+    /// request naming neither: no events (a counters-only recording).
+    #[test]
+    fn a_capture_request_naming_neither_switches_no_events_on() {
+        let r: Request = serde_json::from_str(r#"{"cmd":"capture"}"#).unwrap();
+        let Request::Capture { sched, faults, .. } = r else {
+            panic!("not a capture request: {r:?}");
+        };
+        assert_eq!(
+            crate::event_set::EventSet { sched, faults },
+            crate::event_set::EventSet::NONE
+        );
+    }
 }

@@ -17,15 +17,14 @@ use super::{
     protocol::{ConfigReply, ControlCounts, DaemonStatus, TopReply},
     throttle::LogThrottle,
 };
-use crate::store::Store;
+use crate::{event_set::EventSet, store::Store};
 
 /// Requests only the main loop can serve.
 #[derive(Debug)]
 pub enum Command {
     Capture {
         duration: Duration,
-        sched: bool,
-        faults: bool,
+        events: EventSet,
         reply: oneshot::Sender<Result<String, String>>,
     },
     Heap {

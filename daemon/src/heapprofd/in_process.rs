@@ -26,9 +26,7 @@
 //!   read callback dies with the connection uncalled). A stopped traced
 //!   blocks start and stop the same way.
 //!
-//! - perfetto-sdk's read_trace_blocking makes a slice of the NULL pointer
-//!   the SDK passes for an empty read, which aborts a debug build (UB in
-//!   release): we call PerfettoTracingSessionReadTraceBlocking ourselves.
+//! The SDK calls themselves (and the shim) are `perfetto_sdk::session`'s.
 //!
 //! So every SDK call runs on a thread of its own and the caller keeps the
 //! deadline. A call that has not returned by then cannot be interrupted:
@@ -39,7 +37,7 @@
 //! costs one thread, not one per session.
 
 use std::{
-    ffi::{c_char, c_void, OsString},
+    ffi::OsString,
     io::Write,
     os::unix::net::UnixStream,
     path::Path,
@@ -52,12 +50,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use perfetto_sdk_sys::{
-    PerfettoTracingSessionDestroy, PerfettoTracingSessionFlushBlocking, PerfettoTracingSessionImpl,
-    PerfettoTracingSessionReadTraceBlocking, PerfettoTracingSessionSetStopCb,
-    PerfettoTracingSessionSetup, PerfettoTracingSessionStartBlocking,
-    PerfettoTracingSessionStopBlocking, PerfettoTracingSessionSystemCreate,
-};
+use crate::perfetto_sdk::{init_system_backend, session::TracingSession};
 
 use super::route::{
     create_trace_file, RouteEnd, RunError, RunnerConfig, SessionLimits, SessionStatus, POLL,
@@ -79,15 +72,6 @@ fn still_abandoned() -> Option<&'static str> {
             None
         }
     }
-}
-
-unsafe extern "C" {
-    /// cc/perfetto_session_error.cc: TracingSession::SetOnErrorCallback.
-    fn VitalsPerfettoTracingSessionSetErrorCb(
-        session: *mut PerfettoTracingSessionImpl,
-        cb: Option<unsafe extern "C" fn(*mut c_void, u32, *const c_char, usize)>,
-        user_arg: *mut c_void,
-    );
 }
 
 /// traced's consumer socket as the SDK picks it (perfetto's
@@ -155,150 +139,24 @@ impl Stage {
     }
 }
 
-/// Runs on the SDK's thread when traced ended the session.
-unsafe extern "C" fn on_traced_stop(_: *mut PerfettoTracingSessionImpl, user_arg: *mut c_void) {
-    // SAFETY: user_arg is the Box<Sender<Msg>> leaked by on_stop; the SDK
-    // moves the stop callback out before it runs it
-    // (ConsumerImpl::NotifyStopComplete), so this runs at most once. A
-    // session traced never stops leaks the Sender: a few bytes.
-    let tx = unsafe { Box::from_raw(user_arg as *mut Sender<Msg>) };
-    let _ = tx.send(Msg::TracedStopped);
-}
-
-/// Runs on the SDK's thread when traced ends the session with an error.
-unsafe extern "C" fn on_traced_error(
-    user_arg: *mut c_void,
-    _code: u32,
-    message: *const c_char,
-    len: usize,
-) {
-    // SAFETY: user_arg is the Box<Sender<Msg>> leaked by on_error; the SDK
-    // moves the error callback out before it runs it
-    // (ConsumerImpl::NotifyError), so this runs at most once. A session
-    // that ends without an error leaks the Sender: a few bytes.
-    let tx = unsafe { Box::from_raw(user_arg as *mut Sender<Msg>) };
-    let text = if message.is_null() {
-        String::new()
-    } else {
-        // SAFETY: the shim passes the error string's `len` bytes, valid
-        // during the call.
-        let bytes = unsafe { std::slice::from_raw_parts(message as *const u8, len) };
-        String::from_utf8_lossy(bytes).into_owned()
-    };
-    let _ = tx.send(Msg::TracedError(text));
-}
-
-/// A system tracing session of the Perfetto C SDK, owned here rather than
-/// through perfetto-sdk 1.2.1's `TracingSession`, which wraps neither the
-/// stop callback nor an empty read soundly (above), and gives no access to
-/// its session pointer for the calls it lacks.
-struct Session(*mut PerfettoTracingSessionImpl);
-
-impl Session {
-    fn system() -> Option<Self> {
-        // SAFETY: no preconditions; NULL when the backend cannot make one.
-        let p = unsafe { PerfettoTracingSessionSystemCreate() };
-        (!p.is_null()).then_some(Self(p))
-    }
-
-    /// `config`: an encoded TraceConfig (the SDK copies it).
-    fn setup(&mut self, config: &[u8]) {
-        // SAFETY: a live session; the SDK reads `config` during the call.
-        unsafe {
-            PerfettoTracingSessionSetup(self.0, config.as_ptr() as *mut c_void, config.len())
-        };
-    }
-
-    fn start_blocking(&mut self) {
-        // SAFETY: a live session.
-        unsafe { PerfettoTracingSessionStartBlocking(self.0) };
-    }
-
-    /// Zero: the TraceConfig's flush_timeout_ms.
-    fn flush_blocking(&mut self, timeout: Duration) {
-        let ms = timeout.as_millis().min(u128::from(u32::MAX)) as u32;
-        // SAFETY: a live session.
-        unsafe { PerfettoTracingSessionFlushBlocking(self.0, ms) };
-    }
-
-    fn stop_blocking(&mut self) {
-        // SAFETY: a live session.
-        unsafe { PerfettoTracingSessionStopBlocking(self.0) };
-    }
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        // SAFETY: created by PerfettoTracingSessionSystemCreate, destroyed
-        // once.
-        unsafe { PerfettoTracingSessionDestroy(self.0) };
-    }
-}
-
-/// PerfettoTracingSessionSetStopCb: `tx` gets TracedStopped when traced
-/// ends the session.
-fn on_stop(s: &Session, tx: Sender<Msg>) {
-    let arg = Box::into_raw(Box::new(tx)) as *mut c_void;
-    // SAFETY: a live session; the SDK keeps the callback with the
-    // session's consumer and calls it at most once (on_traced_stop).
-    unsafe { PerfettoTracingSessionSetStopCb(s.0, Some(on_traced_stop), arg) };
-}
-
-/// The C++ API's error callback (through the shim): `tx` gets TracedError
-/// with traced's reason when it ends the session with one.
-fn on_error(s: &Session, tx: Sender<Msg>) {
-    let arg = Box::into_raw(Box::new(tx)) as *mut c_void;
-    // SAFETY: a live session, a perfetto::TracingSession as the shim
-    // expects (PerfettoTracingSessionSystemCreate); the SDK keeps the
-    // callback with the session's consumer and calls it at most once.
-    unsafe { VitalsPerfettoTracingSessionSetErrorCb(s.0, Some(on_traced_error), arg) };
-}
-
-/// Runs on the SDK's thread for each part of the trace read back.
-unsafe extern "C" fn on_read(
-    _: *mut PerfettoTracingSessionImpl,
-    data: *const c_void,
-    size: usize,
-    has_more: bool,
-    user_arg: *mut c_void,
-) {
-    // SAFETY: user_arg is read_all's &Sender<Msg>, alive until
-    // PerfettoTracingSessionReadTraceBlocking returns, which it does only
-    // after the has_more = false call (and no call follows that one).
-    let tx = unsafe { &*(user_arg as *const Sender<Msg>) };
-    // The SDK passes NULL, 0 for an empty read (traced refused the
-    // session, or the consumer is gone): perfetto-sdk's own trampoline
-    // makes a slice of that, which aborts a debug build.
-    if !data.is_null() && size > 0 {
-        // SAFETY: the SDK's buffer of `size` bytes, valid during the call.
-        let bytes = unsafe { std::slice::from_raw_parts(data as *const u8, size) };
-        let _ = tx.send(Msg::Chunk(bytes.to_vec()));
-    }
-    if !has_more {
-        let _ = tx.send(Msg::Done);
-    }
-}
-
-/// PerfettoTracingSessionReadTraceBlocking: the trace to `tx` in chunks,
-/// then Done. Blocks until the SDK has read everything.
-fn read_all(s: &Session, tx: &Sender<Msg>) {
-    let arg = tx as *const Sender<Msg> as *mut c_void;
-    // SAFETY: a live session; `tx` outlives the blocking call (on_read).
-    unsafe { PerfettoTracingSessionReadTraceBlocking(s.0, Some(on_read), arg) };
-}
-
 /// The SDK side, on its own thread: every call here may block for as long
 /// as traced does not answer.
 fn session(config: Vec<u8>, tx: Sender<Msg>, stop: Receiver<bool>) {
-    let Some(mut s) = Session::system() else {
+    let Some(mut s) = TracingSession::system() else {
         let _ = tx.send(Msg::Failed(
             "the Perfetto SDK made no system tracing session".into(),
         ));
         return;
     };
     // Before start: the SDK runs these in order on its own thread.
-    on_stop(&s, tx.clone());
-    on_error(&s, tx.clone());
+    let stopped = tx.clone();
+    s.on_stop(move || {
+        let _ = stopped.send(Msg::TracedStopped);
+    });
+    let errored = tx.clone();
+    s.on_error(move |text| {
+        let _ = errored.send(Msg::TracedError(text));
+    });
     s.setup(&config);
     s.start_blocking();
     let _ = tx.send(Msg::Started);
@@ -312,8 +170,15 @@ fn session(config: Vec<u8>, tx: Sender<Msg>, stop: Receiver<bool>) {
     // Returns at once when traced already ended the session.
     s.stop_blocking();
     let _ = tx.send(Msg::Stopped);
-    // on_read runs on the SDK's own thread: a send never blocks it.
-    read_all(&s, &tx);
+    // The parts come on the SDK's own thread: a send never blocks it.
+    s.read_blocking(|bytes, has_more| {
+        if !bytes.is_empty() {
+            let _ = tx.send(Msg::Chunk(bytes.to_vec()));
+        }
+        if !has_more {
+            let _ = tx.send(Msg::Done);
+        }
+    });
 }
 
 /// How the caller's wait ended.
@@ -350,7 +215,7 @@ pub(super) fn run(
         log::warn!("in-process heapprofd consumer: {stderr_tail}");
         return Ok(end(SessionStatus::TracedUnreachable { stderr_tail }));
     }
-    crate::producer::init_system_backend();
+    init_system_backend();
     let mut file = create_trace_file(out)?;
     let (tx, rx) = mpsc::channel();
     let (stop_tx, stop_rx) = mpsc::channel();

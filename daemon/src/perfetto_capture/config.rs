@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::{
+    event_set::EventSet,
     heapprofd::{config::HEAPPROFD_DATA_SOURCE, HeapProfileRequest},
     perfetto::protos::{
         ftrace_config::CompactSchedConfig, sys_stats_config::StatCounters, trace_config,
@@ -76,10 +77,9 @@ impl HeapInSession {
 #[derive(Debug, Clone)]
 pub struct CaptureRequest {
     pub duration: Duration,
-    /// The CPU timeline (linux.ftrace sched events).
-    pub sched: bool,
-    /// Asked for fault hotspots; this backend has fault counters only.
-    pub faults: bool,
+    /// `sched`: the CPU timeline (linux.ftrace sched events); `faults`:
+    /// asked for fault hotspots, which this backend has as counters only.
+    pub events: EventSet,
     /// store.max_capture_bytes: the buffer and the trace stay within it.
     pub max_bytes: u64,
     /// vitalsd's own data source (`producer.data_source`), when the
@@ -116,7 +116,7 @@ impl CaptureRequest {
             }),
             ..Default::default()
         };
-        if self.sched {
+        if self.events.sched {
             data_sources.push(source(DataSourceConfig {
                 name: Some(FTRACE_DATA_SOURCE.into()),
                 ftrace_config: Some(FtraceConfig {
@@ -208,8 +208,10 @@ mod tests {
     fn request(max_bytes: u64) -> CaptureRequest {
         CaptureRequest {
             duration: Duration::from_secs(10),
-            sched: true,
-            faults: false,
+            events: EventSet {
+                sched: true,
+                faults: false,
+            },
             max_bytes,
             vitals_data_source: Some("linux.vitals".into()),
             poll: Duration::from_secs(1),
@@ -308,7 +310,7 @@ mod tests {
     #[test]
     fn without_sched_no_ftrace_and_without_producer_no_vitals() {
         let mut r = request(1 << 20);
-        r.sched = false;
+        r.events.sched = false;
         r.vitals_data_source = None;
         assert_eq!(
             names(&r.trace_config()),

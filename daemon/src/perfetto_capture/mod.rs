@@ -196,7 +196,7 @@ pub(crate) fn run_session(
             }
         });
     let mut notes = vec![format!("consumer: {}", route.name())];
-    if req.faults {
+    if req.events.faults {
         notes.push(FAULTS_NOTE.into());
     }
     if !contents.has_stats {

@@ -80,24 +80,10 @@ pub fn activate(runner: &RunnerConfig, name: &str) -> Result<(), String> {
     match runner.consumer {
         ConsumerRoute::PerfettoClient => activate_with_client(runner, name),
         #[cfg(feature = "producer")]
-        ConsumerRoute::InProcess => activate_in_process(name),
+        ConsumerRoute::InProcess => crate::perfetto_sdk::activate_trigger(name),
         #[cfg(not(feature = "producer"))]
         ConsumerRoute::InProcess => Err("in_process needs the `producer` feature".into()),
     }
-}
-
-/// The SDK's producer asks traced to activate `name` (traced accepts
-/// triggers from producers; the call returns at once, the producer
-/// connection sends it).
-#[cfg(feature = "producer")]
-fn activate_in_process(name: &str) -> Result<(), String> {
-    let name = std::ffi::CString::new(name).map_err(|e| format!("trigger name: {e}"))?;
-    crate::producer::init_system_backend();
-    let mut names = [name.as_ptr(), std::ptr::null()];
-    // SAFETY: a NULL-terminated array of NUL-terminated strings, alive for
-    // the call (the SDK copies them); 0: the SDK's default TTL.
-    unsafe { perfetto_sdk_sys::PerfettoProducerActivateTriggers(names.as_mut_ptr(), 0) };
-    Ok(())
 }
 
 /// `perfetto --config -` with a TraceConfig of only `activate_triggers`.
@@ -135,13 +121,16 @@ fn activate_with_client(runner: &RunnerConfig, name: &str) -> Result<(), String>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event_set::EventSet;
 
     #[test]
     fn a_ring_waits_for_its_rules_trigger_then_runs_the_capture_duration() {
         let req = CaptureRequest {
             duration: Duration::from_secs(10),
-            sched: true,
-            faults: false,
+            events: EventSet {
+                sched: true,
+                faults: false,
+            },
             max_bytes: 1 << 20,
             vitals_data_source: None,
             poll: Duration::from_secs(1),

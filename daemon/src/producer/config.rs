@@ -69,17 +69,19 @@ impl Default for InstanceConfig {
 
 /// The legacy_config string of an encoded DataSourceConfig ("" if absent).
 pub fn legacy_config(ds_config: &[u8]) -> Result<String, ConfigError> {
-    use perfetto_sdk::pb_decoder::{PbDecoder, PbDecoderField};
     let mut found = String::new();
-    for field in PbDecoder::new(ds_config) {
-        if let (LEGACY_CONFIG_FIELD, PbDecoderField::Delimited(bytes)) =
-            field.map_err(|e| ConfigError::Protobuf(e.to_string()))?
-        {
-            found = std::str::from_utf8(bytes)
-                .map_err(|_| ConfigError::NotUtf8)?
-                .to_owned();
-        }
-    }
+    crate::perfetto_sdk::visit_fields(
+        ds_config,
+        |id, bytes| {
+            if id == LEGACY_CONFIG_FIELD {
+                found = std::str::from_utf8(bytes)
+                    .map_err(|_| ConfigError::NotUtf8)?
+                    .to_owned();
+            }
+            Ok(())
+        },
+        ConfigError::Protobuf,
+    )?;
     Ok(found)
 }
 

@@ -18,7 +18,8 @@
 //!   SDK drops rather than stalls when the shared memory buffer is full.
 //! - traced restarting: the SDK reconnects; [`connection`] counts it.
 //!
-//! One concern per file: `sdk` (all SDK calls), `config`, `instance` (one
+//! One concern per file: `sdk` (the data source's callbacks; the SDK
+//! calls themselves are `crate::perfetto_sdk`'s), `config`, `instance` (one
 //! session's sequence), `worker` (the thread), `connection`, `stats`.
 
 mod config;
@@ -27,8 +28,6 @@ mod instance;
 mod sdk;
 mod stats;
 mod worker;
-
-pub(crate) use sdk::init_system_backend;
 
 use std::{
     sync::{
@@ -55,7 +54,7 @@ pub enum ProducerError {
     Register {
         name: String,
         #[source]
-        source: perfetto_sdk::data_source::DataSourceError,
+        source: crate::perfetto_sdk::data_source::DataSourceError,
     },
     #[error("starting the producer thread: {0}")]
     Thread(#[source] std::io::Error),

@@ -10,10 +10,13 @@ use std::{
 use super::{
     connection::{Change, ConnectionWatch},
     instance::Instance,
-    sdk::{Event, Sdk, Sink},
+    sdk::Event,
     ProducerOptions, Shared, Stats, TickData,
 };
-use crate::process_tracks::ProcessIdentity;
+use crate::{
+    perfetto_sdk::data_source::{DataSource, FlushGuard, Sink, StopGuard},
+    process_tracks::ProcessIdentity,
+};
 
 /// Perfetto's limit of concurrent instances of one data source
 /// (kMaxDataSourceInstances).
@@ -24,12 +27,12 @@ const CONNECTION_POLL: Duration = Duration::from_secs(1);
 
 /// What the guards of a forced write acknowledge.
 enum Ack {
-    Stop(perfetto_sdk::data_source::StopGuard),
-    Flush(perfetto_sdk::data_source::FlushGuard),
+    Stop(StopGuard),
+    Flush(FlushGuard),
 }
 
 pub(super) struct Worker {
-    sdk: Sdk,
+    sdk: DataSource,
     events: mpsc::Receiver<Event>,
     shared: Arc<Shared>,
     watch: ConnectionWatch,
@@ -42,7 +45,7 @@ pub(super) struct Worker {
 
 impl Worker {
     pub(super) fn new(
-        sdk: Sdk,
+        sdk: DataSource,
         events: mpsc::Receiver<Event>,
         shared: Arc<Shared>,
         watch: ConnectionWatch,

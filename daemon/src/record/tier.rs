@@ -30,7 +30,7 @@ impl Tier {
     ) -> Result<Self, RecordError> {
         let accounting = match accounting {
             Ok(acc) => acc,
-            Err(_) if !opts.any() => {
+            Err(_) if !opts.events.any() => {
                 return Ok(Self {
                     capture: None,
                     accounting: None,
@@ -38,7 +38,7 @@ impl Tier {
             }
             Err(why) => return Err(RecordError::CaptureNeedsBpf(why)),
         };
-        let capture = if opts.any() {
+        let capture = if opts.events.any() {
             Some(accounting.with(|acc| Capture::start(acc, opts, proc_root))?)
         } else {
             None

@@ -215,8 +215,7 @@ pub(super) fn perfetto_request(
 ) -> CaptureRequest {
     CaptureRequest {
         duration: spec.duration.0,
-        sched: spec.sched,
-        faults: spec.faults,
+        events: spec.events,
         max_bytes: cfg.store.max_capture_bytes,
         vitals_data_source: (cfg!(feature = "producer") && cfg.producer.enabled)
             .then(|| cfg.producer.data_source.clone()),
@@ -286,8 +285,7 @@ fn record_options(cfg: &Config, spec: &CaptureSpec, pending: &Pending) -> Record
         proc_root: cfg.sampling.proc_root.clone(),
         drop_privileges: false,
         capture: CaptureOptions {
-            sched: spec.sched,
-            faults: spec.faults,
+            events: spec.events,
             ..CaptureOptions::default()
         },
         max_bytes: Some(cfg.store.max_capture_bytes),

@@ -145,7 +145,7 @@ pub fn cleanup_after_crash(cfg: &Config) -> Result<String, ServiceError> {
 /// this set), so a capture can attach its programs later. On Android it has
 /// none and needs none: it attaches bpfloader's pins, which SELinux alone
 /// gates, and init/vitalsd.rc grants nothing
-/// (android_tests::init_tests::rc_grants_no_capability).
+/// (android::tests::init::rc_grants_no_capability).
 pub const DAEMON_CAPS: &[caps::Capability] =
     &[caps::Capability::CAP_BPF, caps::Capability::CAP_PERFMON];
 

@@ -14,6 +14,7 @@ use super::{
 use crate::{
     config::{CaptureSpec, Config},
     control::server::Command,
+    event_set::EventSet,
     heapprofd::normalize_cmdline,
     store::TriggerInfo,
     triggers::SysfsProbe,
@@ -27,10 +28,9 @@ impl Service {
             match cmd {
                 Command::Capture {
                     duration,
-                    sched,
-                    faults,
+                    events,
                     reply,
-                } => self.manual_capture(duration, sched, faults, reply),
+                } => self.manual_capture(duration, events, reply),
                 Command::Heap {
                     name,
                     pid,
@@ -44,8 +44,7 @@ impl Service {
     pub(super) fn manual_capture(
         &mut self,
         duration: Duration,
-        sched: bool,
-        faults: bool,
+        events: EventSet,
         reply: oneshot::Sender<Result<String, String>>,
     ) {
         if self.capture.is_some() {
@@ -58,8 +57,7 @@ impl Service {
         }
         let spec = CaptureSpec {
             duration: crate::config::Dur(duration),
-            sched,
-            faults,
+            events,
             ..CaptureSpec::default()
         };
         let trigger = TriggerInfo {

@@ -21,7 +21,10 @@ use aya::maps::{
 };
 use vitals_common::{capture, names, CaptureControl};
 
-use crate::bpf::{map_err, Accounting, BpfError, IdleTransport};
+use crate::{
+    bpf::{map_err, Accounting, BpfError, IdleTransport},
+    event_set::EventSet,
+};
 
 /// The user-space end of the capture transport: lent to a capture by
 /// `start`, handed back by `stop`.
@@ -68,12 +71,12 @@ fn give_back(idle: &mut IdleTransport, out: CaptureOutput) {
 }
 
 /// Starts emitting capture records: attaches sched_waking (with
-/// `capture::FLAG_SCHED`) and sets the CAPTURE flag. Returns the output,
+/// `events.sched`) and sets the CAPTURE flag to `events`. Returns the output,
 /// which the caller drains and hands back to `stop`. Attaching needs
 /// CAP_PERFMON: start captures before dropping it.
 pub fn start(
     acc: &mut Accounting,
-    flags: u32,
+    events: EventSet,
     fault_period: u32,
 ) -> Result<CaptureOutput, BpfError> {
     if acc.capture_sizing().is_none() {
@@ -94,7 +97,7 @@ pub fn start(
     let slot = acc.transport_slot();
     let ring = lend(slot.idle.as_mut().ok_or(BpfError::CaptureNotConfigured)?)?;
     slot.lent = true;
-    if flags & capture::FLAG_SCHED != 0 {
+    if events.sched {
         if let Err(e) = acc.attach_waking() {
             // The transport stays here for the next capture.
             take_back(acc, ring);
@@ -104,7 +107,7 @@ pub fn start(
     set_flag(
         acc,
         CaptureControl {
-            flags,
+            flags: events.flags(),
             fault_period: fault_period.max(1),
         },
     )?;

@@ -2,6 +2,7 @@
 //! proptests that no value makes the parser panic.
 
 use super::*;
+use crate::event_set::EventSet;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(Path::new("test.toml"), text)
@@ -83,8 +84,50 @@ capture = { duration = "2s", sched = false }
     .unwrap();
     assert_eq!(c.rules.len(), 1);
     assert_eq!(c.rules[0].capture.duration.0, Duration::from_secs(2));
-    assert!(!c.rules[0].capture.sched);
+    assert!(!c.rules[0].capture.events.sched);
     assert_eq!(c.history_len(), 300);
+}
+
+/// What users see today: a rule's capture records the CPU timeline
+/// unless it names `sched`/`faults` (`vitalsctl capture` and `vitalsd
+/// record` default to no events: `event_set` tests those).
+#[test]
+fn a_rules_capture_records_sched_unless_it_says_otherwise() {
+    let rule = |capture: &str| {
+        let text = format!(
+            "[[rule]]\nname = \"r\"\nmetric = {{ kind = \"system_cpu_busy_pct\" }}\n\
+             threshold = 90\nwindow = \"10s\"\ncooldown = \"1m\"\n{capture}"
+        );
+        parse(&text).unwrap().rules[0].capture.events
+    };
+    let sched_only = EventSet {
+        sched: true,
+        faults: false,
+    };
+    assert_eq!(rule(""), sched_only);
+    assert_eq!(rule("capture = { duration = \"5s\" }\n"), sched_only);
+    assert_eq!(
+        rule("capture = { faults = true }\n"),
+        EventSet {
+            sched: true,
+            faults: true
+        }
+    );
+    assert_eq!(
+        rule("capture = { sched = false }\n"),
+        EventSet {
+            sched: false,
+            faults: false
+        }
+    );
+    // The file's keys are still `sched` and `faults`: a typo is an error.
+    let e = parse(
+        "[[rule]]\nname = \"r\"\nmetric = { kind = \"system_cpu_busy_pct\" }\n\
+         threshold = 90\nwindow = \"10s\"\ncooldown = \"1m\"\ncapture = { shed = true }\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("shed"), "{e}");
 }
 
 #[test]
