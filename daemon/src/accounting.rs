@@ -1,7 +1,7 @@
 //! What every per-task accounting source produces, whichever tier it runs
 //! in: cumulative counters per process (the eBPF programs' maps, folded by
 //! `bpf::totals`, or the kernel's schedstat files, folded by
-//! `sched_procfs`), and the name of the tier. Sinks (trace tracks, top,
+//! `sources::schedstat`), and the name of the tier. Sinks (trace tracks, top,
 //! rules, the Perfetto data source) take these and know no source.
 
 use vitals_common::FaultCounters;

@@ -63,6 +63,12 @@ impl SharedAccounting {
         }
     }
 
+    /// Runs `f` on the accounting, holding it for that long (the capture
+    /// flag, the loss counters, the stack map), without a reader's slot.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Accounting) -> R) -> R {
+        f(&mut self.lock().acc)
+    }
+
     /// A reader that panicked while holding the lock left the maps as
     /// they were (reads and flag writes are single syscalls): carry on.
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -85,6 +91,12 @@ impl AccountingReader {
     /// daemon's tick).
     pub fn another(&self) -> AccountingReader {
         self.shared.reader()
+    }
+
+    /// The programs this reader reads, for what does not read them (a
+    /// recording's capture tier).
+    pub fn programs(&self) -> Arc<SharedAccounting> {
+        Arc::clone(&self.shared)
     }
 
     /// Runs `f` on the accounting, holding it for that long (the capture

@@ -1,5 +1,6 @@
-//! `vitalsd record`: always-on accounting for a bounded window, streamed
-//! into a Perfetto trace, with a top table at the end.
+//! `vitalsd record`: the pipeline for a bounded window with the trace-file
+//! sink (a [`Recording`]), streamed into a Perfetto trace, with a top
+//! table at the end.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -19,22 +20,20 @@ pub use self::summary::{RecordSummary, SummaryRow};
 use self::tier::Tier;
 
 use crate::{
-    accounting::{self, CounterOrigin},
+    accounting::{self, CounterOrigin, ProcessCounters},
     bpf::{
         denied::{self, ProcOnly},
-        totals::{ProcessCounters, Totals},
         AccountingConfig, AccountingReader, BpfError, FaultSource, SharedAccounting,
     },
     capture::{CaptureError, CaptureOptions},
     clock::ClockPair,
-    export,
     perfetto::{PerfettoError, ProcessKey, SystemFacts, TraceWriter},
+    pipeline::Pipeline,
     privileges::{self, PrivilegeError},
     process_tracks::{process_counters, tree_entries, ProcessCounterTracks, ProcessIdentity},
-    procfs::sampler::{ProcessSample, Sample, SampleOptions, Sampler, SamplerError},
-    sched_procfs::SchedProcfs,
+    procfs::sampler::{ProcessSample, Sample, SamplerError},
+    sources::{schedstat::SchedProcfsStats, Tick},
     system::{self, SystemError},
-    tracker::Tracker,
 };
 
 #[derive(Debug, Error)]
@@ -123,16 +122,27 @@ pub fn record_on(
     stop: &AtomicBool,
     prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
 ) -> Result<RecordSummary, RecordError> {
-    let attached = attach(opts, accounting)?;
-    let mut recording = Recording::start(opts, attached, prelude)?;
-    recording.run(opts, stop)?;
-    recording.finish(opts)
+    let mut attached = attach(opts, accounting)?;
+    let hz = system::clock_ticks_per_second()?;
+    // Declared before the recording, so dropped after it: an error drops
+    // the writer and the capture before the programs.
+    let mut pipeline = Pipeline::open(&opts.proc_root, hz, attached.reader.take());
+    if let Some(e) = pipeline.scan_only().procfs_error.take() {
+        return Err(e.into());
+    }
+    let origin = pipeline.origin();
+    let mut recording = Recording::start(attached, pipeline.last(), origin, prelude)?;
+    recording.run(opts, stop, &mut pipeline)?;
+    let sched_procfs = pipeline.sources.schedstat.as_ref().map(|s| s.reader.stats);
+    recording.finish(opts, sched_procfs)
 }
 
 /// What `attach` leaves for the rest of the recording.
 struct Attached {
     /// No accounting: /proc-only, for the reason in `proc_only`.
     tier: Tier,
+    /// The programs' reader, for the pipeline's eBPF room.
+    reader: Option<AccountingReader>,
     proc_only: Option<ProcOnly>,
     file: File,
     capabilities_after_attach: Option<String>,
@@ -156,7 +166,11 @@ fn attach(
     })?;
     // Before the capability drop: starting a capture attaches sched_waking.
     // /proc-only, a capture is `CaptureNeedsBpf`.
-    let tier = Tier::start(accounting, &opts.capture, &opts.proc_root)?;
+    let tier = Tier::start(
+        accounting.as_ref().map_err(Clone::clone),
+        &opts.capture,
+        &opts.proc_root,
+    )?;
     let capabilities_after_attach = if opts.drop_privileges {
         // Symbolising another process's stack reads its /proc/<pid>/maps,
         // which ptrace_may_access() guards: keep CAP_SYS_PTRACE for that.
@@ -171,6 +185,7 @@ fn attach(
     };
     Ok(Attached {
         tier,
+        reader: accounting.ok(),
         proc_only,
         file,
         capabilities_after_attach,
@@ -193,7 +208,6 @@ struct Recording {
     /// of one pid that have no starttime.
     ended_per_pid: HashMap<u32, u64>,
     tracks: ProcessCounterTracks,
-    totals: Totals,
     /// The live process instance of each pid with counters in the trace
     /// (None: counted but never named); an instance whose row ends moves
     /// to `ended`, so a reused pid is a new process.
@@ -208,18 +222,12 @@ struct Recording {
     /// Process instances never named (gone from /proc before any scan
     /// and ended without a comm): in the table, not in the trace.
     unnamed_left_out: u64,
-    sample: Sample,
-    tracker: Tracker,
-    sampler: Sampler,
-    hz: u64,
     start: ClockPair,
     writer: FileTraceWriter,
     runq_wait: bool,
     fault_source: FaultSource,
     /// Where the per-task counters come from (None: clock ticks only).
     origin: Option<CounterOrigin>,
-    /// No eBPF: the procfs scheduler source (the CTS tier).
-    sched: Option<SchedProcfs>,
     /// The CTS tier's counters of the processes alive at the start
     /// (schedstat counts from a process's start, eBPF from the attach):
     /// subtracted for the summary, which is about the recording.
@@ -230,36 +238,31 @@ struct Recording {
     proc_only: Option<ProcOnly>,
     samples: u64,
     cut_at_max_bytes: bool,
+    /// The eBPF programs' drop counters as last read, by name (none
+    /// /proc-only, rather than zeros).
+    drops: Vec<(&'static str, u64)>,
 }
 
 impl Recording {
-    /// Writes the trace's header (clocks, system, the processes alive now,
-    /// then `prelude`) and takes the first procfs sample.
+    /// Writes the trace's header (clocks, system, the processes alive in
+    /// `first`'s scan, then `prelude`); `origin`: where the per-task
+    /// counters come from (None: clock ticks only).
     fn start(
-        opts: &RecordOptions,
         attached: Attached,
+        first: &Tick,
+        origin: Option<CounterOrigin>,
         prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
     ) -> Result<Self, RecordError> {
         let Attached {
             tier,
+            reader: _,
             proc_only,
             file,
             capabilities_after_attach,
         } = attached;
-        let (fault_source, runq_wait) = tier.fault_source_and_runq_wait();
-        let hz = system::clock_ticks_per_second()?;
-        // No eBPF: the kernel's own per-thread accounting (the CTS tier).
-        let mut sched = match tier.has_bpf() {
-            true => None,
-            false => crate::sched_procfs::open_or_log(&opts.proc_root, hz),
-        };
-        let origin = match (tier.has_bpf(), &sched) {
-            (true, _) => Some(CounterOrigin::Ebpf {
-                fault_source,
-                runq_wait,
-            }),
-            (false, Some(_)) => Some(CounterOrigin::Schedstat),
-            (false, None) => None,
+        let fault_source = match origin {
+            Some(CounterOrigin::Ebpf { fault_source, .. }) => fault_source,
+            _ => FaultSource::None,
         };
         let runq_wait = origin.is_some_and(CounterOrigin::runq_wait);
         // Neither tier: no per-task tracks at all, so nothing reads as a zero.
@@ -278,31 +281,22 @@ impl Recording {
             system_ram_bytes: None,
         })?;
 
-        // procfs alongside: system CPU, load, pressure, per-process CPU,
-        // memory and faults as the kernel accounts them; its scan also
-        // names processes.
-        let mut sampler = Sampler::new(
-            &opts.proc_root,
-            SampleOptions {
-                threads: false,
-                status: true,
-                cmdline: true,
-            },
-        );
-        let mut tracker = Tracker::new(hz);
-        let mut sample = Sample::default();
-        sampler.sample_into(&mut sample)?;
-        tracker.update(&sample);
-        let baseline = sched.as_mut().map_or_else(HashMap::new, |s| {
-            s.update(&sample)
-                .into_iter()
+        // The CTS tier's counters of the processes alive at the start
+        // (schedstat counts from a process's start); the eBPF tier's rows
+        // are read from the first tick on.
+        let baseline = match origin {
+            Some(CounterOrigin::Schedstat) => first
+                .rows
+                .iter()
                 .filter(|r| !r.ended)
-                .map(|r| (r.tgid, r))
-                .collect()
-        });
+                .map(|r| (r.tgid, *r))
+                .collect(),
+            _ => HashMap::new(),
+        };
 
         // Every process alive now, with its real argv.
-        let known: HashMap<u32, Option<ProcessIdentity>> = sample
+        let known: HashMap<u32, Option<ProcessIdentity>> = first
+            .sample
             .processes
             .iter()
             .map(|p| (p.stat.pid as u32, Some(ProcessIdentity::of(p))))
@@ -325,31 +319,31 @@ impl Recording {
             fault_source,
             runq_wait,
             origin,
-            sched,
             baseline,
             writer,
             start,
-            hz,
-            sampler,
-            tracker,
-            sample,
             known,
             waiting: HashSet::new(),
             scanned_only: HashMap::new(),
             unnamed_left_out: 0,
-            totals: Totals::new(),
             tracks,
             final_rows: HashMap::new(),
             ended: Vec::new(),
             ended_per_pid: HashMap::new(),
             samples: 0,
             cut_at_max_bytes: false,
+            drops: Vec::new(),
         })
     }
 
     /// Samples every interval until `duration` passes or `stop` is set,
     /// then once more.
-    fn run(&mut self, opts: &RecordOptions, stop: &AtomicBool) -> Result<(), RecordError> {
+    fn run(
+        &mut self,
+        opts: &RecordOptions,
+        stop: &AtomicBool,
+        pipeline: &mut Pipeline,
+    ) -> Result<(), RecordError> {
         let deadline = Instant::now() + opts.duration;
         let mut next_tick = Instant::now() + opts.interval;
         loop {
@@ -361,64 +355,59 @@ impl Recording {
                 continue;
             }
             next_tick += opts.interval;
-            self.tick()?;
-            if finishing {
-                return Ok(());
+            let tick = pipeline.tick();
+            if let Some(e) = tick.bpf_error.take() {
+                return Err(e.into());
             }
-            if opts
-                .max_bytes
-                .is_some_and(|max| self.writer.bytes_written() >= max)
-            {
-                log::warn!(
-                    "recording stopped at {} bytes: the cap is {} bytes",
-                    self.writer.bytes_written(),
-                    opts.max_bytes.unwrap_or_default()
-                );
-                self.cut_at_max_bytes = true;
+            if let Some(e) = tick.procfs_error.take() {
+                return Err(e.into());
+            }
+            self.take(pipeline.last())?;
+            if finishing || self.reached(opts.max_bytes) {
                 return Ok(());
             }
         }
     }
 
-    /// One sample: the BPF totals and procfs, the capture's records since
-    /// the last tick, and every process's counters that changed.
-    fn tick(&mut self) -> Result<(), RecordError> {
-        let snap = self.tier.read()?;
-        let clocks = ClockPair::now();
-        self.samples += 1;
-        let rows = snap
-            .as_ref()
-            .map(|snap| self.totals.update(snap))
-            .unwrap_or_default();
-        self.sampler.sample_into(&mut self.sample)?;
-        let rows = match self.sched.as_mut() {
-            Some(sched) => sched.update(&self.sample),
-            None => rows,
+    /// Whether the trace holds `max_bytes`: then the recording stops.
+    fn reached(&mut self, max_bytes: Option<u64>) -> bool {
+        let Some(max) = max_bytes.filter(|&max| self.writer.bytes_written() >= max) else {
+            return false;
         };
-        export::write_sample(&mut self.writer, clocks.boottime_ns, &self.sample, self.hz)?;
-        if let Some(window) = self.tracker.update(&self.sample) {
-            export::write_window(&mut self.writer, clocks.boottime_ns, &window)?;
+        log::warn!(
+            "recording stopped at {} bytes: the cap is {max} bytes",
+            self.writer.bytes_written(),
+        );
+        self.cut_at_max_bytes = true;
+        true
+    }
+
+    /// One tick: every source's packets, the capture's records since the
+    /// last tick, and every process's counters that changed.
+    fn take(&mut self, tick: &Tick) -> Result<(), RecordError> {
+        let ts_boot_ns = tick.clocks.boottime_ns;
+        self.samples += 1;
+        if let Some(drops) = &tick.bpf_drops {
+            self.drops = crate::sources::ebpf::named_drops(drops);
         }
-        if let Some(snap) = &snap {
-            export::write_bpf_drops(&mut self.writer, clocks.boottime_ns, &snap.drops)?;
-        }
-        self.tier.flush(&mut self.writer, clocks.boottime_ns)?;
+        crate::sources::emit(tick, &mut self.writer)?;
+        self.tier.flush(&mut self.writer, ts_boot_ns)?;
         // Known instances first: one that ends moves out of `known`, so
         // a new instance of its pid in this tick (a live row after the
         // ended one) is a new process.
         let mut ending = HashSet::new();
         let (old, new): (Vec<ProcessCounters>, Vec<ProcessCounters>) =
-            rows.into_iter().partition(|r| {
+            tick.rows.iter().copied().partition(|r| {
                 let known = self.known.contains_key(&r.tgid) && !ending.contains(&r.tgid);
                 if known && r.ended {
                     ending.insert(r.tgid);
                 }
                 known
             });
-        self.write_counters(&old, clocks.boottime_ns)?;
-        let (new, mut entries) = self.name_new_processes(new);
-        self.write_counters(&new, clocks.boottime_ns)?;
-        entries.extend(self.name_scanned_only());
+        self.write_counters(&old, ts_boot_ns)?;
+        let (new, mut entries) = self.name_new_processes(new, &tick.sample);
+        self.write_counters(&new, ts_boot_ns)?;
+        entries.extend(self.name_scanned_only(&tick.sample));
         // The ProcessTree entries after the new instances' counters:
         // trace_processor starts a new process for a pid when a process
         // track descriptor with a new uuid resolves (its first counter);
@@ -426,7 +415,7 @@ impl Recording {
         // (same parent: UpdateProcessWithParent keeps the upid).
         if !entries.is_empty() {
             self.writer
-                .write_process_tree(clocks.boottime_ns, &tree_entries(&entries))?;
+                .write_process_tree(ts_boot_ns, &tree_entries(&entries))?;
         }
         self.writer.flush()?;
         Ok(())
@@ -443,12 +432,12 @@ impl Recording {
     fn name_new_processes(
         &mut self,
         rows: Vec<ProcessCounters>,
+        sample: &Sample,
     ) -> (Vec<ProcessCounters>, Vec<ProcessIdentity>) {
         if rows.is_empty() {
             return (rows, Vec::new());
         }
-        let scanned: HashMap<u32, &ProcessSample> = self
-            .sample
+        let scanned: HashMap<u32, &ProcessSample> = sample
             .processes
             .iter()
             .map(|p| (p.stat.pid as u32, p))
@@ -484,9 +473,9 @@ impl Recording {
     /// name (issue 23: one born after the last tick's eBPF read). A pid
     /// that already had an instance here is left to its eBPF row: an
     /// entry before the new instance's tracks would rename the old one.
-    fn name_scanned_only(&mut self) -> Vec<ProcessIdentity> {
+    fn name_scanned_only(&mut self, sample: &Sample) -> Vec<ProcessIdentity> {
         let mut out = Vec::new();
-        for p in &self.sample.processes {
+        for p in &sample.processes {
             let pid = p.stat.pid as u32;
             let named = self.known.contains_key(&pid)
                 || self.ended_per_pid.contains_key(&pid)
@@ -568,7 +557,11 @@ impl Recording {
 
     /// Stops the capture (draining and writing what is left), then the
     /// summary: every process seen, by on-CPU time.
-    fn finish(mut self, opts: &RecordOptions) -> Result<RecordSummary, RecordError> {
+    fn finish(
+        mut self,
+        opts: &RecordOptions,
+        sched_procfs: Option<SchedProcfsStats>,
+    ) -> Result<RecordSummary, RecordError> {
         if self.unnamed_left_out > 0 {
             log::info!(
                 "{} processes ended before they could be named (gone from /proc before a scan, \
@@ -586,22 +579,14 @@ impl Recording {
             .max(1);
         let rows = self.summary_rows(wall);
         // /proc-only: no eBPF drop counters, rather than zeros.
-        let drops = if self.tier.has_bpf() {
-            vitals_common::drop_reason::NAMES
-                .iter()
-                .zip(self.totals.drops)
-                .map(|(n, v)| (*n, v))
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let drops = std::mem::take(&mut self.drops);
         let packets_written = self.writer.packets_written();
         let bytes_written = self.writer.bytes_written();
         self.writer.flush()?;
         Ok(RecordSummary {
             accounting: accounting_mode(self.proc_only.as_ref()),
-            tier: crate::sched_procfs::tier_of(self.origin),
-            sched_procfs: self.sched.as_ref().map(|s| s.stats),
+            tier: crate::sources::schedstat::tier_of(self.origin),
+            sched_procfs,
             trace_path: opts.out.clone(),
             fault_source: self.fault_source,
             wall_monotonic_ns: wall,
@@ -664,7 +649,7 @@ fn accounting_note(
     fault_source: FaultSource,
     origin: Option<CounterOrigin>,
 ) -> String {
-    let tier = crate::sched_procfs::tier_of(origin);
+    let tier = crate::sources::schedstat::tier_of(origin);
     match proc_only {
         None => format!(
             "accounting: ebpf; tier {}: {}; faults from {}",

@@ -27,7 +27,7 @@ pub struct RecordSummary {
     /// The tier the per-task figures come from.
     pub tier: crate::accounting::Tier,
     /// The procfs scheduler source's counters (CTS tier).
-    pub sched_procfs: Option<crate::sched_procfs::SchedProcfsStats>,
+    pub sched_procfs: Option<crate::sources::schedstat::SchedProcfsStats>,
     pub trace_path: PathBuf,
     pub fault_source: FaultSource,
     pub wall_monotonic_ns: u64,
@@ -55,7 +55,7 @@ impl RecordSummary {
             self.samples,
             match self.tier {
                 Tier::Ebpf => self.fault_source.describe(),
-                _ => crate::sched_procfs::PROC_FAULT_SOURCE,
+                _ => crate::sources::schedstat::PROC_FAULT_SOURCE,
             }
         );
         let _ = writeln!(s, "accounting: {}", self.accounting);

@@ -103,11 +103,11 @@ impl Service {
     /// against the daemon's accounting (eBPF programs, or /proc-only: why
     /// there are none).
     pub(super) fn capture_engine(&self) -> CaptureEngine {
-        let has_bpf = self.accounting.is_some();
-        match self.cfg.capture.backend.resolve(has_bpf) {
+        let ebpf = self.pipeline.sources.ebpf.as_ref();
+        match self.cfg.capture.backend.resolve(ebpf.is_some()) {
             Backend::Perfetto => CaptureEngine::Perfetto(self.runner.config().clone()),
-            Backend::Ebpf => CaptureEngine::Ebpf(match (&self.accounting, &self.proc_only) {
-                (Some(acc), _) => Ok(acc.another()),
+            Backend::Ebpf => CaptureEngine::Ebpf(match (ebpf, &self.proc_only) {
+                (Some(e), _) => Ok(e.reader().another()),
                 (None, why) => Err(why.clone().unwrap_or(ProcOnly::Asked)),
             }),
         }

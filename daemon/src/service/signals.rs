@@ -89,7 +89,7 @@ impl Service {
         st.capture_backend = new
             .capture
             .backend
-            .resolve(self.accounting.is_some())
+            .resolve(self.pipeline.sources.ebpf.is_some())
             .name();
         st.interval_ms = new.sampling.interval.0.as_millis() as u64;
         st.last_reload_error = None;

@@ -1,7 +1,10 @@
-//! ProcessCpuTracker-style deltas: the one place counters become deltas.
+//! The tasks room: the /proc/<pid> scan's per-process (and per-thread)
+//! deltas, ProcessCpuTracker style, and the window they make with the
+//! system room's deltas; its counter tracks (ProcessStats and the
+//! per-window process counters, `export`) and its columns of `top`.
 //!
-//! Feed it raw [`Sample`]s in order; each call after the first returns a
-//! [`Window`]. Compared with Android's ProcessCpuTracker:
+//! Feed [`Tracker`] raw [`Sample`]s in order; each call after the first
+//! returns a [`Window`]. Compared with Android's ProcessCpuTracker:
 //! - a counter that goes backwards drops that delta and is counted in
 //!   [`DropCounters::negative_deltas`] (ProcessCpuTracker keeps the negative
 //!   value, or clamps it in places);
@@ -12,11 +15,17 @@
 //! - a process instance is (pid, starttime), so pid reuse never yields a delta
 //!   across two different processes.
 
+pub mod tracks;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::{
+    system::{SystemDrops, SystemWindow},
+    Source, Tick,
+};
 use crate::clock::ClockPair;
-use crate::procfs::stat::{CpuTimes, SystemStat, LOCAL_BUSY_FORMULA, TOTAL_FORMULA};
+use crate::control::server::TopRow;
 use crate::procfs::{Comm, LoadAvg, PidStat, PidStatus, PsiState, Sample};
 
 /// core-equivalent: may exceed 100% for multi-threaded processes.
@@ -24,11 +33,6 @@ pub const CORE_EQUIVALENT_FORMULA: &str = "(Δutime+Δstime)/USER_HZ / ΔCLOCK_M
 /// machine share: 100% means every CPU busy for this task.
 pub const MACHINE_SHARE_FORMULA: &str =
     "(Δutime+Δstime) / Δ(user+nice+system+idle+iowait+irq+softirq+steal)";
-/// What ProcessCpuTracker.getTotalCpuPercent computes (it drops iowait,
-/// softirq and steal from the denominator).
-pub const ANDROID_LEGACY_TOTAL_FORMULA: &str =
-    "(user+nice+system+irq) / (user+nice+system+irq+idle)";
-
 /// Why deltas were dropped in a window. Every field counts events; none is
 /// ever hidden by clamping.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -67,42 +71,6 @@ pub struct WindowClocks {
     pub end: ClockPair,
     pub boottime_ns: Option<u64>,
     pub monotonic_ns: Option<u64>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct SystemWindow {
-    /// Field-wise deltas of the aggregate `cpu` line.
-    pub delta: CpuTimes,
-    /// Δ(user+nice+system+idle+iowait+irq+softirq+steal).
-    pub total_ticks: u64,
-    pub total_formula: &'static str,
-    /// Δ(user+nice+system+irq+softirq).
-    pub local_busy_ticks: u64,
-    pub local_busy_formula: &'static str,
-    /// local_busy_ticks / total_ticks × 100.
-    pub local_busy_pct: f64,
-    /// ProcessCpuTracker.getTotalCpuPercent's value for the same window, for
-    /// comparison only (see [`ANDROID_LEGACY_TOTAL_FORMULA`]).
-    pub android_legacy_total_cpu_pct: Option<f64>,
-    /// Per-CPU deltas for CPUs online at both ends whose counters moved
-    /// forward.
-    pub per_cpu: Vec<(u32, CpuTimes)>,
-    /// Online CPUs at the end of the window.
-    pub online_cpus: Vec<u32>,
-    /// Hotplug over the window.
-    pub cpus_onlined: Vec<u32>,
-    pub cpus_offlined: Vec<u32>,
-    pub ctxt_delta: Option<u64>,
-    pub forks_delta: Option<u64>,
-    pub procs_running: u64,
-    pub procs_blocked: u64,
-}
-
-impl SystemWindow {
-    /// `ticks` as a share of this window's total, in %.
-    pub fn share_pct(&self, ticks: u64) -> f64 {
-        ticks as f64 * 100.0 / self.total_ticks as f64
-    }
 }
 
 /// Deltas of one task instance over the window.
@@ -379,7 +347,6 @@ impl InstanceTable {
 pub struct Tracker {
     hz: u64,
     prev_clock: Option<ClockPair>,
-    prev_system: Option<SystemStat>,
     processes: InstanceTable,
     threads: InstanceTable,
     generation: u64,
@@ -394,7 +361,6 @@ impl Tracker {
         Tracker {
             hz,
             prev_clock: None,
-            prev_system: None,
             processes: InstanceTable::default(),
             threads: InstanceTable::default(),
             generation: 0,
@@ -411,9 +377,16 @@ impl Tracker {
         self.totals
     }
 
-    /// Takes the next sample. The first one only sets the baseline and
-    /// returns None; every later one returns the window since the previous.
-    pub fn update(&mut self, sample: &Sample) -> Option<Window> {
+    /// Takes the next sample with the system room's window of the same
+    /// scan (`system`, and what it dropped). The first one only sets the
+    /// baseline and returns None; every later one returns the window since
+    /// the previous.
+    pub fn update(
+        &mut self,
+        sample: &Sample,
+        system: Option<SystemWindow>,
+        system_drops: SystemDrops,
+    ) -> Option<Window> {
         self.generation += 1;
         let generation = self.generation;
         let first = self.generation == 1;
@@ -446,13 +419,8 @@ impl Tracker {
             }
         });
 
-        let system = match (&self.prev_system, &sample.system) {
-            (Some(prev), Some(cur)) => self.system_window(prev, cur, &mut drops),
-            _ => None,
-        };
-        // A failed read keeps the old baseline out: the next window would
-        // otherwise span two windows' worth of ticks.
-        self.prev_system = sample.system.clone();
+        drops.negative_deltas += system_drops.negative_deltas;
+        drops.clock_not_advancing += system_drops.clock_not_advancing;
 
         let rates = Rates {
             hz: self.hz,
@@ -515,173 +483,76 @@ impl Tracker {
             drops,
         })
     }
+}
 
-    fn system_window(
+impl Source for Tracker {
+    /// The window of this scan, with the system room's part of it.
+    fn sample(&mut self, tick: &mut Tick) {
+        let system = tick.system.take();
+        tick.window = self.update(&tick.sample, system, tick.system_drops);
+    }
+
+    /// The procfs columns: CPU shares, fault deltas, RSS.
+    fn columns(&self, _tick: &Tick, p: &TaskWindow, row: &mut TopRow) {
+        row.pid = p.pid;
+        row.name = p.name();
+        row.core_equivalent_pct = p.core_equivalent_pct.unwrap_or(0.0);
+        row.machine_share_pct = p.machine_share_pct.unwrap_or(0.0);
+        row.minflt = p.delta.map(|d| d.minflt).unwrap_or(0);
+        row.majflt = p.delta.map(|d| d.majflt).unwrap_or(0);
+        row.rss_kb = p.status.as_ref().and_then(|s| s.vm_rss_kb);
+    }
+
+    /// `procfs_drops`: every window's drops so far, by reason.
+    fn status(
         &self,
-        prev: &SystemStat,
-        cur: &SystemStat,
-        drops: &mut DropCounters,
-    ) -> Option<SystemWindow> {
-        let Some(delta) = cur.total.checked_delta(&prev.total) else {
-            drops.negative_deltas += 1;
-            return None;
-        };
-        let total_ticks = delta.total_ticks();
-        if total_ticks == 0 {
-            drops.clock_not_advancing += 1;
-            return None;
+        out: &mut std::collections::BTreeMap<&'static str, std::collections::BTreeMap<String, u64>>,
+    ) {
+        let d = self.drop_totals();
+        out.insert(
+            "procfs_drops",
+            [
+                ("read_failures", d.read_failures),
+                ("vanished_pids", d.vanished_pids),
+                ("vanished_tids", d.vanished_tids),
+                ("negative_deltas", d.negative_deltas),
+                ("clock_not_advancing", d.clock_not_advancing),
+                ("starttime_changes", d.starttime_changes),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        );
+    }
+}
+
+/// The procfs windows alone, the system and tasks rooms together, for
+/// `vitalsd snapshot` and tests (the pipeline runs the two rooms itself).
+pub struct Windows {
+    pub system: crate::sources::system::System,
+    pub tasks: Tracker,
+}
+
+impl Windows {
+    pub fn new(hz: u64) -> Self {
+        Self {
+            system: Default::default(),
+            tasks: Tracker::new(hz),
         }
-        let local_busy_ticks = delta.local_busy_ticks();
-        let legacy_busy =
-            delta.user_ticks + delta.nice_ticks + delta.system_ticks + delta.irq_ticks;
-        let legacy_denom = legacy_busy + delta.idle_ticks;
-        let mut per_cpu = Vec::with_capacity(cur.per_cpu.len());
-        for (cpu, times) in &cur.per_cpu {
-            if let Some((_, before)) = prev.per_cpu.iter().find(|(c, _)| c == cpu) {
-                match times.checked_delta(before) {
-                    Some(d) => per_cpu.push((*cpu, d)),
-                    None => drops.negative_deltas += 1,
-                }
-            }
-        }
-        let online_cpus: Vec<u32> = cur.online_cpus().collect();
-        let was_online: Vec<u32> = prev.online_cpus().collect();
-        let ctxt_delta = cur.ctxt.checked_sub(prev.ctxt);
-        let forks_delta = cur.processes.checked_sub(prev.processes);
-        drops.negative_deltas += u64::from(ctxt_delta.is_none()) + u64::from(forks_delta.is_none());
-        Some(SystemWindow {
-            delta,
-            total_ticks,
-            total_formula: TOTAL_FORMULA,
-            local_busy_ticks,
-            local_busy_formula: LOCAL_BUSY_FORMULA,
-            local_busy_pct: local_busy_ticks as f64 * 100.0 / total_ticks as f64,
-            android_legacy_total_cpu_pct: (legacy_denom > 0)
-                .then(|| legacy_busy as f64 * 100.0 / legacy_denom as f64),
-            per_cpu,
-            cpus_onlined: online_cpus
-                .iter()
-                .filter(|c| !was_online.contains(c))
-                .copied()
-                .collect(),
-            cpus_offlined: was_online
-                .iter()
-                .filter(|c| !online_cpus.contains(c))
-                .copied()
-                .collect(),
-            online_cpus,
-            ctxt_delta,
-            forks_delta,
-            procs_running: cur.procs_running,
-            procs_blocked: cur.procs_blocked,
-        })
+    }
+
+    /// [`Tracker::update`] with the system room's window of `sample`.
+    pub fn update(&mut self, sample: &Sample) -> Option<Window> {
+        let mut drops = SystemDrops::default();
+        let system = self.system.update(sample.system.as_ref(), &mut drops);
+        self.tasks.update(sample, system, drops)
     }
 }
 
 #[cfg(test)]
-#[path = "tracker_tests.rs"]
 mod tests;
 
-/// One process's eBPF figures over a window: deltas of the cumulative
-/// counters `bpf::totals` keeps.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BpfDelta {
-    pub tgid: u32,
-    pub oncpu_ns: u64,
-    pub runq_wait_ns: u64,
-    pub voluntary_switches: u64,
-    pub involuntary_switches: u64,
-}
-
-/// Per-window eBPF deltas, by the same rules as the procfs ones: a process
-/// seen for the first time has no delta (its counters may span more than
-/// the window), and a counter that went backwards drops that process's
-/// delta and counts in `negative_deltas`, never clamped. `prev` becomes `cur`.
-pub fn bpf_deltas(
-    prev: &mut HashMap<u32, crate::bpf::totals::ProcessCounters>,
-    cur: &[crate::bpf::totals::ProcessCounters],
-    drops: &mut DropCounters,
-) -> Vec<BpfDelta> {
-    let mut out = Vec::new();
-    for c in cur {
-        // An ended row is the last of its instance; a live row of the same
-        // tgid after it is a new process, with no baseline yet.
-        let p = if c.ended {
-            prev.remove(&c.tgid)
-        } else {
-            prev.get(&c.tgid).copied()
-        };
-        if let Some(p) = p {
-            let d = (|| {
-                Some(BpfDelta {
-                    tgid: c.tgid,
-                    oncpu_ns: c.oncpu_ns.checked_sub(p.oncpu_ns)?,
-                    runq_wait_ns: c.runq_wait_ns.checked_sub(p.runq_wait_ns)?,
-                    voluntary_switches: c.voluntary_switches.checked_sub(p.voluntary_switches)?,
-                    involuntary_switches: c
-                        .involuntary_switches
-                        .checked_sub(p.involuntary_switches)?,
-                })
-            })();
-            match d {
-                Some(d) => out.push(d),
-                None => drops.negative_deltas += 1,
-            }
-        }
-    }
-    prev.clear();
-    // An ended process's tgid may be reused: forget it.
-    prev.extend(cur.iter().filter(|c| !c.ended).map(|c| (c.tgid, *c)));
-    out
-}
-
 #[cfg(test)]
-mod bpf_delta_tests {
-    use super::*;
-    use crate::bpf::totals::ProcessCounters;
-
-    fn row(tgid: u32, oncpu_ns: u64, vol: u64) -> ProcessCounters {
-        ProcessCounters {
-            tgid,
-            oncpu_ns,
-            voluntary_switches: vol,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn first_sight_baseline_then_deltas_and_backwards_dropped() {
-        let mut prev = HashMap::new();
-        let mut drops = DropCounters::default();
-        assert!(bpf_deltas(&mut prev, &[row(1, 100, 1)], &mut drops).is_empty());
-        let d = bpf_deltas(&mut prev, &[row(1, 350, 4), row(2, 10, 0)], &mut drops);
-        assert_eq!(d.len(), 1);
-        assert_eq!(
-            (d[0].tgid, d[0].oncpu_ns, d[0].voluntary_switches),
-            (1, 250, 3)
-        );
-        let d = bpf_deltas(&mut prev, &[row(1, 300, 4), row(2, 30, 0)], &mut drops);
-        assert_eq!(d.len(), 1, "tgid 1 went backwards: dropped, not clamped");
-        assert_eq!((d[0].tgid, d[0].oncpu_ns), (2, 20));
-        assert_eq!(drops.negative_deltas, 1);
-    }
-
-    #[test]
-    fn ended_process_is_forgotten() {
-        let mut prev = HashMap::new();
-        let mut drops = DropCounters::default();
-        bpf_deltas(&mut prev, &[row(5, 100, 0)], &mut drops);
-        let mut last = row(5, 150, 0);
-        last.ended = true;
-        assert_eq!(bpf_deltas(&mut prev, &[last], &mut drops)[0].oncpu_ns, 50);
-        // A new process reusing tgid 5 starts from its own zero.
-        assert!(bpf_deltas(&mut prev, &[row(5, 7, 0)], &mut drops).is_empty());
-        assert_eq!(drops.negative_deltas, 0);
-    }
-}
-
-#[cfg(test)]
-#[path = "tracker_testutil.rs"]
 mod testutil;
 #[cfg(test)]
 pub(crate) use testutil::quiet_process_window;

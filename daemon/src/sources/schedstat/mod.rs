@@ -47,8 +47,10 @@ use std::{collections::HashMap, path::Path};
 
 use vitals_common::FaultCounters;
 
+use super::{tasks::TaskWindow, Source, Tick};
 use crate::{
     accounting::{CounterOrigin, ProcessCounters, Tier},
+    control::server::TopRow,
     procfs::{
         is_vanished, parse_ctxt_switches, read_task_file,
         sampler::{list_numeric, Sample},
@@ -406,5 +408,45 @@ impl SchedProcfs {
                 Err(())
             }
         }
+    }
+}
+
+/// The room: the source and its per-window deltas.
+pub struct Schedstat {
+    pub reader: SchedProcfs,
+    deltas: crate::sources::ebpf::CounterDeltas,
+}
+
+impl Schedstat {
+    pub fn new(reader: SchedProcfs) -> Self {
+        Self {
+            reader,
+            deltas: Default::default(),
+        }
+    }
+}
+
+impl Source for Schedstat {
+    /// The CTS tier: per-task counters from this scan's schedstat, at the
+    /// scan's time.
+    fn sample(&mut self, tick: &mut Tick) {
+        tick.rows = self.reader.update(&tick.sample);
+        tick.rows_boottime_ns = tick
+            .sample
+            .clock
+            .map_or(tick.rows_boottime_ns, |c| c.boottime_ns);
+        tick.deltas = self.deltas.update(&tick.rows);
+    }
+
+    fn columns(&self, tick: &Tick, task: &TaskWindow, row: &mut TopRow) {
+        crate::sources::ebpf::top_columns(tick, task, row);
+    }
+
+    /// `sched_procfs`: what the source did and could not see.
+    fn status(
+        &self,
+        out: &mut std::collections::BTreeMap<&'static str, std::collections::BTreeMap<String, u64>>,
+    ) {
+        out.insert("sched_procfs", self.reader.stats.counters());
     }
 }
