@@ -96,3 +96,15 @@ impl Tier {
         }
     }
 }
+
+/// Where faults come from without eBPF, as status says after "faults from".
+pub const PROC_FAULT_SOURCE: &str = "/proc/<pid>/stat minflt + majflt (successful faults, no eBPF)";
+
+/// The tier a daemon or recording runs in, from where its counters come.
+pub fn tier_of(origin: Option<CounterOrigin>) -> Tier {
+    match origin {
+        Some(CounterOrigin::Ebpf { .. }) => Tier::Ebpf,
+        Some(CounterOrigin::Schedstat) => Tier::Cts,
+        None => Tier::Ticks,
+    }
+}

@@ -29,4 +29,5 @@ pub mod snapshot;
 pub mod sources;
 pub mod store;
 pub mod system;
+pub mod tracker;
 pub mod triggers;

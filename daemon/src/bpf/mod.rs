@@ -11,8 +11,7 @@
 //! methods: `features` (what the kernel offers), `config` (what the caller
 //! asks for), `load` (loading and attaching with aya), `pins` (bpffs pins,
 //! attaching bpfloader's), `read` (the counters), `capture_maps` (the
-//! capture tier's transport and maps), `shared` (one `Accounting` read by
-//! the daemon and its captures). Their public items are re-exported
+//! capture tier's transport and maps). Their public items are re-exported
 //! here, so callers name them `bpf::X`. The public submodules: `tracefs`
 //! and `btf` (what load reads about tracepoints and `task_struct`),
 //! `batch` (BPF_MAP_LOOKUP_BATCH for read), `totals` (cumulative counters
@@ -27,7 +26,6 @@ mod features;
 mod load;
 mod pins;
 mod read;
-mod shared;
 pub mod totals;
 pub mod tracefs;
 
@@ -54,7 +52,6 @@ pub use self::features::{
 pub use self::load::WAKE_ARRAY_MAX_PIDS;
 pub use self::pins::{bpfloader_prog_path, pinned_map_path, pinned_prog_path};
 pub use self::read::{BpfSnapshot, MapRead};
-pub use self::shared::{AccountingReader, SharedAccounting};
 use self::{pins::PinnedProgram, tracefs::TracefsError};
 
 /// The object built from `ebpf-programs/` by build.rs, 8-byte aligned as

@@ -10,11 +10,10 @@ use std::{collections::BTreeMap, path::Path};
 
 use crate::{
     accounting::CounterOrigin,
-    bpf::AccountingReader,
     clock::ClockPair,
     control::server::TopRow,
     procfs::sampler::{SampleOptions, Sampler},
-    sources::{ebpf::Ebpf, schedstat, system::System, tasks::Tracker, Sources, Tick},
+    sources::{ebpf::Programs, Sources, Tick},
 };
 
 /// The sampler, the rooms and the value of the last tick.
@@ -25,15 +24,10 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// The pipeline over `proc_root`: the eBPF room on `ebpf`'s programs,
-    /// or without them the procfs scheduler source (the CTS tier) when the
-    /// kernel has schedstat.
-    pub fn open(proc_root: &Path, hz: u64, ebpf: Option<AccountingReader>) -> Self {
-        // No eBPF: the kernel's own per-thread accounting (the CTS tier).
-        let schedstat = match &ebpf {
-            Some(_) => None,
-            None => schedstat::open_or_log(proc_root, hz).map(schedstat::Schedstat::new),
-        };
+    /// The pipeline over `proc_root` with every source that opens
+    /// ([`Sources::open`]): the eBPF room on `programs`, or without them
+    /// the CTS tier where the kernel has schedstat.
+    pub fn open(proc_root: &Path, hz: u64, programs: Option<Programs>) -> Self {
         Self {
             // procfs alongside: system CPU, load, pressure, per-process
             // CPU, memory and faults as the kernel accounts them; its scan
@@ -46,12 +40,7 @@ impl Pipeline {
                     cmdline: true,
                 },
             ),
-            sources: Sources {
-                ebpf: ebpf.map(Ebpf::new),
-                system: System::default(),
-                tasks: Tracker::new(hz),
-                schedstat,
-            },
+            sources: Sources::open(proc_root, hz, programs),
             tick: Tick {
                 hz,
                 ..Tick::default()
@@ -61,17 +50,7 @@ impl Pipeline {
 
     /// Where the per-task counters come from (None: clock ticks only).
     pub fn origin(&self) -> Option<CounterOrigin> {
-        match (&self.sources.ebpf, &self.sources.schedstat) {
-            (Some(e), _) => {
-                let (fault_source, runq_wait) = e.fault_source_and_runq_wait();
-                Some(CounterOrigin::Ebpf {
-                    fault_source,
-                    runq_wait,
-                })
-            }
-            (None, Some(_)) => Some(CounterOrigin::Schedstat),
-            (None, None) => None,
-        }
+        self.sources.origin()
     }
 
     /// One tick: the sources that do not scan (the eBPF maps: a process

@@ -1,7 +1,7 @@
 use super::*;
 use crate::sources::{
     ebpf::{top_columns, BpfDelta},
-    tasks::quiet_process_window,
+    tasks::{quiet_process_window, Tracker},
     Source,
 };
 

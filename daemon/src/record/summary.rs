@@ -55,7 +55,7 @@ impl RecordSummary {
             self.samples,
             match self.tier {
                 Tier::Ebpf => self.fault_source.describe(),
-                _ => crate::sources::schedstat::PROC_FAULT_SOURCE,
+                _ => crate::accounting::PROC_FAULT_SOURCE,
             }
         );
         let _ = writeln!(s, "accounting: {}", self.accounting);

@@ -1,13 +1,14 @@
 //! The programs a recording's capture runs in (none: /proc-only) and the
 //! capture.
 
-use std::{io::Write, sync::Arc};
+use std::io::Write;
 
 use super::RecordError;
 use crate::{
-    bpf::{denied::ProcOnly, AccountingReader, SharedAccounting},
+    bpf::denied::ProcOnly,
     capture::{Capture, CaptureError, CaptureOptions, CaptureStats},
     perfetto::TraceWriter,
+    sources::ebpf::Programs,
 };
 
 /// The programs a recording's capture runs in, and the capture. A
@@ -18,19 +19,19 @@ use crate::{
 pub(super) struct Tier {
     capture: Option<Capture>,
     /// None: /proc-only, so no capture either.
-    accounting: Option<Arc<SharedAccounting>>,
+    accounting: Option<Programs>,
 }
 
 impl Tier {
     /// Starts the capture `opts` asks for on `accounting`; asking for one
     /// /proc-only (`accounting` Err) is `CaptureNeedsBpf`.
     pub(super) fn start(
-        accounting: Result<&AccountingReader, ProcOnly>,
+        accounting: Result<Programs, ProcOnly>,
         opts: &CaptureOptions,
         proc_root: &std::path::Path,
     ) -> Result<Self, RecordError> {
         let accounting = match accounting {
-            Ok(acc) => acc.programs(),
+            Ok(acc) => acc,
             Err(_) if !opts.any() => {
                 return Ok(Self {
                     capture: None,

@@ -42,7 +42,7 @@ use crate::{
     accounting::CounterOrigin,
     bpf::{
         denied::{self, ProcOnly},
-        AccountingConfig, BpfError, MapLimits, SharedAccounting,
+        AccountingConfig, BpfError, MapLimits,
     },
     config::Config,
     control::server::{self, Command, DaemonState, ServerError, Shared, TriggerRecord},
@@ -51,6 +51,7 @@ use crate::{
     pipeline::Pipeline,
     privileges::{self, PrivilegeError},
     procfs::sampler::SamplerError,
+    sources::ebpf::Programs,
     store::{self, Limits, Store, StoreError, TriggerInfo},
     system::{self, SystemError},
     triggers::Engine,
@@ -221,8 +222,8 @@ struct Service {
     commands: mpsc::Receiver<Command>,
     store: Arc<Mutex<Store>>,
     /// The one pipeline and its sources. Its eBPF room holds the
-    /// always-on programs, read by the tick; captures read them through
-    /// readers of their own (`AccountingReader::another`). No eBPF room:
+    /// always-on programs, read by the tick; a capture's recording takes
+    /// its ticks and switches the capture tier on in them. No eBPF room:
     /// /proc-only (BPF denied, or asked for; `proc_only` says why), and
     /// captures fail (`CaptureNeedsBpf`); see `DaemonState::accounting`.
     /// Then its schedstat room, when the kernel has it, is the CTS tier.
@@ -302,7 +303,7 @@ impl Service {
         let store_lock = try_lock_store(&cfg.store.dir)?
             .ok_or_else(|| ServiceError::StoreBusy(cfg.store.dir.clone()))?;
         let (accounting, proc_only) = match denied::load(&accounting_cfg)? {
-            Ok(acc) => (Some(SharedAccounting::new(acc).reader()), None),
+            Ok(acc) => (Some(Programs::new(acc)), None),
             Err(why) => {
                 crate::record::log_proc_only(&why, "running");
                 (None, Some(why))
@@ -312,10 +313,10 @@ impl Service {
         let has_bpf = accounting.is_some();
         let pipeline = Pipeline::open(&cfg.sampling.proc_root, hz, accounting);
         let origin = pipeline.origin();
-        let tier = crate::sources::schedstat::tier_of(origin);
+        let tier = crate::accounting::tier_of(origin);
         let fault_source = match origin {
             Some(CounterOrigin::Ebpf { fault_source, .. }) => fault_source.describe().to_owned(),
-            _ => crate::sources::schedstat::PROC_FAULT_SOURCE.to_owned(),
+            _ => crate::accounting::PROC_FAULT_SOURCE.to_owned(),
         };
         let accounting_mode = crate::record::accounting_mode(proc_only.as_ref());
         let (producer, producer_off) = producer::start(&cfg, origin, proc_only.as_ref());

@@ -53,14 +53,21 @@ impl Service {
         true
     }
 
-    /// Always-on sample: one tick of the pipeline, handed to the
-    /// history, top, the producer and a running capture's recording.
+    /// Always-on sample: one tick of the pipeline, handed to a running
+    /// capture's recording, the history, top and the producer.
     /// A failed read costs this sample, never the daemon: counted and
     /// logged (once per streak), and the next tick tries again.
     pub(super) fn sample(&mut self) -> Sampled {
         let tick = self.pipeline.tick();
         let (bpf_error, procfs_error) = (tick.bpf_error.take(), tick.procfs_error.take());
+        // A recording fails on the tick's first failed read, as one that
+        // read for itself did.
+        let failed = bpf_error
+            .as_ref()
+            .map(ToString::to_string)
+            .or_else(|| procfs_error.as_ref().map(ToString::to_string));
         self.count_read_errors(bpf_error, procfs_error);
+        self.feed_capture(failed);
         let tick = self.pipeline.last();
         let mut top = Vec::new();
         if let Some(w) = &tick.window {

@@ -17,10 +17,11 @@ pub mod tracks;
 use std::{
     collections::{BTreeMap, HashMap},
     io::Write,
+    path::Path,
 };
 
 use crate::{
-    accounting::ProcessCounters,
+    accounting::{CounterOrigin, ProcessCounters},
     bpf::BpfError,
     clock::ClockPair,
     control::server::TopRow,
@@ -125,6 +126,38 @@ pub struct Sources {
 }
 
 impl Sources {
+    /// Every source that opens here: the eBPF room on `programs`, or
+    /// without them the procfs scheduler source (the CTS tier) where the
+    /// kernel has schedstat; the procfs rooms always.
+    pub fn open(proc_root: &Path, hz: u64, programs: Option<ebpf::Programs>) -> Self {
+        // No eBPF: the kernel's own per-thread accounting (the CTS tier).
+        let schedstat = match &programs {
+            Some(_) => None,
+            None => schedstat::open_or_log(proc_root, hz).map(schedstat::Schedstat::new),
+        };
+        Self {
+            ebpf: programs.map(ebpf::Ebpf::new),
+            system: system::System::default(),
+            tasks: tasks::Tracker::new(hz),
+            schedstat,
+        }
+    }
+
+    /// Where the per-task counters come from (None: clock ticks only).
+    pub fn origin(&self) -> Option<CounterOrigin> {
+        match (&self.ebpf, &self.schedstat) {
+            (Some(e), _) => {
+                let (fault_source, runq_wait) = e.fault_source_and_runq_wait();
+                Some(CounterOrigin::Ebpf {
+                    fault_source,
+                    runq_wait,
+                })
+            }
+            (None, Some(_)) => Some(CounterOrigin::Schedstat),
+            (None, None) => None,
+        }
+    }
+
     /// Every registered room, in tick order; one line per source.
     pub fn registered(&mut self) -> [Option<&mut dyn Source>; 4] {
         [

@@ -2,10 +2,13 @@
 //! per-process cumulative counters (`bpf::totals`), their per-window
 //! deltas, the drop counters the programs keep, and the columns they give
 //! `top`. The programs are loaded by `bpf` (`bpf::denied::load`); this
-//! room only reads them through `AccountingReader`.
+//! room reads them through `Accounting::read`, the one reader.
 
+mod programs;
 #[cfg(test)]
 mod tests;
+
+pub use programs::Programs;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -17,35 +20,35 @@ use super::{
 };
 use crate::{
     accounting::ProcessCounters,
-    bpf::{totals::Totals, AccountingReader, FaultSource},
+    bpf::{totals::Totals, FaultSource},
     control::server::{TopEbpf, TopRow},
     perfetto::{CounterUnit, CounterValue, PerfettoError, TraceWriter},
 };
 
-/// The source: the reader of the programs' maps and what it folded so far.
+/// The source: the programs' maps and what it folded from them so far.
 pub struct Ebpf {
-    reader: AccountingReader,
+    programs: Programs,
     totals: Totals,
     deltas: CounterDeltas,
 }
 
 impl Ebpf {
-    pub fn new(reader: AccountingReader) -> Self {
+    pub fn new(programs: Programs) -> Self {
         Self {
-            reader,
+            programs,
             totals: Totals::new(),
             deltas: CounterDeltas::default(),
         }
     }
 
-    /// The programs' reader (the capture tier, another reader for a capture).
-    pub fn reader(&self) -> &AccountingReader {
-        &self.reader
+    /// The programs, for a recording's capture tier.
+    pub fn programs(&self) -> &Programs {
+        &self.programs
     }
 
     /// The fault source and whether runqueue wait is accounted.
     pub fn fault_source_and_runq_wait(&self) -> (FaultSource, bool) {
-        self.reader
+        self.programs
             .with(|acc| (acc.fault_source(), acc.runq_wait()))
     }
 
@@ -60,7 +63,7 @@ impl Source for Ebpf {
     /// read is named from the scan (`Recording::name_scanned_only`).
     /// Folding drains the EXITED map and keeps the drop counters current.
     fn read(&mut self, tick: &mut Tick) {
-        match self.reader.read() {
+        match self.programs.with(|acc| acc.read()) {
             Ok(snap) => {
                 tick.rows = self.totals.update(&snap);
                 tick.deltas = self.deltas.update(&tick.rows);

@@ -49,7 +49,7 @@ use vitals_common::FaultCounters;
 
 use super::{tasks::TaskWindow, Source, Tick};
 use crate::{
-    accounting::{CounterOrigin, ProcessCounters, Tier},
+    accounting::ProcessCounters,
     control::server::TopRow,
     procfs::{
         is_vanished, parse_ctxt_switches, read_task_file,
@@ -109,9 +109,6 @@ impl SchedProcfsStats {
     }
 }
 
-/// Where faults come from without eBPF, as status says after "faults from".
-pub const PROC_FAULT_SOURCE: &str = "/proc/<pid>/stat minflt + majflt (successful faults, no eBPF)";
-
 /// The source, or None with one log line naming what the kernel lacks.
 pub fn open_or_log(proc_root: &Path, hz: u64) -> Option<SchedProcfs> {
     match SchedProcfs::open(proc_root, hz) {
@@ -125,15 +122,6 @@ pub fn open_or_log(proc_root: &Path, hz: u64) -> Option<SchedProcfs> {
             log::warn!("no eBPF and no schedstat: {e}; per-process CPU in clock ticks only");
             None
         }
-    }
-}
-
-/// The tier a daemon or recording runs in, from where its counters come.
-pub fn tier_of(origin: Option<CounterOrigin>) -> Tier {
-    match origin {
-        Some(CounterOrigin::Ebpf { .. }) => Tier::Ebpf,
-        Some(CounterOrigin::Schedstat) => Tier::Cts,
-        None => Tier::Ticks,
     }
 }
 

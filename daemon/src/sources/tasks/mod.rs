@@ -17,7 +17,6 @@
 
 pub mod tracks;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{
@@ -25,8 +24,11 @@ use super::{
     Source, Tick,
 };
 use crate::clock::ClockPair;
-use crate::control::server::TopRow;
 use crate::procfs::{Comm, LoadAvg, PidStat, PidStatus, PsiState, Sample};
+use crate::{
+    control::server::TopRow,
+    tracker::{Instance, InstanceTable, Prior},
+};
 
 /// core-equivalent: may exceed 100% for multi-threaded processes.
 pub const CORE_EQUIVALENT_FORMULA: &str = "(Δutime+Δstime)/USER_HZ / ΔCLOCK_MONOTONIC";
@@ -190,18 +192,14 @@ impl Counters {
     }
 }
 
+/// What the tasks room keeps per instance (its starttime is the table's).
 #[derive(Debug, Clone)]
 struct Entry {
     tgid: i32,
-    starttime_ticks: u64,
     ppid: i32,
     comm: Comm,
     cmdline: Option<Arc<str>>,
     counters: Counters,
-    /// False after a read failure: the next good read re-baselines without a
-    /// delta, since the gap spans more than one window.
-    baseline_valid: bool,
-    seen: u64,
 }
 
 /// Per-window rate denominators.
@@ -222,12 +220,7 @@ impl Rates {
     }
 }
 
-/// Instances keyed by pid (or tid), with removal detection by generation.
-#[derive(Default)]
-struct InstanceTable {
-    entries: HashMap<i32, Entry>,
-}
-
+/// One task of a scan, as the table takes it.
 struct TaskIn<'a> {
     tgid: i32,
     stat: &'a PidStat,
@@ -235,120 +228,104 @@ struct TaskIn<'a> {
     cmdline: Option<Arc<str>>,
 }
 
-impl InstanceTable {
-    fn row(e: &Entry, pid: i32) -> TaskWindow {
-        TaskWindow {
-            pid,
-            tgid: e.tgid,
-            starttime_ticks: e.starttime_ticks,
-            ppid: e.ppid,
-            comm: e.comm,
-            cmdline: e.cmdline.clone(),
-            state: b'?',
-            num_threads: 0,
-            status: None,
-            delta: None,
-            core_equivalent_pct: None,
-            machine_share_pct: None,
-            added: false,
-            removed: false,
-            working: false,
-        }
-    }
+/// The tasks room's instance table.
+type Instances = InstanceTable<Entry>;
 
-    /// Updates one instance; pushes its row(s) to `rows`.
-    fn update(
-        &mut self,
-        t: TaskIn<'_>,
-        generation: u64,
-        first: bool,
-        rates: Rates,
-        drops: &mut DropCounters,
-        rows: &mut Vec<TaskWindow>,
-    ) {
-        let s = t.stat;
-        let fresh = Entry {
-            tgid: t.tgid,
-            starttime_ticks: s.starttime_ticks,
-            ppid: s.ppid,
-            comm: s.comm,
-            cmdline: t.cmdline.clone(),
-            counters: Counters::of(s),
-            baseline_valid: true,
-            seen: generation,
-        };
-        let mut row = Self::row(&fresh, s.pid);
-        row.state = s.state;
-        row.num_threads = s.num_threads;
-        row.status = t.status;
-        match self.entries.get_mut(&s.pid) {
-            Some(e) if e.starttime_ticks == s.starttime_ticks => {
-                if e.baseline_valid {
-                    match fresh.counters.checked_delta(&e.counters) {
-                        Some(d) => {
-                            row.core_equivalent_pct = rates.core_equivalent_pct(d.cpu_ticks());
-                            row.machine_share_pct = rates.machine_share_pct(d.cpu_ticks());
-                            row.working = d.cpu_ticks() > 0;
-                            row.delta = Some(d);
-                        }
-                        None => drops.negative_deltas += 1,
+/// A row of `e`, the instance of `pid`, with no figures yet.
+fn row(e: &Instance<Entry>, pid: i32) -> TaskWindow {
+    TaskWindow {
+        pid,
+        tgid: e.value.tgid,
+        starttime_ticks: e.starttime_ticks,
+        ppid: e.value.ppid,
+        comm: e.value.comm,
+        cmdline: e.value.cmdline.clone(),
+        state: b'?',
+        num_threads: 0,
+        status: None,
+        delta: None,
+        core_equivalent_pct: None,
+        machine_share_pct: None,
+        added: false,
+        removed: false,
+        working: false,
+    }
+}
+
+/// Updates one instance; pushes its row(s) to `rows`.
+fn update(
+    table: &mut Instances,
+    t: TaskIn<'_>,
+    generation: u64,
+    first: bool,
+    rates: Rates,
+    drops: &mut DropCounters,
+    rows: &mut Vec<TaskWindow>,
+) {
+    let s = t.stat;
+    let fresh = Entry {
+        tgid: t.tgid,
+        ppid: s.ppid,
+        comm: s.comm,
+        cmdline: t.cmdline,
+        counters: Counters::of(s),
+    };
+    let (prior, entry) = table.observe(s.pid, s.starttime_ticks, generation, fresh);
+    let mut row = row(entry, s.pid);
+    row.state = s.state;
+    row.num_threads = s.num_threads;
+    row.status = t.status;
+    match prior {
+        Prior::Same(e) => {
+            if e.baseline_valid {
+                match entry.value.counters.checked_delta(&e.value.counters) {
+                    Some(d) => {
+                        row.core_equivalent_pct = rates.core_equivalent_pct(d.cpu_ticks());
+                        row.machine_share_pct = rates.machine_share_pct(d.cpu_ticks());
+                        row.working = d.cpu_ticks() > 0;
+                        row.delta = Some(d);
                     }
+                    None => drops.negative_deltas += 1,
                 }
-                if fresh.cmdline.is_none() {
-                    row.cmdline = e.cmdline.clone();
-                }
-                let cmdline = row.cmdline.clone();
-                *e = fresh;
-                e.cmdline = cmdline;
             }
-            Some(e) => {
-                // pid reused: the old instance is gone, a new one starts.
-                drops.starttime_changes += 1;
-                let mut old = Self::row(e, s.pid);
-                old.removed = true;
-                old.working = true;
-                rows.push(old);
-                *e = fresh;
-                row.added = true;
-                row.working = true;
-            }
-            None => {
-                self.entries.insert(s.pid, fresh);
-                row.added = !first;
-                row.working = !first;
+            if entry.value.cmdline.is_none() {
+                row.cmdline = e.value.cmdline.clone();
+                entry.value.cmdline = e.value.cmdline;
             }
         }
-        rows.push(row);
-    }
-
-    /// Keeps unreadable instances alive without a baseline.
-    fn mark_unreadable(&mut self, pid: i32, generation: u64) {
-        if let Some(e) = self.entries.get_mut(&pid) {
-            e.baseline_valid = false;
-            e.seen = generation;
+        Prior::Reused(e) => {
+            // pid reused: the old instance is gone, a new one starts.
+            drops.starttime_changes += 1;
+            let mut old = self::row(&e, s.pid);
+            old.removed = true;
+            old.working = true;
+            rows.push(old);
+            row.added = true;
+            row.working = true;
+        }
+        Prior::New => {
+            row.added = !first;
+            row.working = !first;
         }
     }
+    rows.push(row);
+}
 
-    /// Everything not seen this generation has exited.
-    fn sweep(&mut self, generation: u64, rows: &mut Vec<TaskWindow>) {
-        self.entries.retain(|&pid, e| {
-            if e.seen == generation {
-                return true;
-            }
-            let mut r = Self::row(e, pid);
-            r.removed = true;
-            r.working = true;
-            rows.push(r);
-            false
-        });
-    }
+/// Everything not seen this generation has exited: a `removed` row each.
+fn sweep(table: &mut Instances, generation: u64, rows: &mut Vec<TaskWindow>) {
+    table.sweep(generation, |pid, e| {
+        let mut r = row(&e, pid);
+        r.removed = true;
+        r.working = true;
+        rows.push(r);
+    });
 }
 
 pub struct Tracker {
     hz: u64,
     prev_clock: Option<ClockPair>,
-    processes: InstanceTable,
-    threads: InstanceTable,
+    processes: Instances,
+    threads: Instances,
     generation: u64,
     totals: DropCounters,
 }
@@ -361,8 +338,8 @@ impl Tracker {
         Tracker {
             hz,
             prev_clock: None,
-            processes: InstanceTable::default(),
-            threads: InstanceTable::default(),
+            processes: Instances::default(),
+            threads: Instances::default(),
             generation: 0,
             totals: DropCounters::default(),
         }
@@ -430,7 +407,8 @@ impl Tracker {
 
         let mut processes = Vec::with_capacity(sample.processes.len());
         for p in &sample.processes {
-            self.processes.update(
+            update(
+                &mut self.processes,
                 TaskIn {
                     tgid: p.stat.pid,
                     stat: &p.stat,
@@ -447,11 +425,12 @@ impl Tracker {
         for &pid in &sample.unreadable_pids {
             self.processes.mark_unreadable(pid, generation);
         }
-        self.processes.sweep(generation, &mut processes);
+        sweep(&mut self.processes, generation, &mut processes);
 
         let mut threads = Vec::with_capacity(sample.threads.len());
         for t in &sample.threads {
-            self.threads.update(
+            update(
+                &mut self.threads,
                 TaskIn {
                     tgid: t.tgid,
                     stat: &t.stat,
@@ -468,7 +447,7 @@ impl Tracker {
         for &tid in &sample.unreadable_tids {
             self.threads.mark_unreadable(tid, generation);
         }
-        self.threads.sweep(generation, &mut threads);
+        sweep(&mut self.threads, generation, &mut threads);
 
         self.totals.add(&drops);
         let clocks = clocks?;

@@ -5,6 +5,7 @@ use crate::procfs::testutil::{Cols, FakeProc, Task};
 use crate::procfs::{SampleOptions, Sampler};
 use crate::sources::system::ANDROID_LEGACY_TOTAL_FORMULA;
 use prost::Message;
+use std::collections::HashMap;
 use vitals_proto::protos::{
     self, trace_packet::Data, track_descriptor::StaticOrDynamicName, track_event::CounterValueField,
 };
