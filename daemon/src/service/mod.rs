@@ -1,9 +1,11 @@
 //! `vitalsd run`: the long-running daemon.
 //!
 //! The main thread runs the pipeline (eBPF maps and procfs) every interval
-//! into the history, evaluates the health rules and runs at most one capture at a
-//! time on its own thread (a bounded `record` into the store). The control
-//! socket runs on its own thread and reads what the main thread publishes.
+//! and hands each tick to its sinks: the history, status and top, the
+//! Perfetto producer, and at most one capture at a time, recorded on its
+//! own thread from the ticks it is handed (a bounded recording into the
+//! store); then it evaluates the health rules. The control socket runs on
+//! its own thread and reads what the main thread publishes.
 //!
 //! This file holds start-up, [`run`]'s loop, the store lock and
 //! `cleanup-after-crash`; each step of the loop lives with its concern:
