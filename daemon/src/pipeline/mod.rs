@@ -110,6 +110,11 @@ impl Pipeline {
         })
     }
 
+    /// Every room's line of a recording's summary.
+    pub fn summary(&self) -> Vec<String> {
+        self.sources.each().filter_map(|s| s.summary()).collect()
+    }
+
     /// Every room's status counters, by status field.
     pub fn status(&self) -> BTreeMap<&'static str, BTreeMap<String, u64>> {
         let mut out = BTreeMap::new();

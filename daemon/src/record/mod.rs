@@ -113,8 +113,7 @@ pub fn record(
     let origin = pipeline.origin();
     let mut recording = Recording::start(attached, pipeline.last(), origin, |_| Ok(()))?;
     recording.run(opts, stop, &mut pipeline)?;
-    let sched_procfs = pipeline.sources.schedstat.as_ref().map(|s| s.reader.stats);
-    recording.finish(opts, sched_procfs)
+    recording.finish(opts, pipeline.summary())
 }
 
 /// The trace file writer of a recording.
@@ -161,7 +160,7 @@ pub fn record_fed(
             break;
         }
     }
-    recording.finish(opts, None)
+    recording.finish(opts, Vec::new())
 }
 
 /// What `attach` leaves for the rest of the recording.

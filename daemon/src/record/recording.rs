@@ -22,7 +22,7 @@ use crate::{
     pipeline::Pipeline,
     process_tracks::{process_counters, tree_entries, ProcessCounterTracks, ProcessIdentity},
     procfs::sampler::{ProcessSample, Sample},
-    sources::{schedstat::SchedProcfsStats, Tick},
+    sources::Tick,
     system,
 };
 
@@ -393,7 +393,7 @@ impl Recording {
     pub(super) fn finish(
         mut self,
         opts: &RecordOptions,
-        sched_procfs: Option<SchedProcfsStats>,
+        sources: Vec<String>,
     ) -> Result<RecordSummary, RecordError> {
         if self.unnamed_left_out > 0 {
             log::info!(
@@ -419,7 +419,7 @@ impl Recording {
         Ok(RecordSummary {
             accounting: accounting_mode(self.proc_only.as_ref()),
             tier: crate::accounting::tier_of(self.origin),
-            sched_procfs,
+            sources,
             trace_path: opts.out.clone(),
             fault_source: self.fault_source,
             wall_monotonic_ns: wall,

@@ -111,6 +111,10 @@ pub trait Source: Send {
     fn columns(&self, _tick: &Tick, _task: &tasks::TaskWindow, _row: &mut TopRow) {}
     /// Its counters for status, by status field.
     fn status(&self, _out: &mut BTreeMap<&'static str, BTreeMap<String, u64>>) {}
+    /// Its line in a recording's summary, if it has one.
+    fn summary(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Every source a pipeline runs.

@@ -430,6 +430,18 @@ impl Source for Schedstat {
         crate::sources::ebpf::top_columns(tick, task, row);
     }
 
+    /// What the source did and could not see, for `vitalsd record`'s summary.
+    fn summary(&self) -> Option<String> {
+        let c: Vec<String> = self
+            .reader
+            .stats
+            .counters()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        Some(format!("schedstat source: {}", c.join(" ")))
+    }
+
     /// `sched_procfs`: what the source did and could not see.
     fn status(
         &self,
