@@ -1,7 +1,7 @@
 //! What every per-task accounting source produces, whichever tier it runs
 //! in: cumulative counters per process (the eBPF programs' maps, folded by
 //! `bpf::totals`, or the kernel's schedstat files, folded by
-//! `sched_procfs`), and the name of the tier. Sinks (trace tracks, top,
+//! `sources::schedstat`), and the name of the tier. Sinks (trace tracks, top,
 //! rules, the Perfetto data source) take these and know no source.
 
 use vitals_common::FaultCounters;
@@ -135,5 +135,17 @@ impl Tier {
                  Perfetto's data sources"
             }
         }
+    }
+}
+
+/// Where faults come from without eBPF, as status says after "faults from".
+pub const PROC_FAULT_SOURCE: &str = "/proc/<pid>/stat minflt + majflt (successful faults, no eBPF)";
+
+/// The tier a daemon or recording runs in, from where its counters come.
+pub fn tier_of(origin: Option<CounterOrigin>) -> Tier {
+    match origin {
+        Some(CounterOrigin::Ebpf { .. }) => Tier::Ebpf,
+        Some(CounterOrigin::Schedstat) => Tier::Cts,
+        None => Tier::Ticks,
     }
 }

@@ -8,7 +8,7 @@
 use nix::time::{clock_gettime, ClockId};
 
 /// One reading of both clocks, taken back to back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ClockPair {
     pub boottime_ns: u64,
     pub monotonic_ns: u64,

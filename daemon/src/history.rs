@@ -5,7 +5,7 @@
 
 use std::{collections::VecDeque, sync::Arc};
 
-use crate::tracker::{TaskWindow, Window};
+use crate::sources::tasks::{TaskWindow, Window};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProcessVitals {
@@ -17,7 +17,7 @@ pub struct ProcessVitals {
     pub majflt_per_s: f64,
     pub rss_kb: Option<u64>,
     /// eBPF on-CPU time and runqueue wait over the window, when known.
-    pub ebpf: Option<crate::tracker::BpfDelta>,
+    pub ebpf: Option<crate::sources::ebpf::BpfDelta>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -40,7 +40,7 @@ pub fn summarize(
     win: &Window,
     k: usize,
     watched: &[String],
-    bpf: &std::collections::HashMap<u32, crate::tracker::BpfDelta>,
+    bpf: &std::collections::HashMap<u32, crate::sources::ebpf::BpfDelta>,
 ) -> VitalsSample {
     let mono_s = win.clocks.monotonic_ns.unwrap_or(0) as f64 / 1e9;
     let majflt_per_s = |p: &TaskWindow| match (&p.delta, mono_s > 0.0) {
@@ -195,12 +195,12 @@ mod tests {
     /// that use little CPU).
     #[test]
     fn a_process_that_ran_without_a_tick_is_kept_for_the_rules() {
-        let w = crate::tracker::quiet_process_window(42);
+        let w = crate::sources::tasks::quiet_process_window(42);
         let none = std::collections::HashMap::new();
         assert!(summarize(&w, 4, &[], &none).processes.is_empty());
         let ran = std::collections::HashMap::from([(
             42,
-            crate::tracker::BpfDelta {
+            crate::sources::ebpf::BpfDelta {
                 tgid: 42,
                 oncpu_ns: 3_000_000,
                 ..Default::default()

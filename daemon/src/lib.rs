@@ -1,7 +1,7 @@
 //! vitalsd: an always-on CPU, scheduling and page-fault vitals daemon.
 //!
-//! One module per kernel source or concern; `tracker` is the one place where
-//! raw counters become per-window deltas.
+//! One pipeline (`pipeline`) runs one room per kernel source (`sources`),
+//! each owning its reading, its deltas, its counter tracks and its columns.
 
 pub mod accounting;
 pub mod android;
@@ -18,15 +18,16 @@ pub mod perfetto;
 pub mod perfetto_capture;
 #[cfg(feature = "producer")]
 pub mod perfetto_sdk;
+pub mod pipeline;
 pub mod privileges;
 pub mod process_tracks;
 pub mod procfs;
 #[cfg(feature = "producer")]
 pub mod producer;
 pub mod record;
-pub mod sched_procfs;
 pub mod service;
 pub mod snapshot;
+pub mod sources;
 pub mod store;
 pub mod system;
 pub mod tracker;

@@ -9,11 +9,11 @@ use thiserror::Error;
 
 use crate::procfs::stat::{LOCAL_BUSY_FORMULA, TOTAL_FORMULA};
 use crate::procfs::{PsiResource, PsiState, SampleOptions, Sampler, SamplerError};
-use crate::system::SystemError;
-use crate::tracker::{
-    TaskWindow, Tracker, Window, ANDROID_LEGACY_TOTAL_FORMULA, CORE_EQUIVALENT_FORMULA,
-    MACHINE_SHARE_FORMULA,
+use crate::sources::{
+    system::ANDROID_LEGACY_TOTAL_FORMULA,
+    tasks::{TaskWindow, Window, Windows, CORE_EQUIVALENT_FORMULA, MACHINE_SHARE_FORMULA},
 };
+use crate::system::SystemError;
 
 pub use crate::procfs::{scan_once, scan_repeat, ScanStats};
 
@@ -62,7 +62,7 @@ pub fn run_snapshot(opts: &SnapshotOptions) -> Result<String, SnapshotError> {
             cmdline: true,
         },
     );
-    let mut tracker = Tracker::new(hz);
+    let mut tracker = Windows::new(hz);
     tracker.update(&sampler.sample()?);
     std::thread::sleep(opts.interval);
     let w = tracker
@@ -240,7 +240,7 @@ mod tests {
                 cmdline: true,
             },
         );
-        let mut tracker = Tracker::new(100);
+        let mut tracker = Windows::new(100);
         let mut s = sampler.sample().unwrap();
         s.clock = Some(crate::clock::ClockPair {
             boottime_ns: 1_000_000_000,

@@ -1,687 +1,97 @@
-//! ProcessCpuTracker-style deltas: the one place counters become deltas.
-//!
-//! Feed it raw [`Sample`]s in order; each call after the first returns a
-//! [`Window`]. Compared with Android's ProcessCpuTracker:
-//! - a counter that goes backwards drops that delta and is counted in
-//!   [`DropCounters::negative_deltas`] (ProcessCpuTracker keeps the negative
-//!   value, or clamps it in places);
-//! - one definition of total CPU ([`crate::procfs::stat::TOTAL_FORMULA`], with
-//!   steal) is used for every share, instead of one total for dumpsys and
-//!   another (without iowait/softirq) in getTotalCpuPercent; that legacy
-//!   number is still exported, under its own name, so users can compare;
-//! - a process instance is (pid, starttime), so pid reuse never yields a delta
-//!   across two different processes.
+//! The (pid, starttime) instance table: what the per-task sources keep
+//! per task is keyed by pid, but a process instance is (pid, starttime),
+//! so pid reuse never yields a delta across two different processes. A
+//! pid's instance ends when it is seen with another starttime (the pid was
+//! reused) or when a scan no longer sees it (it exited); a task whose
+//! files could not be read is kept, without a baseline.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use crate::clock::ClockPair;
-use crate::procfs::stat::{CpuTimes, SystemStat, LOCAL_BUSY_FORMULA, TOTAL_FORMULA};
-use crate::procfs::{Comm, LoadAvg, PidStat, PidStatus, PsiState, Sample};
-
-/// core-equivalent: may exceed 100% for multi-threaded processes.
-pub const CORE_EQUIVALENT_FORMULA: &str = "(Δutime+Δstime)/USER_HZ / ΔCLOCK_MONOTONIC";
-/// machine share: 100% means every CPU busy for this task.
-pub const MACHINE_SHARE_FORMULA: &str =
-    "(Δutime+Δstime) / Δ(user+nice+system+idle+iowait+irq+softirq+steal)";
-/// What ProcessCpuTracker.getTotalCpuPercent computes (it drops iowait,
-/// softirq and steal from the denominator).
-pub const ANDROID_LEGACY_TOTAL_FORMULA: &str =
-    "(user+nice+system+irq) / (user+nice+system+irq+idle)";
-
-/// Why deltas were dropped in a window. Every field counts events; none is
-/// ever hidden by clamping.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DropCounters {
-    /// Files that could not be read or parsed (EACCES, malformed, ...).
-    pub read_failures: u64,
-    /// Pids listed by readdir and gone when opened (ENOENT/ESRCH).
-    pub vanished_pids: u64,
-    /// Same, for tids.
-    pub vanished_tids: u64,
-    /// Cumulative counters that went backwards (system or per task).
-    pub negative_deltas: u64,
-    /// A clock (BOOTTIME, MONOTONIC, or the /proc/stat tick total) that did
-    /// not advance over the window, so no rate could be computed from it.
-    pub clock_not_advancing: u64,
-    /// Same pid, different starttime: the pid was reused.
-    pub starttime_changes: u64,
-}
-
-impl DropCounters {
-    fn add(&mut self, o: &DropCounters) {
-        self.read_failures += o.read_failures;
-        self.vanished_pids += o.vanished_pids;
-        self.vanished_tids += o.vanished_tids;
-        self.negative_deltas += o.negative_deltas;
-        self.clock_not_advancing += o.clock_not_advancing;
-        self.starttime_changes += o.starttime_changes;
-    }
-}
-
-/// A window's two lengths. BOOTTIME includes suspend, MONOTONIC does not;
-/// None when that clock did not advance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WindowClocks {
-    pub start: ClockPair,
-    pub end: ClockPair,
-    pub boottime_ns: Option<u64>,
-    pub monotonic_ns: Option<u64>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct SystemWindow {
-    /// Field-wise deltas of the aggregate `cpu` line.
-    pub delta: CpuTimes,
-    /// Δ(user+nice+system+idle+iowait+irq+softirq+steal).
-    pub total_ticks: u64,
-    pub total_formula: &'static str,
-    /// Δ(user+nice+system+irq+softirq).
-    pub local_busy_ticks: u64,
-    pub local_busy_formula: &'static str,
-    /// local_busy_ticks / total_ticks × 100.
-    pub local_busy_pct: f64,
-    /// ProcessCpuTracker.getTotalCpuPercent's value for the same window, for
-    /// comparison only (see [`ANDROID_LEGACY_TOTAL_FORMULA`]).
-    pub android_legacy_total_cpu_pct: Option<f64>,
-    /// Per-CPU deltas for CPUs online at both ends whose counters moved
-    /// forward.
-    pub per_cpu: Vec<(u32, CpuTimes)>,
-    /// Online CPUs at the end of the window.
-    pub online_cpus: Vec<u32>,
-    /// Hotplug over the window.
-    pub cpus_onlined: Vec<u32>,
-    pub cpus_offlined: Vec<u32>,
-    pub ctxt_delta: Option<u64>,
-    pub forks_delta: Option<u64>,
-    pub procs_running: u64,
-    pub procs_blocked: u64,
-}
-
-impl SystemWindow {
-    /// `ticks` as a share of this window's total, in %.
-    pub fn share_pct(&self, ticks: u64) -> f64 {
-        ticks as f64 * 100.0 / self.total_ticks as f64
-    }
-}
-
-/// Deltas of one task instance over the window.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TaskDelta {
-    pub utime_ticks: u64,
-    pub stime_ticks: u64,
-    pub minflt: u64,
-    pub majflt: u64,
-}
-
-impl TaskDelta {
-    pub fn cpu_ticks(&self) -> u64 {
-        self.utime_ticks + self.stime_ticks
-    }
-}
-
-/// One process (or thread) row of a window, flagged as ProcessCpuTracker
-/// does: `added` (first seen this window, no delta), `removed` (gone this
-/// window, no delta), `working` (used CPU, or added, or removed).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TaskWindow {
-    pub pid: i32,
-    /// For threads, the owning process; equal to `pid` for processes.
-    pub tgid: i32,
-    pub starttime_ticks: u64,
-    pub ppid: i32,
-    pub comm: Comm,
-    pub cmdline: Option<Arc<str>>,
-    pub state: u8,
-    pub num_threads: u64,
-    pub status: Option<PidStatus>,
-    /// None when added, removed, or the delta was dropped.
-    pub delta: Option<TaskDelta>,
-    /// Δcpu/Δwall ([`CORE_EQUIVALENT_FORMULA`]).
-    pub core_equivalent_pct: Option<f64>,
-    /// Δcpu/Δtotal ([`MACHINE_SHARE_FORMULA`]).
-    pub machine_share_pct: Option<f64>,
-    pub added: bool,
-    pub removed: bool,
-    pub working: bool,
-}
-
-impl TaskWindow {
-    /// The name ProcessCpuTracker shows: argv[0]'s basename, else comm.
-    pub fn name(&self) -> String {
-        match self.cmdline.as_deref() {
-            Some(c) if !c.is_empty() => crate::procfs::cmdline::name_from_cmdline(c).to_owned(),
-            _ => self.comm.to_string_lossy(),
-        }
-    }
-
-    /// `self.name() == name`, without allocating (runs for every process
-    /// every sample in the daemon).
-    pub fn has_name(&self, name: &str) -> bool {
-        match self.cmdline.as_deref() {
-            Some(c) if !c.is_empty() => crate::procfs::cmdline::name_from_cmdline(c) == name,
-            _ => self.comm.as_bytes() == name.as_bytes(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Window {
-    pub clocks: WindowClocks,
-    /// USER_HZ the tick counters were converted with.
-    pub hz: u64,
-    /// None when /proc/stat was unreadable at either end, a counter went
-    /// backwards, or the tick total did not advance.
-    pub system: Option<SystemWindow>,
-    pub loadavg: Option<LoadAvg>,
-    /// cpu, memory, io, as read at the end of the window.
-    pub pressure: [Option<PsiState>; 3],
-    pub processes: Vec<TaskWindow>,
-    /// Empty unless the samples carried threads.
-    pub threads: Vec<TaskWindow>,
-    /// This window's drops.
-    pub drops: DropCounters,
-}
-
-impl Window {
-    pub fn working_processes(&self) -> impl Iterator<Item = &TaskWindow> {
-        self.processes.iter().filter(|p| p.working)
-    }
-    pub fn added_processes(&self) -> impl Iterator<Item = &TaskWindow> {
-        self.processes.iter().filter(|p| p.added)
-    }
-    pub fn removed_processes(&self) -> impl Iterator<Item = &TaskWindow> {
-        self.processes.iter().filter(|p| p.removed)
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Counters {
-    utime_ticks: u64,
-    stime_ticks: u64,
-    minflt: u64,
-    majflt: u64,
-}
-
-impl Counters {
-    fn of(s: &PidStat) -> Self {
-        Counters {
-            utime_ticks: s.utime_ticks,
-            stime_ticks: s.stime_ticks,
-            minflt: s.minflt,
-            majflt: s.majflt,
-        }
-    }
-    fn checked_delta(&self, earlier: &Counters) -> Option<TaskDelta> {
-        Some(TaskDelta {
-            utime_ticks: self.utime_ticks.checked_sub(earlier.utime_ticks)?,
-            stime_ticks: self.stime_ticks.checked_sub(earlier.stime_ticks)?,
-            minflt: self.minflt.checked_sub(earlier.minflt)?,
-            majflt: self.majflt.checked_sub(earlier.majflt)?,
-        })
-    }
-}
-
+/// One task instance and what its owner keeps for it.
 #[derive(Debug, Clone)]
-struct Entry {
-    tgid: i32,
-    starttime_ticks: u64,
-    ppid: i32,
-    comm: Comm,
-    cmdline: Option<Arc<str>>,
-    counters: Counters,
-    /// False after a read failure: the next good read re-baselines without a
-    /// delta, since the gap spans more than one window.
-    baseline_valid: bool,
+pub struct Instance<T> {
+    pub starttime_ticks: u64,
+    /// False after a read failure: the next good read re-baselines without
+    /// a delta, since the gap spans more than one window.
+    pub baseline_valid: bool,
+    /// The last generation (scan) that saw it.
     seen: u64,
+    pub value: T,
 }
 
-/// Per-window rate denominators.
-#[derive(Clone, Copy)]
-struct Rates {
-    hz: u64,
-    monotonic_ns: Option<u64>,
-    total_ticks: Option<u64>,
-}
-
-impl Rates {
-    fn core_equivalent_pct(&self, cpu_ticks: u64) -> Option<f64> {
-        let ns = self.monotonic_ns?;
-        Some(cpu_ticks as f64 * 1e9 * 100.0 / (self.hz as f64 * ns as f64))
-    }
-    fn machine_share_pct(&self, cpu_ticks: u64) -> Option<f64> {
-        Some(cpu_ticks as f64 * 100.0 / self.total_ticks? as f64)
-    }
+/// What the table held for a pid before this scan's instance.
+pub enum Prior<T> {
+    /// The same instance (same starttime): its entry as last seen.
+    Same(Instance<T>),
+    /// Another instance: the pid was reused, the old one is gone.
+    Reused(Instance<T>),
+    /// First sight of the pid.
+    New,
 }
 
 /// Instances keyed by pid (or tid), with removal detection by generation.
-#[derive(Default)]
-struct InstanceTable {
-    entries: HashMap<i32, Entry>,
+#[derive(Debug)]
+pub struct InstanceTable<T> {
+    entries: HashMap<i32, Instance<T>>,
 }
 
-struct TaskIn<'a> {
-    tgid: i32,
-    stat: &'a PidStat,
-    status: Option<PidStatus>,
-    cmdline: Option<Arc<str>>,
-}
-
-impl InstanceTable {
-    fn row(e: &Entry, pid: i32) -> TaskWindow {
-        TaskWindow {
-            pid,
-            tgid: e.tgid,
-            starttime_ticks: e.starttime_ticks,
-            ppid: e.ppid,
-            comm: e.comm,
-            cmdline: e.cmdline.clone(),
-            state: b'?',
-            num_threads: 0,
-            status: None,
-            delta: None,
-            core_equivalent_pct: None,
-            machine_share_pct: None,
-            added: false,
-            removed: false,
-            working: false,
+impl<T> Default for InstanceTable<T> {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
         }
     }
+}
 
-    /// Updates one instance; pushes its row(s) to `rows`.
-    fn update(
+impl<T> InstanceTable<T> {
+    /// Records `value` as the instance (`pid`, `starttime_ticks`) seen in
+    /// `generation`; returns what the pid held before and the new entry.
+    pub fn observe(
         &mut self,
-        t: TaskIn<'_>,
+        pid: i32,
+        starttime_ticks: u64,
         generation: u64,
-        first: bool,
-        rates: Rates,
-        drops: &mut DropCounters,
-        rows: &mut Vec<TaskWindow>,
-    ) {
-        let s = t.stat;
-        let fresh = Entry {
-            tgid: t.tgid,
-            starttime_ticks: s.starttime_ticks,
-            ppid: s.ppid,
-            comm: s.comm,
-            cmdline: t.cmdline.clone(),
-            counters: Counters::of(s),
+        value: T,
+    ) -> (Prior<T>, &mut Instance<T>) {
+        let fresh = Instance {
+            starttime_ticks,
             baseline_valid: true,
             seen: generation,
+            value,
         };
-        let mut row = Self::row(&fresh, s.pid);
-        row.state = s.state;
-        row.num_threads = s.num_threads;
-        row.status = t.status;
-        match self.entries.get_mut(&s.pid) {
-            Some(e) if e.starttime_ticks == s.starttime_ticks => {
-                if e.baseline_valid {
-                    match fresh.counters.checked_delta(&e.counters) {
-                        Some(d) => {
-                            row.core_equivalent_pct = rates.core_equivalent_pct(d.cpu_ticks());
-                            row.machine_share_pct = rates.machine_share_pct(d.cpu_ticks());
-                            row.working = d.cpu_ticks() > 0;
-                            row.delta = Some(d);
-                        }
-                        None => drops.negative_deltas += 1,
-                    }
-                }
-                if fresh.cmdline.is_none() {
-                    row.cmdline = e.cmdline.clone();
-                }
-                let cmdline = row.cmdline.clone();
-                *e = fresh;
-                e.cmdline = cmdline;
-            }
-            Some(e) => {
-                // pid reused: the old instance is gone, a new one starts.
-                drops.starttime_changes += 1;
-                let mut old = Self::row(e, s.pid);
-                old.removed = true;
-                old.working = true;
-                rows.push(old);
-                *e = fresh;
-                row.added = true;
-                row.working = true;
-            }
-            None => {
-                self.entries.insert(s.pid, fresh);
-                row.added = !first;
-                row.working = !first;
-            }
-        }
-        rows.push(row);
+        let prior = match self.entries.insert(pid, fresh) {
+            Some(old) if old.starttime_ticks == starttime_ticks => Prior::Same(old),
+            Some(old) => Prior::Reused(old),
+            None => Prior::New,
+        };
+        let entry = self.entries.get_mut(&pid).expect("just inserted");
+        (prior, entry)
     }
 
-    /// Keeps unreadable instances alive without a baseline.
-    fn mark_unreadable(&mut self, pid: i32, generation: u64) {
+    /// Keeps an unreadable instance alive, without a baseline.
+    pub fn mark_unreadable(&mut self, pid: i32, generation: u64) {
         if let Some(e) = self.entries.get_mut(&pid) {
             e.baseline_valid = false;
             e.seen = generation;
         }
     }
 
-    /// Everything not seen this generation has exited.
-    fn sweep(&mut self, generation: u64, rows: &mut Vec<TaskWindow>) {
-        self.entries.retain(|&pid, e| {
-            if e.seen == generation {
-                return true;
-            }
-            let mut r = Self::row(e, pid);
-            r.removed = true;
-            r.working = true;
-            rows.push(r);
-            false
-        });
-    }
-}
-
-pub struct Tracker {
-    hz: u64,
-    prev_clock: Option<ClockPair>,
-    prev_system: Option<SystemStat>,
-    processes: InstanceTable,
-    threads: InstanceTable,
-    generation: u64,
-    totals: DropCounters,
-}
-
-impl Tracker {
-    /// `hz` is USER_HZ (`crate::system::clock_ticks_per_second()` in the
-    /// daemon); a parameter so tests can use other values.
-    pub fn new(hz: u64) -> Self {
-        assert!(hz > 0, "USER_HZ must be positive");
-        Tracker {
-            hz,
-            prev_clock: None,
-            prev_system: None,
-            processes: InstanceTable::default(),
-            threads: InstanceTable::default(),
-            generation: 0,
-            totals: DropCounters::default(),
-        }
-    }
-
-    pub fn hz(&self) -> u64 {
-        self.hz
-    }
-
-    /// Drops summed over every window so far.
-    pub fn drop_totals(&self) -> DropCounters {
-        self.totals
-    }
-
-    /// Takes the next sample. The first one only sets the baseline and
-    /// returns None; every later one returns the window since the previous.
-    pub fn update(&mut self, sample: &Sample) -> Option<Window> {
-        self.generation += 1;
-        let generation = self.generation;
-        let first = self.generation == 1;
-        let mut drops = DropCounters {
-            read_failures: sample.counts.read_failures,
-            vanished_pids: sample.counts.vanished_pids,
-            vanished_tids: sample.counts.vanished_tids,
-            ..DropCounters::default()
-        };
-
-        let end = sample.clock.unwrap_or_else(ClockPair::now);
-        let start = self.prev_clock.replace(end);
-        let clocks = start.map(|start| {
-            let boottime_ns = end
-                .boottime_ns
-                .checked_sub(start.boottime_ns)
-                .filter(|&d| d > 0);
-            let monotonic_ns = end
-                .monotonic_ns
-                .checked_sub(start.monotonic_ns)
-                .filter(|&d| d > 0);
-            if boottime_ns.is_none() || monotonic_ns.is_none() {
-                drops.clock_not_advancing += 1;
-            }
-            WindowClocks {
-                start,
-                end,
-                boottime_ns,
-                monotonic_ns,
-            }
-        });
-
-        let system = match (&self.prev_system, &sample.system) {
-            (Some(prev), Some(cur)) => self.system_window(prev, cur, &mut drops),
-            _ => None,
-        };
-        // A failed read keeps the old baseline out: the next window would
-        // otherwise span two windows' worth of ticks.
-        self.prev_system = sample.system.clone();
-
-        let rates = Rates {
-            hz: self.hz,
-            monotonic_ns: clocks.and_then(|c| c.monotonic_ns),
-            total_ticks: system.as_ref().map(|s| s.total_ticks),
-        };
-
-        let mut processes = Vec::with_capacity(sample.processes.len());
-        for p in &sample.processes {
-            self.processes.update(
-                TaskIn {
-                    tgid: p.stat.pid,
-                    stat: &p.stat,
-                    status: p.status,
-                    cmdline: p.cmdline.clone(),
-                },
-                generation,
-                first,
-                rates,
-                &mut drops,
-                &mut processes,
-            );
-        }
-        for &pid in &sample.unreadable_pids {
-            self.processes.mark_unreadable(pid, generation);
-        }
-        self.processes.sweep(generation, &mut processes);
-
-        let mut threads = Vec::with_capacity(sample.threads.len());
-        for t in &sample.threads {
-            self.threads.update(
-                TaskIn {
-                    tgid: t.tgid,
-                    stat: &t.stat,
-                    status: None,
-                    cmdline: None,
-                },
-                generation,
-                first,
-                rates,
-                &mut drops,
-                &mut threads,
-            );
-        }
-        for &tid in &sample.unreadable_tids {
-            self.threads.mark_unreadable(tid, generation);
-        }
-        self.threads.sweep(generation, &mut threads);
-
-        self.totals.add(&drops);
-        let clocks = clocks?;
-        Some(Window {
-            clocks,
-            hz: self.hz,
-            system,
-            loadavg: sample.loadavg,
-            pressure: sample.pressure,
-            processes,
-            threads,
-            drops,
-        })
-    }
-
-    fn system_window(
-        &self,
-        prev: &SystemStat,
-        cur: &SystemStat,
-        drops: &mut DropCounters,
-    ) -> Option<SystemWindow> {
-        let Some(delta) = cur.total.checked_delta(&prev.total) else {
-            drops.negative_deltas += 1;
-            return None;
-        };
-        let total_ticks = delta.total_ticks();
-        if total_ticks == 0 {
-            drops.clock_not_advancing += 1;
-            return None;
-        }
-        let local_busy_ticks = delta.local_busy_ticks();
-        let legacy_busy =
-            delta.user_ticks + delta.nice_ticks + delta.system_ticks + delta.irq_ticks;
-        let legacy_denom = legacy_busy + delta.idle_ticks;
-        let mut per_cpu = Vec::with_capacity(cur.per_cpu.len());
-        for (cpu, times) in &cur.per_cpu {
-            if let Some((_, before)) = prev.per_cpu.iter().find(|(c, _)| c == cpu) {
-                match times.checked_delta(before) {
-                    Some(d) => per_cpu.push((*cpu, d)),
-                    None => drops.negative_deltas += 1,
-                }
+    /// Everything not seen in `generation` has exited: handed to `gone`
+    /// and forgotten.
+    pub fn sweep(&mut self, generation: u64, mut gone: impl FnMut(i32, Instance<T>)) {
+        let exited: Vec<i32> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.seen != generation)
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in exited {
+            if let Some(e) = self.entries.remove(&pid) {
+                gone(pid, e);
             }
         }
-        let online_cpus: Vec<u32> = cur.online_cpus().collect();
-        let was_online: Vec<u32> = prev.online_cpus().collect();
-        let ctxt_delta = cur.ctxt.checked_sub(prev.ctxt);
-        let forks_delta = cur.processes.checked_sub(prev.processes);
-        drops.negative_deltas += u64::from(ctxt_delta.is_none()) + u64::from(forks_delta.is_none());
-        Some(SystemWindow {
-            delta,
-            total_ticks,
-            total_formula: TOTAL_FORMULA,
-            local_busy_ticks,
-            local_busy_formula: LOCAL_BUSY_FORMULA,
-            local_busy_pct: local_busy_ticks as f64 * 100.0 / total_ticks as f64,
-            android_legacy_total_cpu_pct: (legacy_denom > 0)
-                .then(|| legacy_busy as f64 * 100.0 / legacy_denom as f64),
-            per_cpu,
-            cpus_onlined: online_cpus
-                .iter()
-                .filter(|c| !was_online.contains(c))
-                .copied()
-                .collect(),
-            cpus_offlined: was_online
-                .iter()
-                .filter(|c| !online_cpus.contains(c))
-                .copied()
-                .collect(),
-            online_cpus,
-            ctxt_delta,
-            forks_delta,
-            procs_running: cur.procs_running,
-            procs_blocked: cur.procs_blocked,
-        })
     }
 }
 
 #[cfg(test)]
-#[path = "tracker_tests.rs"]
 mod tests;
-
-/// One process's eBPF figures over a window: deltas of the cumulative
-/// counters `bpf::totals` keeps.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BpfDelta {
-    pub tgid: u32,
-    pub oncpu_ns: u64,
-    pub runq_wait_ns: u64,
-    pub voluntary_switches: u64,
-    pub involuntary_switches: u64,
-}
-
-/// Per-window eBPF deltas, by the same rules as the procfs ones: a process
-/// seen for the first time has no delta (its counters may span more than
-/// the window), and a counter that went backwards drops that process's
-/// delta and counts in `negative_deltas`, never clamped. `prev` becomes `cur`.
-pub fn bpf_deltas(
-    prev: &mut HashMap<u32, crate::bpf::totals::ProcessCounters>,
-    cur: &[crate::bpf::totals::ProcessCounters],
-    drops: &mut DropCounters,
-) -> Vec<BpfDelta> {
-    let mut out = Vec::new();
-    for c in cur {
-        // An ended row is the last of its instance; a live row of the same
-        // tgid after it is a new process, with no baseline yet.
-        let p = if c.ended {
-            prev.remove(&c.tgid)
-        } else {
-            prev.get(&c.tgid).copied()
-        };
-        if let Some(p) = p {
-            let d = (|| {
-                Some(BpfDelta {
-                    tgid: c.tgid,
-                    oncpu_ns: c.oncpu_ns.checked_sub(p.oncpu_ns)?,
-                    runq_wait_ns: c.runq_wait_ns.checked_sub(p.runq_wait_ns)?,
-                    voluntary_switches: c.voluntary_switches.checked_sub(p.voluntary_switches)?,
-                    involuntary_switches: c
-                        .involuntary_switches
-                        .checked_sub(p.involuntary_switches)?,
-                })
-            })();
-            match d {
-                Some(d) => out.push(d),
-                None => drops.negative_deltas += 1,
-            }
-        }
-    }
-    prev.clear();
-    // An ended process's tgid may be reused: forget it.
-    prev.extend(cur.iter().filter(|c| !c.ended).map(|c| (c.tgid, *c)));
-    out
-}
-
-#[cfg(test)]
-mod bpf_delta_tests {
-    use super::*;
-    use crate::bpf::totals::ProcessCounters;
-
-    fn row(tgid: u32, oncpu_ns: u64, vol: u64) -> ProcessCounters {
-        ProcessCounters {
-            tgid,
-            oncpu_ns,
-            voluntary_switches: vol,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn first_sight_baseline_then_deltas_and_backwards_dropped() {
-        let mut prev = HashMap::new();
-        let mut drops = DropCounters::default();
-        assert!(bpf_deltas(&mut prev, &[row(1, 100, 1)], &mut drops).is_empty());
-        let d = bpf_deltas(&mut prev, &[row(1, 350, 4), row(2, 10, 0)], &mut drops);
-        assert_eq!(d.len(), 1);
-        assert_eq!(
-            (d[0].tgid, d[0].oncpu_ns, d[0].voluntary_switches),
-            (1, 250, 3)
-        );
-        let d = bpf_deltas(&mut prev, &[row(1, 300, 4), row(2, 30, 0)], &mut drops);
-        assert_eq!(d.len(), 1, "tgid 1 went backwards: dropped, not clamped");
-        assert_eq!((d[0].tgid, d[0].oncpu_ns), (2, 20));
-        assert_eq!(drops.negative_deltas, 1);
-    }
-
-    #[test]
-    fn ended_process_is_forgotten() {
-        let mut prev = HashMap::new();
-        let mut drops = DropCounters::default();
-        bpf_deltas(&mut prev, &[row(5, 100, 0)], &mut drops);
-        let mut last = row(5, 150, 0);
-        last.ended = true;
-        assert_eq!(bpf_deltas(&mut prev, &[last], &mut drops)[0].oncpu_ns, 50);
-        // A new process reusing tgid 5 starts from its own zero.
-        assert!(bpf_deltas(&mut prev, &[row(5, 7, 0)], &mut drops).is_empty());
-        assert_eq!(drops.negative_deltas, 0);
-    }
-}
-
-#[cfg(test)]
-#[path = "tracker_testutil.rs"]
-mod testutil;
-#[cfg(test)]
-pub(crate) use testutil::quiet_process_window;

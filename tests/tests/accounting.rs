@@ -479,7 +479,7 @@ fn procfs_core_equivalent_agrees_with_ebpf() {
     let mut acc = load(FaultSourceChoice::Off);
     let hz = vitalsd::system::clock_ticks_per_second().unwrap();
     let mut sampler = Sampler::new("/proc", SampleOptions::default());
-    let mut tracker = vitalsd::tracker::Tracker::new(hz);
+    let mut tracker = vitalsd::sources::tasks::Windows::new(hz);
     let mut w = Workload::spawn(&["pinned-spin", "1", "2500"]);
     w.expect("ready");
     w.go();

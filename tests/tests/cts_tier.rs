@@ -1,4 +1,4 @@
-//! The CTS tier's always-on accounting (`sched_procfs`, no eBPF) against
+//! The CTS tier's always-on accounting (`sources::schedstat`, no eBPF) against
 //! the kernel's own figures: each workload's counters as the source folds
 //! them from /proc, against what the kernel reports for the same task
 //! (read with the `procfs` crate, not our parsers) or the process reports
@@ -10,7 +10,7 @@ use vitals_tests::*;
 use vitalsd::{
     accounting::ProcessCounters,
     procfs::sampler::{Sample, SampleOptions, Sampler},
-    sched_procfs::SchedProcfs,
+    sources::schedstat::SchedProcfs,
 };
 
 /// The source over the real /proc, as the daemon runs it.

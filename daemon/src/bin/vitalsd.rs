@@ -348,14 +348,15 @@ fn check_config(config: Option<PathBuf>) -> Result<()> {
 fn record_cmd(args: RecordArgs) -> Result<()> {
     let stop = signal_flags()?.stop;
     let top = args.top;
-    let opts = record_options(args);
-    let summary = record(&opts, &stop).context("vitalsd record")?;
+    let (accounting, opts) = record_options(args);
+    let summary = record(&accounting, &opts, &stop).context("vitalsd record")?;
     print!("{}", summary.render(top));
     Ok(())
 }
 
-/// The flags of `vitalsd record` as [`RecordOptions`].
-fn record_options(args: RecordArgs) -> RecordOptions {
+/// The flags of `vitalsd record`: the programs to load and the
+/// [`RecordOptions`].
+fn record_options(args: RecordArgs) -> (AccountingConfig, RecordOptions) {
     let RecordArgs {
         duration,
         out,
@@ -382,33 +383,34 @@ fn record_options(args: RecordArgs) -> RecordOptions {
         fault_period: fault_period.max(1),
         ..CaptureOptions::default()
     };
-    RecordOptions {
+    let accounting = AccountingConfig {
+        choice: accounting,
+        fault_source,
+        limits: MapLimits {
+            max_tasks,
+            max_processes,
+            max_exited: exited_entries(exits_per_second, interval),
+        },
+        runq_wait: !no_runq_wait,
+        force_classic_tracepoints: classic_tracepoints,
+        pins: pins.map(PinMode::AttachFrom).unwrap_or_default(),
+        capture: capture.events.any().then(|| CaptureSizing {
+            ring_bytes: capture_buffer_kb.saturating_mul(1024),
+            transport: capture_transport,
+            ..CaptureSizing::default()
+        }),
+        ..AccountingConfig::default()
+    };
+    let opts = RecordOptions {
         duration,
         out,
         interval,
-        accounting: AccountingConfig {
-            choice: accounting,
-            fault_source,
-            limits: MapLimits {
-                max_tasks,
-                max_processes,
-                max_exited: exited_entries(exits_per_second, interval),
-            },
-            runq_wait: !no_runq_wait,
-            force_classic_tracepoints: classic_tracepoints,
-            pins: pins.map(PinMode::AttachFrom).unwrap_or_default(),
-            capture: capture.events.any().then(|| CaptureSizing {
-                ring_bytes: capture_buffer_kb.saturating_mul(1024),
-                transport: capture_transport,
-                ..CaptureSizing::default()
-            }),
-            ..AccountingConfig::default()
-        },
         proc_root,
         drop_privileges: !keep_privileges,
         capture,
         max_bytes: None,
-    }
+    };
+    (accounting, opts)
 }
 
 /// `vitalsd snapshot`: one procfs window as a table.
@@ -585,7 +587,7 @@ mod tests {
             let Command::Record(args) = cli.command else {
                 panic!("not record");
             };
-            record_options(args).capture.events
+            record_options(args).1.capture.events
         };
         assert_eq!(events(&[]), EventSet::NONE);
         let sched = EventSet {

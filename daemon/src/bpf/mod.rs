@@ -19,8 +19,7 @@
 //! - `counters`: reading the maps (`Accounting::read`) and folding what
 //!   was read (`counters::totals`);
 //! - `config` (what the caller asks for), `denied` (`open`: eBPF, or
-//!   /proc-only and why), `shared` (one `Accounting` read by the daemon and
-//!   its captures).
+//!   /proc-only and why).
 //!
 //! The capture transport that drives the capture tier (lending its
 //! output, the capture flag, the stack map) is `capture::transport`'s.
@@ -33,7 +32,6 @@ pub mod denied;
 mod features;
 pub mod object;
 mod programs;
-mod shared;
 pub mod tracefs;
 
 use std::path::PathBuf;
@@ -57,7 +55,6 @@ pub use self::object::{
 };
 pub(crate) use self::programs::IdleTransport;
 pub use self::programs::{Accounting, WAKE_ARRAY_MAX_PIDS};
-pub use self::shared::{AccountingReader, SharedAccounting};
 use self::tracefs::TracefsError;
 pub use crate::accounting::FaultSource;
 

@@ -3,7 +3,7 @@
 //! Every reader is split in two: a pure parser over bytes (`parse_*`, fed
 //! arbitrary input by the property tests) and a thin reader that does one
 //! `open` + one `read` into a reused buffer and attaches the path to errors.
-//! Nothing here computes deltas: that is `crate::tracker`'s job.
+//! Nothing here computes deltas: that is the sources' job (`sources/`).
 
 pub mod cmdline;
 pub mod loadavg;

@@ -51,7 +51,7 @@ pub struct SampleOptions {
 }
 
 /// Failures met during one scan. They are folded into the window's
-/// [`crate::tracker::DropCounters`] by the tracker.
+/// `DropCounters` by the tasks room (`sources::tasks`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ScanCounts {
     /// Reads that failed for a reason other than the task exiting

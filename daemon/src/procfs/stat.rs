@@ -58,26 +58,6 @@ impl CpuTimes {
             .saturating_add(self.irq_ticks)
             .saturating_add(self.softirq_ticks)
     }
-
-    /// Field-wise `self - earlier`, or `None` if any counter went backwards
-    /// (iowait can: it is sampled from NOHZ idle accounting and is corrected
-    /// downwards when a CPU goes offline or leaves idle).
-    pub fn checked_delta(&self, earlier: &CpuTimes) -> Option<CpuTimes> {
-        Some(CpuTimes {
-            user_ticks: self.user_ticks.checked_sub(earlier.user_ticks)?,
-            nice_ticks: self.nice_ticks.checked_sub(earlier.nice_ticks)?,
-            system_ticks: self.system_ticks.checked_sub(earlier.system_ticks)?,
-            idle_ticks: self.idle_ticks.checked_sub(earlier.idle_ticks)?,
-            iowait_ticks: self.iowait_ticks.checked_sub(earlier.iowait_ticks)?,
-            irq_ticks: self.irq_ticks.checked_sub(earlier.irq_ticks)?,
-            softirq_ticks: self.softirq_ticks.checked_sub(earlier.softirq_ticks)?,
-            steal_ticks: self.steal_ticks.checked_sub(earlier.steal_ticks)?,
-            guest_ticks: self.guest_ticks.checked_sub(earlier.guest_ticks)?,
-            guest_nice_ticks: self
-                .guest_nice_ticks
-                .checked_sub(earlier.guest_nice_ticks)?,
-        })
-    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -269,15 +249,5 @@ procs_running 3\nprocs_blocked 1\nsoftirq 1 2 3\n";
         let text = SAMPLE.replace("cpu0 11492 1 1945 30805 54 0 14 4 3 1\n", "");
         let s = parse_stat(text.as_bytes()).unwrap();
         assert_eq!(s.online_cpus().collect::<Vec<_>>(), vec![1]);
-    }
-
-    #[test]
-    fn delta_refuses_backwards_iowait() {
-        let a = parse_stat(SAMPLE.as_bytes()).unwrap().total;
-        let mut b = a;
-        b.user_ticks += 10;
-        assert_eq!(b.checked_delta(&a).unwrap().user_ticks, 10);
-        b.iowait_ticks -= 1;
-        assert_eq!(b.checked_delta(&a), None);
     }
 }

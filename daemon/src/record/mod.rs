@@ -1,20 +1,23 @@
-//! `vitalsd record`: always-on accounting for a bounded window, streamed
-//! into a Perfetto trace, with a top table at the end.
+//! Recordings: `vitalsd record` (the pipeline for a bounded window with
+//! the trace-file sink, `Recording`) and a daemon capture's window (the
+//! same sink fed the daemon's ticks, `record_fed`), streamed into a
+//! Perfetto trace, with a summary (`vitalsd record`'s top table).
 
 use std::{
-    collections::{HashMap, HashSet},
     fs::File,
     io::BufWriter,
-    path::{Path, PathBuf},
-    sync::atomic::{AtomicBool, Ordering},
+    path::PathBuf,
+    sync::{atomic::AtomicBool, mpsc},
     time::{Duration, Instant},
 };
 
 use thiserror::Error;
 
+mod recording;
 mod summary;
 mod tier;
 
+use self::recording::Recording;
 pub use self::summary::{RecordSummary, SummaryRow};
 use self::tier::Tier;
 
@@ -23,19 +26,15 @@ use crate::{
     bpf::{
         self,
         denied::{self, ProcOnly},
-        totals::{ProcessCounters, Totals},
-        AccountingConfig, AccountingReader, BpfError, FaultSource, Opened, SharedAccounting,
+        AccountingConfig, BpfError, FaultSource, Opened,
     },
     capture::{CaptureError, CaptureOptions},
-    clock::ClockPair,
-    export,
-    perfetto::{PerfettoError, ProcessKey, SystemFacts, TraceWriter},
+    perfetto::{PerfettoError, TraceWriter},
+    pipeline::Pipeline,
     privileges::{self, PrivilegeError},
-    process_tracks::{process_counters, tree_entries, ProcessCounterTracks, ProcessIdentity},
-    procfs::sampler::{ProcessSample, Sample, SampleOptions, Sampler, SamplerError},
-    sched_procfs::SchedProcfs,
+    procfs::sampler::SamplerError,
+    sources::{ebpf::Programs, Tick},
     system::{self, SystemError},
-    tracker::Tracker,
 };
 
 #[derive(Debug, Error)]
@@ -59,6 +58,10 @@ pub enum RecordError {
          (capture.backend = \"auto\" or \"perfetto\")"
     )]
     CaptureNeedsBpf(ProcOnly),
+    /// The daemon's tick a fed recording was to take failed (its read
+    /// error, as the daemon logged it).
+    #[error("{0}")]
+    Sample(String),
     #[error("creating trace file {path}: {source}")]
     Create {
         path: PathBuf,
@@ -72,7 +75,6 @@ pub struct RecordOptions {
     pub duration: Duration,
     pub out: PathBuf,
     pub interval: Duration,
-    pub accounting: AccountingConfig,
     pub proc_root: PathBuf,
     /// Drop to `privileges::STEADY_STATE_CAPS` after attaching.
     pub drop_privileges: bool,
@@ -86,48 +88,80 @@ pub struct RecordOptions {
 }
 
 /// Runs until `duration` passes or `stop` is set; whoever sets `stop`
-/// should unpark the calling thread so it notices at once.
-pub fn record(opts: &RecordOptions, stop: &AtomicBool) -> Result<RecordSummary, RecordError> {
-    record_with(opts, stop, |_| Ok(()))
+/// should unpark the calling thread so it notices at once. Loads its own
+/// programs as `accounting` asks (`opts.capture` needs its `capture`
+/// sizing), or runs /proc-only when BPF is denied or not asked for.
+pub fn record(
+    accounting: &AccountingConfig,
+    opts: &RecordOptions,
+    stop: &AtomicBool,
+) -> Result<RecordSummary, RecordError> {
+    let programs = match bpf::open(accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))? {
+        Opened::Ebpf(acc) => Ok(Programs::new(acc)),
+        Opened::ProcOnly(why) => {
+            log_proc_only(&why, "recording");
+            Err(why)
+        }
+    };
+    let attached = attach(opts, programs.clone())?;
+    let hz = system::clock_ticks_per_second()?;
+    // Declared before the recording, so dropped after it: an error drops
+    // the writer and the capture before the programs.
+    let mut pipeline = Pipeline::open(&opts.proc_root, hz, programs.ok());
+    if let Some(e) = pipeline.scan_only().procfs_error.take() {
+        return Err(e.into());
+    }
+    let origin = pipeline.origin();
+    let mut recording = Recording::start(attached, pipeline.last(), origin, |_| Ok(()))?;
+    recording.run(opts, stop, &mut pipeline)?;
+    recording.finish(opts, pipeline.summary())
 }
 
-/// The trace writer of a recording.
+/// The trace file writer of a recording.
 pub type FileTraceWriter = TraceWriter<BufWriter<File>>;
 
-/// `record`, with `prelude` writing extra packets right after the trace's
-/// header (a triggered capture writes the history that led to it).
-pub fn record_with(
-    opts: &RecordOptions,
-    stop: &AtomicBool,
-    prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
-) -> Result<RecordSummary, RecordError> {
-    let accounting =
-        match bpf::open(&opts.accounting).inspect_err(|e| log::debug!("loading: {e:#?}"))? {
-            Opened::Ebpf(acc) => Ok(SharedAccounting::new(acc).reader()),
-            Opened::ProcOnly(why) => {
-                log_proc_only(&why, "recording");
-                Err(why)
-            }
-        };
-    record_on(accounting, opts, stop, prelude)
+/// What a recording fed by a pipeline running elsewhere (the daemon's)
+/// takes: the programs (/proc-only: why there are none), the last tick
+/// before it (naming the processes alive), where its counters come from,
+/// and each tick from now on (a failed one: why).
+pub struct Feed {
+    pub programs: Result<Programs, ProcOnly>,
+    pub first: Tick,
+    pub origin: Option<CounterOrigin>,
+    pub ticks: mpsc::Receiver<Result<Tick, String>>,
 }
 
-/// `record_with` on programs already attached, such as the daemon's, which
-/// its captures share with its sampling tick (one set of programs: every
-/// switch and fault runs each program once), or /proc-only (`accounting`
-/// Err: why; a capture then fails with `CaptureNeedsBpf`).
-/// `opts.accounting` is not used: the capture tier must have been sized
-/// when the programs were loaded.
-pub fn record_on(
-    accounting: Result<AccountingReader, ProcOnly>,
+/// A recording attached to a running pipeline for a daemon capture's
+/// window: the capture tier (`opts.capture`) switched on in the
+/// daemon's own programs, whose capture sizing was set when they loaded;
+/// /proc-only, a capture fails with `CaptureNeedsBpf`. It takes the
+/// pipeline's ticks until the first one at or after `duration`, until
+/// `max_bytes`, or until the feed ends (the daemon stops); `prelude`
+/// writes extra packets right after the trace's header (a triggered
+/// capture writes the history that led to it).
+pub fn record_fed(
+    feed: Feed,
     opts: &RecordOptions,
-    stop: &AtomicBool,
     prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
 ) -> Result<RecordSummary, RecordError> {
-    let attached = attach(opts, accounting)?;
-    let mut recording = Recording::start(opts, attached, prelude)?;
-    recording.run(opts, stop)?;
-    recording.finish(opts)
+    let Feed {
+        programs,
+        first,
+        origin,
+        ticks,
+    } = feed;
+    let attached = attach(opts, programs)?;
+    let mut recording = Recording::start(attached, &first, origin, prelude)?;
+    let deadline = Instant::now() + opts.duration;
+    // Blocks until the daemon's next tick; a dropped sender (the daemon
+    // stopping, or cutting the capture) ends the recording.
+    while let Ok(tick) = ticks.recv() {
+        recording.take(&tick.map_err(RecordError::Sample)?)?;
+        if Instant::now() >= deadline || recording.reached(opts.max_bytes) {
+            break;
+        }
+    }
+    recording.finish(opts, Vec::new())
 }
 
 /// What `attach` leaves for the rest of the recording.
@@ -145,7 +179,7 @@ struct Attached {
 /// steady-state capabilities.
 fn attach(
     opts: &RecordOptions,
-    accounting: Result<AccountingReader, ProcOnly>,
+    accounting: Result<Programs, ProcOnly>,
 ) -> Result<Attached, RecordError> {
     let proc_only = accounting.as_ref().err().cloned();
     // Before the capability drop: afterwards root may no longer be able to
@@ -178,477 +212,6 @@ fn attach(
     })
 }
 
-/// A recording between its setup and its summary. Fields drop in
-/// declaration order, so an error drops the writer (flushing what it
-/// buffered) before the capture and the capture before the BPF objects,
-/// as when they were locals of one function.
-struct Recording {
-    /// The last counters of every live process instance seen, by pid, for
-    /// the summary. With `ended`, the summary has one row per instance
-    /// (pid, starttime): a reused pid is a new row.
-    final_rows: HashMap<u32, ProcessCounters>,
-    /// Instances whose row ended (their leader was freed): who they were
-    /// (None: never named) and their last counters.
-    ended: Vec<(Option<ProcessIdentity>, ProcessCounters)>,
-    /// Ended instances per pid: tells apart the track keys of instances
-    /// of one pid that have no starttime.
-    ended_per_pid: HashMap<u32, u64>,
-    tracks: ProcessCounterTracks,
-    totals: Totals,
-    /// The live process instance of each pid with counters in the trace
-    /// (None: counted but never named); an instance whose row ends moves
-    /// to `ended`, so a reused pid is a new process.
-    known: HashMap<u32, Option<ProcessIdentity>>,
-    /// Pids whose naming waited one tick: gone from /proc before the scan
-    /// and not yet freed, so their exit record (and comm) is due.
-    waiting: HashSet<u32>,
-    /// Processes named in ProcessTree from a scan before any eBPF row of
-    /// theirs (born after that tick's eBPF read): their ProcessStats are
-    /// in the trace, and their row, if one comes, takes this identity.
-    scanned_only: HashMap<u32, ProcessIdentity>,
-    /// Process instances never named (gone from /proc before any scan
-    /// and ended without a comm): in the table, not in the trace.
-    unnamed_left_out: u64,
-    sample: Sample,
-    tracker: Tracker,
-    sampler: Sampler,
-    hz: u64,
-    start: ClockPair,
-    writer: FileTraceWriter,
-    runq_wait: bool,
-    fault_source: FaultSource,
-    /// Where the per-task counters come from (None: clock ticks only).
-    origin: Option<CounterOrigin>,
-    /// No eBPF: the procfs scheduler source (the CTS tier).
-    sched: Option<SchedProcfs>,
-    /// The CTS tier's counters of the processes alive at the start
-    /// (schedstat counts from a process's start, eBPF from the attach):
-    /// subtracted for the summary, which is about the recording.
-    baseline: HashMap<u32, ProcessCounters>,
-    capabilities_after_attach: Option<String>,
-    /// No accounting: /proc-only (`proc_only` says why).
-    tier: Tier,
-    proc_only: Option<ProcOnly>,
-    samples: u64,
-    cut_at_max_bytes: bool,
-}
-
-impl Recording {
-    /// Writes the trace's header (clocks, system, the processes alive now,
-    /// then `prelude`) and takes the first procfs sample.
-    fn start(
-        opts: &RecordOptions,
-        attached: Attached,
-        prelude: impl FnOnce(&mut FileTraceWriter) -> Result<(), PerfettoError>,
-    ) -> Result<Self, RecordError> {
-        let Attached {
-            tier,
-            proc_only,
-            file,
-            capabilities_after_attach,
-        } = attached;
-        let (fault_source, runq_wait) = tier.fault_source_and_runq_wait();
-        let hz = system::clock_ticks_per_second()?;
-        // No eBPF: the kernel's own per-thread accounting (the CTS tier).
-        let mut sched = match tier.has_bpf() {
-            true => None,
-            false => crate::sched_procfs::open_or_log(&opts.proc_root, hz),
-        };
-        let origin = match (tier.has_bpf(), &sched) {
-            (true, _) => Some(CounterOrigin::Ebpf {
-                fault_source,
-                runq_wait,
-            }),
-            (false, Some(_)) => Some(CounterOrigin::Schedstat),
-            (false, None) => None,
-        };
-        let runq_wait = origin.is_some_and(CounterOrigin::runq_wait);
-        // Neither tier: no per-task tracks at all, so nothing reads as a zero.
-        let counters = origin.map_or_else(Vec::new, |o| process_counters(o, "recording start"));
-        let tracks = ProcessCounterTracks::new(counters);
-
-        let mut writer = TraceWriter::new(BufWriter::new(file));
-        let start = ClockPair::now();
-        writer.write_clock_snapshot(start)?;
-        let possible = system::possible_cpus(Path::new("/sys"))?;
-        writer.write_system_info(&SystemFacts {
-            utsname: system::utsname()?,
-            hz: system::clock_ticks_per_second()?,
-            page_size_bytes: system::page_size_bytes()?,
-            num_cpus: possible.len() as u32,
-            system_ram_bytes: None,
-        })?;
-
-        // procfs alongside: system CPU, load, pressure, per-process CPU,
-        // memory and faults as the kernel accounts them; its scan also
-        // names processes.
-        let mut sampler = Sampler::new(
-            &opts.proc_root,
-            SampleOptions {
-                threads: false,
-                status: true,
-                cmdline: true,
-            },
-        );
-        let mut tracker = Tracker::new(hz);
-        let mut sample = Sample::default();
-        sampler.sample_into(&mut sample)?;
-        tracker.update(&sample);
-        let baseline = sched.as_mut().map_or_else(HashMap::new, |s| {
-            s.update(&sample)
-                .into_iter()
-                .filter(|r| !r.ended)
-                .map(|r| (r.tgid, r))
-                .collect()
-        });
-
-        // Every process alive now, with its real argv.
-        let known: HashMap<u32, Option<ProcessIdentity>> = sample
-            .processes
-            .iter()
-            .map(|p| (p.stat.pid as u32, Some(ProcessIdentity::of(p))))
-            .collect();
-        let mut initial: Vec<&ProcessIdentity> = known.values().flatten().collect();
-        initial.sort_by_key(|p| p.pid);
-        writer.write_process_tree(start.boottime_ns, &tree_entries(initial))?;
-        writer.write_instant(
-            start.boottime_ns,
-            "vitalsd",
-            &accounting_note(proc_only.as_ref(), fault_source, origin),
-        )?;
-        prelude(&mut writer)?;
-        writer.flush()?;
-
-        Ok(Self {
-            tier,
-            proc_only,
-            capabilities_after_attach,
-            fault_source,
-            runq_wait,
-            origin,
-            sched,
-            baseline,
-            writer,
-            start,
-            hz,
-            sampler,
-            tracker,
-            sample,
-            known,
-            waiting: HashSet::new(),
-            scanned_only: HashMap::new(),
-            unnamed_left_out: 0,
-            totals: Totals::new(),
-            tracks,
-            final_rows: HashMap::new(),
-            ended: Vec::new(),
-            ended_per_pid: HashMap::new(),
-            samples: 0,
-            cut_at_max_bytes: false,
-        })
-    }
-
-    /// Samples every interval until `duration` passes or `stop` is set,
-    /// then once more.
-    fn run(&mut self, opts: &RecordOptions, stop: &AtomicBool) -> Result<(), RecordError> {
-        let deadline = Instant::now() + opts.duration;
-        let mut next_tick = Instant::now() + opts.interval;
-        loop {
-            let now = Instant::now();
-            let finishing = stop.load(Ordering::Relaxed) || now >= deadline;
-            if !finishing && now < next_tick {
-                // The signal thread unparks us, so one wakeup per interval.
-                std::thread::park_timeout((next_tick - now).min(deadline - now));
-                continue;
-            }
-            next_tick += opts.interval;
-            self.tick()?;
-            if finishing {
-                return Ok(());
-            }
-            if opts
-                .max_bytes
-                .is_some_and(|max| self.writer.bytes_written() >= max)
-            {
-                log::warn!(
-                    "recording stopped at {} bytes: the cap is {} bytes",
-                    self.writer.bytes_written(),
-                    opts.max_bytes.unwrap_or_default()
-                );
-                self.cut_at_max_bytes = true;
-                return Ok(());
-            }
-        }
-    }
-
-    /// One sample: the BPF totals and procfs, the capture's records since
-    /// the last tick, and every process's counters that changed.
-    fn tick(&mut self) -> Result<(), RecordError> {
-        let snap = self.tier.read()?;
-        let clocks = ClockPair::now();
-        self.samples += 1;
-        let rows = snap
-            .as_ref()
-            .map(|snap| self.totals.update(snap))
-            .unwrap_or_default();
-        self.sampler.sample_into(&mut self.sample)?;
-        let rows = match self.sched.as_mut() {
-            Some(sched) => sched.update(&self.sample),
-            None => rows,
-        };
-        export::write_sample(&mut self.writer, clocks.boottime_ns, &self.sample, self.hz)?;
-        if let Some(window) = self.tracker.update(&self.sample) {
-            export::write_window(&mut self.writer, clocks.boottime_ns, &window)?;
-        }
-        if let Some(snap) = &snap {
-            export::write_bpf_drops(&mut self.writer, clocks.boottime_ns, &snap.drops)?;
-        }
-        self.tier.flush(&mut self.writer, clocks.boottime_ns)?;
-        // Known instances first: one that ends moves out of `known`, so
-        // a new instance of its pid in this tick (a live row after the
-        // ended one) is a new process.
-        let mut ending = HashSet::new();
-        let (old, new): (Vec<ProcessCounters>, Vec<ProcessCounters>) =
-            rows.into_iter().partition(|r| {
-                let known = self.known.contains_key(&r.tgid) && !ending.contains(&r.tgid);
-                if known && r.ended {
-                    ending.insert(r.tgid);
-                }
-                known
-            });
-        self.write_counters(&old, clocks.boottime_ns)?;
-        let (new, mut entries) = self.name_new_processes(new);
-        self.write_counters(&new, clocks.boottime_ns)?;
-        entries.extend(self.name_scanned_only());
-        // The ProcessTree entries after the new instances' counters:
-        // trace_processor starts a new process for a pid when a process
-        // track descriptor with a new uuid resolves (its first counter);
-        // an entry before that would rename the old instance of the pid
-        // (same parent: UpdateProcessWithParent keeps the upid).
-        if !entries.is_empty() {
-            self.writer
-                .write_process_tree(clocks.boottime_ns, &tree_entries(&entries))?;
-        }
-        self.writer.flush()?;
-        Ok(())
-    }
-
-    /// Identifies the processes in `rows` (none known yet): from this
-    /// tick's scan, else from the comm their leader's free record carries.
-    /// One gone before the scan and not freed yet waits a tick for that
-    /// record (its row is cumulative: nothing is lost); after that, or
-    /// ended without a comm, it is counted unnamed, in the table but left
-    /// out of ProcessTree (a `<pid>` name there would also rename its main
-    /// thread) and of the counter tracks. Returns the rows to write and
-    /// the identities for ProcessTree.
-    fn name_new_processes(
-        &mut self,
-        rows: Vec<ProcessCounters>,
-    ) -> (Vec<ProcessCounters>, Vec<ProcessIdentity>) {
-        if rows.is_empty() {
-            return (rows, Vec::new());
-        }
-        let scanned: HashMap<u32, &ProcessSample> = self
-            .sample
-            .processes
-            .iter()
-            .map(|p| (p.stat.pid as u32, p))
-            .collect();
-        let mut write = Vec::with_capacity(rows.len());
-        let mut entries = Vec::new();
-        for r in rows {
-            let pid = r.tgid;
-            let earlier = self.scanned_only.remove(&pid);
-            let id = match (scanned.get(&pid), r.exit_comm_str()) {
-                (Some(p), _) => Some(ProcessIdentity::of(p)),
-                (None, _) if earlier.is_some() => earlier,
-                (None, Some(comm)) if !comm.is_empty() => {
-                    Some(ProcessIdentity::from_comm(pid, comm))
-                }
-                _ if !r.ended && self.waiting.insert(pid) => continue,
-                _ => {
-                    self.unnamed_left_out += 1;
-                    None
-                }
-            };
-            self.waiting.remove(&pid);
-            entries.extend(id.clone());
-            self.known.insert(pid, id);
-            write.push(r);
-        }
-        (write, entries)
-    }
-
-    /// The processes of this tick's scan that have no counters in the
-    /// trace and were not named yet: their ProcessStats (export) are
-    /// written all the same, so trace_processor would list them without a
-    /// name (issue 23: one born after the last tick's eBPF read). A pid
-    /// that already had an instance here is left to its eBPF row: an
-    /// entry before the new instance's tracks would rename the old one.
-    fn name_scanned_only(&mut self) -> Vec<ProcessIdentity> {
-        let mut out = Vec::new();
-        for p in &self.sample.processes {
-            let pid = p.stat.pid as u32;
-            let named = self.known.contains_key(&pid)
-                || self.ended_per_pid.contains_key(&pid)
-                || self
-                    .scanned_only
-                    .get(&pid)
-                    .is_some_and(|id| id.starttime_ticks == p.stat.starttime_ticks);
-            if !named {
-                let id = ProcessIdentity::of(p);
-                out.push(id.clone());
-                self.scanned_only.insert(pid, id);
-            }
-        }
-        out
-    }
-
-    /// Each process's counter tracks (created on its first row, anew when
-    /// its pid is reused) and the values that changed since the last tick.
-    fn write_counters(
-        &mut self,
-        rows: &[ProcessCounters],
-        ts_boot_ns: u64,
-    ) -> Result<(), RecordError> {
-        for r in rows {
-            let id = &self.known[&r.tgid];
-            let key = ProcessKey {
-                pid: r.tgid as i32,
-                // No starttime: the instance number within this recording
-                // keeps a reused pid's tracks apart all the same.
-                starttime_ticks: match id {
-                    Some(id) if id.starttime_ticks != 0 => id.starttime_ticks,
-                    _ => self.ended_per_pid.get(&r.tgid).copied().unwrap_or(0),
-                },
-            };
-            // Counters of a process with no name would be listed by
-            // trace_processor as a nameless process (issue 23): it stays
-            // in the table, counted, out of the trace.
-            if let Some(id) = id {
-                self.tracks
-                    .write(&mut self.writer, key, id.name(), r, ts_boot_ns)?;
-            }
-            let during = self.during_recording(r);
-            if r.ended {
-                // Its last counters are written: the instance is over, and
-                // the pid's next user is a new process.
-                self.tracks.forget(r.tgid);
-                self.final_rows.remove(&r.tgid);
-                self.baseline.remove(&r.tgid);
-                let id = self.known.remove(&r.tgid).flatten();
-                *self.ended_per_pid.entry(r.tgid).or_default() += 1;
-                self.ended.push((id, during));
-            } else {
-                self.final_rows.insert(r.tgid, during);
-            }
-        }
-        Ok(())
-    }
-
-    /// `r` less what its process had before the recording (CTS tier).
-    fn during_recording(&self, r: &ProcessCounters) -> ProcessCounters {
-        let Some(b) = self.baseline.get(&r.tgid) else {
-            return *r;
-        };
-        ProcessCounters {
-            oncpu_ns: r.oncpu_ns.saturating_sub(b.oncpu_ns),
-            runq_wait_ns: r.runq_wait_ns.saturating_sub(b.runq_wait_ns),
-            voluntary_switches: r.voluntary_switches.saturating_sub(b.voluntary_switches),
-            involuntary_switches: r
-                .involuntary_switches
-                .saturating_sub(b.involuntary_switches),
-            faults: vitals_common::FaultCounters {
-                entries: r.faults.entries.saturating_sub(b.faults.entries),
-                minflt: r.faults.minflt.saturating_sub(b.faults.minflt),
-                majflt: r.faults.majflt.saturating_sub(b.faults.majflt),
-            },
-            ..*r
-        }
-    }
-
-    /// Stops the capture (draining and writing what is left), then the
-    /// summary: every process seen, by on-CPU time.
-    fn finish(mut self, opts: &RecordOptions) -> Result<RecordSummary, RecordError> {
-        if self.unnamed_left_out > 0 {
-            log::info!(
-                "{} processes ended before they could be named (gone from /proc before a scan, \
-                 no comm in their exit record): their counters are in the table, not the trace",
-                self.unnamed_left_out
-            );
-        }
-        let capture_stats = self
-            .tier
-            .stop(&mut self.writer, ClockPair::now().boottime_ns)?;
-        let end = ClockPair::now();
-        let wall = end
-            .monotonic_ns
-            .saturating_sub(self.start.monotonic_ns)
-            .max(1);
-        let rows = self.summary_rows(wall);
-        // /proc-only: no eBPF drop counters, rather than zeros.
-        let drops = if self.tier.has_bpf() {
-            vitals_common::drop_reason::NAMES
-                .iter()
-                .zip(self.totals.drops)
-                .map(|(n, v)| (*n, v))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let packets_written = self.writer.packets_written();
-        let bytes_written = self.writer.bytes_written();
-        self.writer.flush()?;
-        Ok(RecordSummary {
-            accounting: accounting_mode(self.proc_only.as_ref()),
-            tier: crate::sched_procfs::tier_of(self.origin),
-            sched_procfs: self.sched.as_ref().map(|s| s.stats),
-            trace_path: opts.out.clone(),
-            fault_source: self.fault_source,
-            wall_monotonic_ns: wall,
-            rows,
-            drops,
-            capabilities_after_attach: self.capabilities_after_attach,
-            packets_written,
-            bytes_written,
-            samples: self.samples,
-            capture: capture_stats,
-            cut_at_max_bytes: self.cut_at_max_bytes,
-        })
-    }
-
-    /// The summary's rows, most on-CPU time first; `wall_ns` is the
-    /// recording's CLOCK_MONOTONIC duration.
-    fn summary_rows(&self, wall_ns: u64) -> Vec<SummaryRow> {
-        let live = self
-            .final_rows
-            .values()
-            .map(|r| (self.known.get(&r.tgid).and_then(Option::as_ref), r));
-        let ended = self.ended.iter().map(|(id, r)| (id.as_ref(), r));
-        let mut rows: Vec<SummaryRow> = live
-            .chain(ended)
-            .map(|(id, r)| SummaryRow {
-                pid: r.tgid,
-                name: id
-                    .map(|i| i.name().to_owned())
-                    .unwrap_or_else(|| format!("<{}>", r.tgid)),
-                oncpu_ns: r.oncpu_ns,
-                core_equivalent_pct: r.oncpu_ns as f64 * 100.0 / wall_ns as f64,
-                voluntary_switches: r.voluntary_switches,
-                involuntary_switches: r.involuntary_switches,
-                runq_wait_ns: self.runq_wait.then_some(r.runq_wait_ns),
-                faults: match self.origin {
-                    Some(CounterOrigin::Schedstat) => r.faults.minflt + r.faults.majflt,
-                    _ => r.faults(self.fault_source),
-                },
-                ended: r.ended,
-            })
-            .collect();
-        rows.sort_by(|a, b| b.oncpu_ns.cmp(&a.oncpu_ns).then(a.pid.cmp(&b.pid)));
-        rows
-    }
-}
-
 /// "ebpf", or "proc-only (bpf denied: …)": the mode as status and the
 /// summary state it.
 pub fn accounting_mode(proc_only: Option<&ProcOnly>) -> String {
@@ -665,7 +228,7 @@ fn accounting_note(
     fault_source: FaultSource,
     origin: Option<CounterOrigin>,
 ) -> String {
-    let tier = crate::sched_procfs::tier_of(origin);
+    let tier = crate::accounting::tier_of(origin);
     match proc_only {
         None => format!(
             "accounting: ebpf; tier {}: {}; faults from {}",
@@ -695,3 +258,6 @@ pub fn log_proc_only(why: &ProcOnly, what: &str) {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests;

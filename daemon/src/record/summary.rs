@@ -26,8 +26,9 @@ pub struct RecordSummary {
     pub accounting: String,
     /// The tier the per-task figures come from.
     pub tier: crate::accounting::Tier,
-    /// The procfs scheduler source's counters (CTS tier).
-    pub sched_procfs: Option<crate::sched_procfs::SchedProcfsStats>,
+    /// The sources' own lines (the CTS tier's schedstat source: what it
+    /// read and could not see).
+    pub sources: Vec<String>,
     pub trace_path: PathBuf,
     pub fault_source: FaultSource,
     pub wall_monotonic_ns: u64,
@@ -55,7 +56,7 @@ impl RecordSummary {
             self.samples,
             match self.tier {
                 Tier::Ebpf => self.fault_source.describe(),
-                _ => crate::sched_procfs::PROC_FAULT_SOURCE,
+                _ => crate::accounting::PROC_FAULT_SOURCE,
             }
         );
         let _ = writeln!(s, "accounting: {}", self.accounting);
@@ -71,13 +72,8 @@ impl RecordSummary {
                 crate::bpf::denied::PROC_ONLY_MISSING
             );
         }
-        if let Some(st) = &self.sched_procfs {
-            let c: Vec<String> = st
-                .counters()
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            let _ = writeln!(s, "schedstat source: {}", c.join(" "));
+        for line in &self.sources {
+            let _ = writeln!(s, "{line}");
         }
         if let Some(c) = &self.capabilities_after_attach {
             let _ = writeln!(s, "capabilities after attach: {c}");

@@ -1,30 +1,32 @@
-//! The accounting a recording reads (none: /proc-only) and the capture it
-//! runs there.
+//! The programs a recording's capture runs in (none: /proc-only) and the
+//! capture.
 
 use std::io::Write;
 
 use super::RecordError;
 use crate::{
-    bpf::{denied::ProcOnly, AccountingReader, BpfError, BpfSnapshot, FaultSource},
+    bpf::denied::ProcOnly,
     capture::{Capture, CaptureError, CaptureOptions, CaptureStats},
     perfetto::TraceWriter,
+    sources::ebpf::Programs,
 };
 
-/// The accounting a recording reads and the capture it runs there. A
+/// The programs a recording's capture runs in, and the capture. A
 /// capture that `finish` did not stop (an error cut the recording short)
-/// is aborted on drop: the accounting may be the daemon's, which lives on,
-/// so its capture flag must not stay set nor its ring buffer be lost.
+/// is aborted on drop: the programs may be the daemon's, which live on,
+/// so their capture flag must not stay set nor their ring buffer be lost.
+/// The programs' counters are read by the pipeline's eBPF room.
 pub(super) struct Tier {
     capture: Option<Capture>,
     /// None: /proc-only, so no capture either.
-    accounting: Option<AccountingReader>,
+    accounting: Option<Programs>,
 }
 
 impl Tier {
     /// Starts the capture `opts` asks for on `accounting`; asking for one
     /// /proc-only (`accounting` Err) is `CaptureNeedsBpf`.
     pub(super) fn start(
-        accounting: Result<AccountingReader, ProcOnly>,
+        accounting: Result<Programs, ProcOnly>,
         opts: &CaptureOptions,
         proc_root: &std::path::Path,
     ) -> Result<Self, RecordError> {
@@ -47,29 +49,6 @@ impl Tier {
             capture,
             accounting: Some(accounting),
         })
-    }
-
-    /// Whether the eBPF accounting is there (not /proc-only).
-    pub(super) fn has_bpf(&self) -> bool {
-        self.accounting.is_some()
-    }
-
-    /// The fault source and whether runqueue wait is accounted (none and
-    /// no, /proc-only).
-    pub(super) fn fault_source_and_runq_wait(&self) -> (FaultSource, bool) {
-        self.accounting
-            .as_ref()
-            .map_or((FaultSource::None, false), |r| {
-                r.with(|acc| (acc.fault_source(), acc.runq_wait()))
-            })
-    }
-
-    /// The counters; None /proc-only.
-    pub(super) fn read(&self) -> Result<Option<BpfSnapshot>, BpfError> {
-        self.accounting
-            .as_ref()
-            .map(AccountingReader::read)
-            .transpose()
     }
 
     /// Writes the capture's records since the last flush.

@@ -1,12 +1,19 @@
 //! The capture lifecycle: at most one bounded capture at a time, on its
 //! own thread, into a pending store entry; committed (or recorded as
 //! failed, nothing stored) when it ends or the daemon stops. Two backends
-//! (`capture.backend`): the eBPF capture tier (`record_on` on the daemon's
-//! programs) and a Perfetto session of traced's own data sources
-//! (`perfetto_capture`), the one a /proc-only daemon has.
+//! (`capture.backend`): the eBPF capture tier (a recording sink fed the
+//! daemon's pipeline ticks, `record_fed`, with the capture tier switched
+//! on in the daemon's programs) and a Perfetto session of traced's own
+//! data sources (`perfetto_capture`), the one a /proc-only daemon has.
+//!
+//! The eBPF backend's file writing stays on the capture's thread, fed
+//! each tick's value through a channel: the main loop's tick is not held
+//! up by a large tick's sched records or a slow disk, and the store's
+//! commit already happens when the thread ends. Dropping the channel's
+//! sender (the daemon stopping) ends the recording at once.
 
 use std::{
-    sync::{atomic::AtomicBool, Arc, Mutex},
+    sync::{atomic::AtomicBool, mpsc, Arc, Mutex},
     thread::JoinHandle,
     time::Duration,
 };
@@ -15,7 +22,7 @@ use thiserror::Error;
 
 use super::{push_trigger, state::Shared, Service};
 use crate::{
-    bpf::{denied::ProcOnly, AccountingConfig, AccountingReader},
+    bpf::denied::ProcOnly,
     capture::CaptureOptions,
     config::{CaptureSpec, Config},
     control::protocol::{CaptureProgress, TriggerOutcome},
@@ -23,22 +30,26 @@ use crate::{
     heapprofd::RunnerConfig,
     history::{self, History},
     perfetto_capture::{self, Backend, CaptureRequest, HeapInSession, PerfettoCaptureError},
-    record::{record_on, RecordError, RecordOptions},
+    record::{record_fed, Feed, RecordError, RecordOptions},
+    sources::Tick,
     store::{self, BackendInfo, CaptureMeta, CaptureStatus, Pending, Store, TriggerInfo},
 };
 
-/// What a capture runs on: the daemon's eBPF programs (or, /proc-only with
-/// `capture.backend = "ebpf"`, why there are none), or traced through a
-/// consumer route.
+/// Each tick of the daemon's pipeline, or why it failed, for a recording.
+pub(super) type TickSender = mpsc::Sender<Result<Tick, String>>;
+
+/// What a capture runs on: the daemon's pipeline and eBPF programs (or,
+/// /proc-only with `capture.backend = "ebpf"`, why there are none), with
+/// the sender of its ticks; or traced through a consumer route.
 pub(super) enum CaptureEngine {
-    Ebpf(Result<AccountingReader, ProcOnly>),
+    Ebpf(Box<Feed>, TickSender),
     Perfetto(RunnerConfig),
 }
 
 impl CaptureEngine {
     fn backend(&self) -> Backend {
         match self {
-            CaptureEngine::Ebpf(_) => Backend::Ebpf,
+            CaptureEngine::Ebpf(..) => Backend::Ebpf,
             CaptureEngine::Perfetto(_) => Backend::Perfetto,
         }
     }
@@ -88,6 +99,8 @@ pub(super) struct RunningCapture {
     /// Where a Perfetto session writes its trace before it is stored.
     session_out: Option<std::path::PathBuf>,
     pub(super) stop: Arc<AtomicBool>,
+    /// An eBPF-backend recording's feed (None: a Perfetto session).
+    pub(super) ticks: Option<TickSender>,
     pub(super) thread: JoinHandle<Result<Captured, CaptureFailed>>,
 }
 
@@ -103,14 +116,36 @@ impl Service {
     /// against the daemon's accounting (eBPF programs, or /proc-only: why
     /// there are none).
     pub(super) fn capture_engine(&self) -> CaptureEngine {
-        let has_bpf = self.accounting.is_some();
-        match self.cfg.capture.backend.resolve(has_bpf) {
+        let ebpf = self.pipeline.sources.ebpf.as_ref();
+        match self.cfg.capture.backend.resolve(ebpf.is_some()) {
             Backend::Perfetto => CaptureEngine::Perfetto(self.runner.config().clone()),
-            Backend::Ebpf => CaptureEngine::Ebpf(match (&self.accounting, &self.proc_only) {
-                (Some(acc), _) => Ok(acc.another()),
-                (None, why) => Err(why.clone().unwrap_or(ProcOnly::Asked)),
-            }),
+            Backend::Ebpf => {
+                let (tx, ticks) = mpsc::channel();
+                let feed = Feed {
+                    programs: match (ebpf, &self.proc_only) {
+                        (Some(e), _) => Ok(e.programs().clone()),
+                        (None, why) => Err(why.clone().unwrap_or(ProcOnly::Asked)),
+                    },
+                    first: self.pipeline.last().share(),
+                    origin: self.pipeline.origin(),
+                    ticks,
+                };
+                CaptureEngine::Ebpf(Box::new(feed), tx)
+            }
         }
+    }
+
+    /// Hands this tick's value (or why it failed) to a running eBPF-backend
+    /// capture's recording.
+    pub(super) fn feed_capture(&self, failed: Option<String>) {
+        let Some(tx) = self.capture.as_ref().and_then(|c| c.ticks.as_ref()) else {
+            return;
+        };
+        // A recording that ended (its thread is reaped next) drops its end.
+        let _ = tx.send(match failed {
+            Some(why) => Err(why),
+            None => Ok(self.pipeline.last().share()),
+        });
     }
 }
 
@@ -165,14 +200,14 @@ pub(super) fn start_capture(
             backend: backend.name().into(),
         });
     }
+    let mut ticks = None;
     let run: Box<dyn FnOnce() -> Result<Captured, CaptureFailed> + Send> = match engine {
-        CaptureEngine::Ebpf(accounting) => {
+        CaptureEngine::Ebpf(feed, tx) => {
+            ticks = Some(tx);
             let opts = record_options(cfg, spec, &pending);
             let samples: Vec<history::VitalsSample> = history.iter().cloned().collect();
             Box::new(move || {
-                let summary = record_on(accounting, &opts, &thread_stop, |w| {
-                    export::write_history(w, &samples)
-                })?;
+                let summary = record_fed(*feed, &opts, |w| export::write_history(w, &samples))?;
                 Ok(Captured {
                     wall_ms: summary.wall_monotonic_ns / 1_000_000,
                     cut_at_bytes: summary.cut_at_max_bytes.then_some(summary.bytes_written),
@@ -203,6 +238,7 @@ pub(super) fn start_capture(
         backend,
         session_out,
         stop,
+        ticks,
         thread,
     }
 }
@@ -267,6 +303,7 @@ pub(super) fn adopt_session(
         backend: Backend::Perfetto,
         session_out: Some(session_out),
         stop,
+        ticks: None,
         thread,
     }
 }
@@ -274,14 +311,13 @@ pub(super) fn adopt_session(
 /// The eBPF capture tier (every switch and waking, sampled fault stacks)
 /// for the capture's window only, switched on by the CAPTURE flag in the
 /// daemon's own programs: loading a second set would run every always-on
-/// program twice per event while the capture lasts (#14).
+/// program twice per event while the capture lasts (#14). Its samples are
+/// the daemon's ticks, at `sampling.interval`.
 fn record_options(cfg: &Config, spec: &CaptureSpec, pending: &Pending) -> RecordOptions {
     RecordOptions {
         duration: spec.duration.0,
         out: pending.tmp_path.clone(),
-        interval: cfg.sampling.interval.0.min(Duration::from_secs(1)),
-        // Not used by record_on: the daemon's programs are loaded.
-        accounting: AccountingConfig::default(),
+        interval: cfg.sampling.interval.0,
         proc_root: cfg.sampling.proc_root.clone(),
         drop_privileges: false,
         capture: CaptureOptions {
@@ -299,6 +335,9 @@ pub(super) fn finish_capture(
     shared: &Shared,
     how: CaptureStatus,
 ) {
+    let mut c = c;
+    // No more ticks: a fed recording ends with those it has.
+    drop(c.ticks.take());
     let result = c.thread.join();
     if let Some(out) = c.session_out.as_ref().filter(|o| o.exists()) {
         if let Err(e) = std::fs::rename(out, &c.pending.tmp_path) {

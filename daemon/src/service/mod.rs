@@ -1,9 +1,11 @@
 //! `vitalsd run`: the long-running daemon.
 //!
-//! The main thread samples eBPF maps and procfs every interval into the
-//! history, evaluates the health rules and runs at most one capture at a
-//! time on its own thread (a bounded `record` into the store). The control
-//! socket runs on its own thread and reads what the main thread publishes.
+//! The main thread runs the pipeline (eBPF maps and procfs) every interval
+//! and hands each tick to its sinks: the history, status and top, the
+//! Perfetto producer, and at most one capture at a time, recorded on its
+//! own thread from the ticks it is handed (a bounded recording into the
+//! store); then it evaluates the health rules. The control socket runs on
+//! its own thread and reads what the main thread publishes.
 //!
 //! This file holds start-up, [`run`]'s loop, the store lock and
 //! `cleanup-after-crash`; each step of the loop lives with its concern:
@@ -23,7 +25,6 @@ mod state;
 mod tick;
 
 use std::{
-    collections::HashMap,
     path::PathBuf,
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -43,12 +44,7 @@ use tick::ReadErrors;
 
 use crate::{
     accounting::CounterOrigin,
-    bpf::{
-        self,
-        denied::ProcOnly,
-        totals::{ProcessCounters, Totals},
-        AccountingConfig, AccountingReader, BpfError, MapLimits, Opened, SharedAccounting,
-    },
+    bpf::{self, denied::ProcOnly, AccountingConfig, BpfError, MapLimits, Opened},
     config::Config,
     control::{
         protocol::{DaemonStatus, TriggerOutcome, TriggerRecord},
@@ -56,11 +52,12 @@ use crate::{
     },
     heapprofd::SessionRunner,
     history::History,
+    pipeline::Pipeline,
     privileges::{self, PrivilegeError},
-    procfs::sampler::{Sample, SampleOptions, Sampler, SamplerError},
+    procfs::sampler::SamplerError,
+    sources::ebpf::Programs,
     store::{self, Limits, Store, StoreError, TriggerInfo},
     system::{self, SystemError},
-    tracker::{DropCounters, Tracker},
     triggers::Engine,
 };
 
@@ -213,10 +210,6 @@ struct Service {
     producer: producer::MaybeProducer,
     /// Why the configured producer is not running (status's producer_error).
     producer_off: Option<String>,
-    /// eBPF per-window deltas dropped because a counter went backwards.
-    bpf_delta_drops: DropCounters,
-    /// eBPF counters of the previous sample, for per-window deltas.
-    bpf_prev: HashMap<u32, ProcessCounters>,
     read_errors: ReadErrors,
     last_expiry: Instant,
     next_tick: Instant,
@@ -226,24 +219,19 @@ struct Service {
     capture: Option<RunningCapture>,
     /// Rules' ring sessions (`capture.prelude = "ring"`).
     rings: rings::Rings,
-    sample: Sample,
     engine: Engine,
     history: History,
-    totals: Totals,
-    tracker: Tracker,
-    sampler: Sampler,
     shared: Arc<Shared>,
     /// Requests the control socket's thread hands to the main loop.
     commands: mpsc::Receiver<Command>,
     store: Arc<Mutex<Store>>,
-    /// The always-on programs, read by the tick; captures read them
-    /// through readers of their own (`AccountingReader::another`). None:
+    /// The one pipeline and its sources. Its eBPF room holds the
+    /// always-on programs, read by the tick; a capture's recording takes
+    /// its ticks and switches the capture tier on in them. No eBPF room:
     /// /proc-only (BPF denied, or asked for; `proc_only` says why), and
     /// captures fail (`CaptureNeedsBpf`); see `DaemonState::accounting`.
-    accounting: Option<AccountingReader>,
-    /// No eBPF: the procfs scheduler source (None also when the kernel
-    /// has no schedstat; then only clock ticks).
-    sched: Option<crate::sched_procfs::SchedProcfs>,
+    /// Then its schedstat room, when the kernel has it, is the CTS tier.
+    pipeline: Pipeline,
     proc_only: Option<ProcOnly>,
     /// The flock on `<store>/.lock`, held for the daemon's life.
     _store_lock: std::fs::File,
@@ -319,30 +307,20 @@ impl Service {
         let store_lock = try_lock_store(&cfg.store.dir)?
             .ok_or_else(|| ServiceError::StoreBusy(cfg.store.dir.clone()))?;
         let (accounting, proc_only) = match bpf::open(&accounting_cfg)? {
-            Opened::Ebpf(acc) => (Some(SharedAccounting::new(acc).reader()), None),
+            Opened::Ebpf(acc) => (Some(Programs::new(acc)), None),
             Opened::ProcOnly(why) => {
                 crate::record::log_proc_only(&why, "running");
                 (None, Some(why))
             }
         };
         let hz = system::clock_ticks_per_second()?;
-        // No eBPF: the kernel's own per-thread accounting (the CTS tier).
-        let sched = match &accounting {
-            Some(_) => None,
-            None => crate::sched_procfs::open_or_log(&cfg.sampling.proc_root, hz),
-        };
-        let origin = match (&accounting, &sched) {
-            (Some(acc), _) => Some(acc.with(|a| CounterOrigin::Ebpf {
-                fault_source: a.fault_source(),
-                runq_wait: a.runq_wait(),
-            })),
-            (None, Some(_)) => Some(CounterOrigin::Schedstat),
-            (None, None) => None,
-        };
-        let tier = crate::sched_procfs::tier_of(origin);
-        let fault_source = match &accounting {
-            Some(acc) => acc.with(|a| a.fault_source().describe().to_owned()),
-            None => crate::sched_procfs::PROC_FAULT_SOURCE.to_owned(),
+        let has_bpf = accounting.is_some();
+        let pipeline = Pipeline::open(&cfg.sampling.proc_root, hz, accounting);
+        let origin = pipeline.origin();
+        let tier = crate::accounting::tier_of(origin);
+        let fault_source = match origin {
+            Some(CounterOrigin::Ebpf { fault_source, .. }) => fault_source.describe().to_owned(),
+            _ => crate::accounting::PROC_FAULT_SOURCE.to_owned(),
         };
         let accounting_mode = crate::record::accounting_mode(proc_only.as_ref());
         let (producer, producer_off) = producer::start(&cfg, origin, proc_only.as_ref());
@@ -369,12 +347,7 @@ impl Service {
                     accounting: accounting_mode,
                     tier: tier.name().into(),
                     tier_gives: tier.gives().into(),
-                    capture_backend: cfg
-                        .capture
-                        .backend
-                        .resolve(accounting.is_some())
-                        .name()
-                        .into(),
+                    capture_backend: cfg.capture.backend.resolve(has_bpf).name().into(),
                     capabilities,
                     config_path: config_path.display().to_string(),
                     ..DaemonStatus::default()
@@ -394,23 +367,12 @@ impl Service {
         Ok(Self {
             producer,
             producer_off,
-            sampler: Sampler::new(
-                &cfg.sampling.proc_root,
-                SampleOptions {
-                    threads: false,
-                    status: true,
-                    cmdline: true,
-                },
-            ),
-            tracker: Tracker::new(hz),
-            totals: Totals::new(),
             history: History::new(cfg.history_len()),
             engine: Engine::new(
                 cfg.rules.clone(),
                 cfg.budget.clone(),
                 cfg.conditions.clone(),
             ),
-            sample: Sample::default(),
             capture: None,
             rings: rings::Rings::default(),
             heap: None,
@@ -418,13 +380,10 @@ impl Service {
             next_tick: Instant::now(),
             last_expiry: Instant::now(),
             read_errors: ReadErrors::default(),
-            bpf_prev: HashMap::new(),
-            bpf_delta_drops: DropCounters::default(),
             shared,
             commands,
             store,
-            accounting,
-            sched,
+            pipeline,
             proc_only,
             _store_lock: store_lock,
             signals,

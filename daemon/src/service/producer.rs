@@ -3,7 +3,6 @@
 //! Without the `producer` feature these do nothing.
 
 use super::Service;
-use crate::accounting::ProcessCounters;
 
 /// The producer, when built in.
 #[cfg(feature = "producer")]
@@ -63,14 +62,15 @@ impl Service {
     /// Hands this tick to the producer, without waiting; nothing is built
     /// while no tracing session has the data source.
     #[cfg(feature = "producer")]
-    pub(super) fn feed_producer(&self, ts_boot_ns: u64, rows: Vec<ProcessCounters>, scanned: bool) {
+    pub(super) fn feed_producer(&self) {
         use crate::process_tracks::ProcessIdentity;
         let Some(p) = &self.producer else { return };
+        let tick = self.pipeline.last();
         p.offer(|| crate::producer::TickData {
-            ts_boot_ns,
-            rows,
-            processes: if scanned {
-                self.sample
+            ts_boot_ns: tick.rows_boottime_ns,
+            rows: tick.rows.clone(),
+            processes: if tick.scanned {
+                tick.sample
                     .processes
                     .iter()
                     .map(ProcessIdentity::of)
@@ -89,7 +89,7 @@ impl Service {
     }
 
     #[cfg(not(feature = "producer"))]
-    pub(super) fn feed_producer(&self, _: u64, _: Vec<ProcessCounters>, _: bool) {}
+    pub(super) fn feed_producer(&self) {}
 
     /// The producer's counters for `vitalsctl status`.
     #[cfg(feature = "producer")]

@@ -61,8 +61,12 @@ impl Service {
     /// on the Perfetto backend; ended rings reaped (restarted later), rings
     /// of rules no longer configured stopped.
     pub(super) fn maintain_rings(&mut self) {
-        let perfetto =
-            self.cfg.capture.backend.resolve(self.accounting.is_some()) == Backend::Perfetto;
+        let perfetto = self
+            .cfg
+            .capture
+            .backend
+            .resolve(self.pipeline.sources.ebpf.is_some())
+            == Backend::Perfetto;
         let wanted: Vec<(String, CaptureSpec)> = self
             .cfg
             .rules

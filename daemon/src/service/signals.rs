@@ -94,7 +94,7 @@ impl Service {
         st.capture_backend = new
             .capture
             .backend
-            .resolve(self.accounting.is_some())
+            .resolve(self.pipeline.sources.ebpf.is_some())
             .name()
             .into();
         st.interval_ms = new.sampling.interval.0.as_millis() as u64;

@@ -1,21 +1,15 @@
-//! The sampling tick: its schedule, the always-on sample (eBPF maps and
-//! procfs) into the history, the store's periodic expiry, and what the tick
+//! The sampling tick: its schedule, the always-on sample (one tick of the
+//! pipeline) into the history, the store's periodic expiry, and what the tick
 //! publishes for the control socket.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
 use super::Service;
-use crate::{
-    bpf::totals::ProcessCounters,
-    clock::ClockPair,
-    control::protocol::{TopEbpf, TopRow},
-    history,
-    tracker::{bpf_deltas, BpfDelta, Window},
-};
+use crate::{control::protocol::TopRow, history};
 
 /// Samples lost to read errors, and the current streaks (for logging once).
 #[derive(Default)]
@@ -28,8 +22,9 @@ pub(super) struct ReadErrors {
 
 /// What one tick's sample hands to the publishing step.
 pub(super) struct Sampled {
-    /// None when the procfs scan failed (or was the first one).
-    window: Option<Window>,
+    /// Whether this tick has a procfs window (the scan failed, or was the
+    /// first: none).
+    window: bool,
     /// The working processes by CPU, for `top`.
     top: Vec<TopRow>,
 }
@@ -58,84 +53,65 @@ impl Service {
         true
     }
 
-    /// Always-on sample.
+    /// Always-on sample: one tick of the pipeline, handed to a running
+    /// capture's recording, the history, top and the producer.
     /// A failed read costs this sample, never the daemon: counted and
     /// logged (once per streak), and the next tick tries again.
     pub(super) fn sample(&mut self) -> Sampled {
-        let (mut bpf_window, mut rows, mut ts_boot_ns) = self.read_bpf();
-        let (scanned, window) = self.read_procfs();
-        // The CTS tier: per-task counters from this scan's schedstat.
-        if let (Some(sched), true) = (self.sched.as_mut(), scanned) {
-            rows = sched.update(&self.sample);
-            ts_boot_ns = self.sample.clock.map_or(ts_boot_ns, |c| c.boottime_ns);
-            bpf_window = bpf_deltas(&mut self.bpf_prev, &rows, &mut self.bpf_delta_drops)
-                .into_iter()
-                .map(|d| (d.tgid, d))
-                .collect();
-        }
+        let tick = self.pipeline.tick();
+        let (bpf_error, procfs_error) = (tick.bpf_error.take(), tick.procfs_error.take());
+        // A recording fails on the tick's first failed read, as one that
+        // read for itself did.
+        let failed = bpf_error
+            .as_ref()
+            .map(ToString::to_string)
+            .or_else(|| procfs_error.as_ref().map(ToString::to_string));
+        self.count_read_errors(bpf_error, procfs_error);
+        self.feed_capture(failed);
+        let tick = self.pipeline.last();
         let mut top = Vec::new();
-        if let Some(w) = &window {
+        if let Some(w) = &tick.window {
             self.history.push(history::summarize(
                 w,
                 self.cfg.sampling.history_processes,
                 &self.engine.watched_processes(),
-                &bpf_window,
+                &tick.deltas,
             ));
-            top = top_rows(w, &bpf_window);
+            top = self.pipeline.top_rows();
         }
-        self.feed_producer(ts_boot_ns, rows, scanned);
-        Sampled { window, top }
+        self.feed_producer();
+        Sampled {
+            window: tick.window.is_some(),
+            top,
+        }
     }
 
-    /// This window's eBPF deltas by tgid, every process's cumulative
-    /// counters and when (CLOCK_BOOTTIME) they were read; empty when the
-    /// maps could not be read, or there are none (/proc-only).
-    pub(super) fn read_bpf(&mut self) -> (HashMap<u32, BpfDelta>, Vec<ProcessCounters>, u64) {
-        let mut bpf_window: HashMap<u32, BpfDelta> = HashMap::new();
-        let mut rows = Vec::new();
-        // /proc-only: no eBPF maps, so no deltas and no rows.
-        let Some(accounting) = self.accounting.as_ref() else {
-            return (bpf_window, rows, ClockPair::now().boottime_ns);
-        };
-        let snap = accounting.read();
-        let ts_boot_ns = ClockPair::now().boottime_ns;
-        match snap {
-            // Folding drains the EXITED map and keeps the drop counters current.
-            Ok(snap) => {
-                rows = self.totals.update(&snap);
-                bpf_window = bpf_deltas(&mut self.bpf_prev, &rows, &mut self.bpf_delta_drops)
-                    .into_iter()
-                    .map(|d| (d.tgid, d))
-                    .collect();
-                self.read_errors.bpf_streak = 0;
-            }
-            Err(e) => {
-                self.read_errors.bpf += 1;
-                self.read_errors.bpf_streak += 1;
-                if self.read_errors.bpf_streak == 1 {
+    /// Counts this tick's failed reads, logging the first of a streak.
+    fn count_read_errors(
+        &mut self,
+        bpf: Option<crate::bpf::BpfError>,
+        procfs: Option<crate::procfs::SamplerError>,
+    ) {
+        let r = &mut self.read_errors;
+        match bpf {
+            Some(e) => {
+                r.bpf += 1;
+                r.bpf_streak += 1;
+                if r.bpf_streak == 1 {
                     log::error!("reading the eBPF maps: {e}; skipping this sample");
                 }
             }
+            None => r.bpf_streak = 0,
         }
-        (bpf_window, rows, ts_boot_ns)
-    }
-
-    /// Whether the scan succeeded, and this window from procfs (None when
-    /// the scan failed or was the first).
-    pub(super) fn read_procfs(&mut self) -> (bool, Option<Window>) {
-        match self.sampler.sample_into(&mut self.sample) {
-            Ok(()) => {
-                self.read_errors.procfs_streak = 0;
-                (true, self.tracker.update(&self.sample))
-            }
-            Err(e) => {
-                self.read_errors.procfs += 1;
-                self.read_errors.procfs_streak += 1;
-                if self.read_errors.procfs_streak == 1 {
+        match procfs {
+            Some(e) => {
+                r.procfs += 1;
+                r.procfs_streak += 1;
+                if r.procfs_streak == 1 {
                     log::error!("sampling procfs: {e}; skipping this sample");
                 }
-                (false, None)
             }
+            None => r.procfs_streak = 0,
         }
     }
 
@@ -155,42 +131,23 @@ impl Service {
         let mut st = self.shared.state.lock().unwrap();
         st.samples += 1;
         st.history_samples = self.history.len();
-        if let Some(w) = &sampled.window {
+        let mut status = self.pipeline.status();
+        if let (true, Some(w)) = (sampled.window, &self.pipeline.last().window) {
             st.top = sampled.top;
             st.local_busy_pct = w.system.as_ref().map(|s| s.local_busy_pct);
             st.loadavg = w.loadavg.as_ref().map(|l| [l.load1, l.load5, l.load15]);
-            let d = self.tracker.drop_totals();
-            st.procfs_drops = BTreeMap::from([
-                ("read_failures".into(), d.read_failures),
-                ("vanished_pids".into(), d.vanished_pids),
-                ("vanished_tids".into(), d.vanished_tids),
-                ("negative_deltas".into(), d.negative_deltas),
-                ("clock_not_advancing".into(), d.clock_not_advancing),
-                ("starttime_changes".into(), d.starttime_changes),
-            ]);
+            st.procfs_drops = status.remove("procfs_drops").unwrap_or_default();
         }
         st.sample_errors = BTreeMap::from([
             ("bpf_map_reads".to_string(), self.read_errors.bpf),
             ("procfs_scans".to_string(), self.read_errors.procfs),
         ]);
-        if let Some(sched) = &self.sched {
-            st.sched_procfs = sched.stats.counters();
+        if let Some(counters) = status.remove("sched_procfs") {
+            st.sched_procfs = counters;
         }
         // /proc-only: no eBPF drop counters, rather than zeros.
-        if self.accounting.is_some() {
-            st.bpf_drops = vitals_common::drop_reason::NAMES
-                .iter()
-                .zip(self.totals.drops)
-                .map(|(n, v)| (n.to_string(), v))
-                .collect();
-            st.bpf_drops.insert(
-                "negative_deltas".into(),
-                self.bpf_delta_drops.negative_deltas,
-            );
-            // Threads seen alive whose exit record never came (EXITED
-            // full): folded into their process from their last counters.
-            st.bpf_drops
-                .insert("lost_exits".into(), self.totals.lost_exits);
+        if let Some(drops) = status.remove("bpf_drops") {
+            st.bpf_drops = drops;
         }
         (st.producer, st.producer_error) = self.producer_status();
         st.triggers_fired = self.engine.fired_total;
@@ -206,75 +163,5 @@ impl Service {
             .iter()
             .map(|(k, v)| (k.name().to_string(), *v))
             .collect();
-    }
-}
-
-/// The 50 working processes using the most CPU this window.
-fn top_rows(w: &Window, bpf_window: &HashMap<u32, BpfDelta>) -> Vec<TopRow> {
-    // Ns accounting (either tier): a process that ran at all is listed,
-    // not only one charged a clock tick (ProcessCpuTracker's working set,
-    // which leaves a quiet machine's top empty), ordered by its ns.
-    let oncpu_ns =
-        |p: &crate::tracker::TaskWindow| bpf_window.get(&(p.pid as u32)).map_or(0, |d| d.oncpu_ns);
-    let mut procs: Vec<&crate::tracker::TaskWindow> = w
-        .processes
-        .iter()
-        .filter(|p| p.working || oncpu_ns(p) > 0)
-        .collect();
-    procs.sort_by(|a, b| {
-        oncpu_ns(b).cmp(&oncpu_ns(a)).then(
-            b.core_equivalent_pct
-                .unwrap_or(0.0)
-                .total_cmp(&a.core_equivalent_pct.unwrap_or(0.0)),
-        )
-    });
-    procs
-        .iter()
-        .take(50)
-        .map(|p| TopRow {
-            pid: p.pid,
-            name: p.name(),
-            core_equivalent_pct: p.core_equivalent_pct.unwrap_or(0.0),
-            machine_share_pct: p.machine_share_pct.unwrap_or(0.0),
-            minflt: p.delta.map(|d| d.minflt).unwrap_or(0),
-            majflt: p.delta.map(|d| d.majflt).unwrap_or(0),
-            rss_kb: p.status.as_ref().and_then(|s| s.vm_rss_kb),
-            ebpf: bpf_window.get(&(p.pid as u32)).map(|d| TopEbpf {
-                oncpu_ms: d.oncpu_ns as f64 / 1e6,
-                runq_wait_ms: d.runq_wait_ns as f64 / 1e6,
-                voluntary_switches: d.voluntary_switches,
-                involuntary_switches: d.involuntary_switches,
-            }),
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-
-    use super::top_rows;
-    use crate::tracker::{quiet_process_window, BpfDelta};
-
-    /// A process charged no clock tick that still ran (ns accounting of
-    /// either tier says 3 ms) is in top; ProcessCpuTracker's working set
-    /// alone left a quiet machine's top empty (#23).
-    #[test]
-    fn top_lists_a_process_that_ran_without_a_tick() {
-        let w = quiet_process_window(42);
-        assert!(top_rows(&w, &HashMap::new()).is_empty());
-        let ran = HashMap::from([(
-            42,
-            BpfDelta {
-                tgid: 42,
-                oncpu_ns: 3_000_000,
-                voluntary_switches: 40,
-                ..Default::default()
-            },
-        )]);
-        let rows = top_rows(&w, &ran);
-        assert_eq!(rows.len(), 1);
-        assert_eq!(rows[0].pid, 42);
-        assert_eq!(rows[0].ebpf.as_ref().unwrap().voluntary_switches, 40);
     }
 }

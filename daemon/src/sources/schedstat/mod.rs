@@ -47,8 +47,10 @@ use std::{collections::HashMap, path::Path};
 
 use vitals_common::FaultCounters;
 
+use super::{tasks::TaskWindow, Source, Tick};
 use crate::{
-    accounting::{CounterOrigin, ProcessCounters, Tier},
+    accounting::ProcessCounters,
+    control::protocol::TopRow,
     procfs::{
         is_vanished, parse_ctxt_switches, read_task_file,
         sampler::{list_numeric, Sample},
@@ -107,9 +109,6 @@ impl SchedProcfsStats {
     }
 }
 
-/// Where faults come from without eBPF, as status says after "faults from".
-pub const PROC_FAULT_SOURCE: &str = "/proc/<pid>/stat minflt + majflt (successful faults, no eBPF)";
-
 /// The source, or None with one log line naming what the kernel lacks.
 pub fn open_or_log(proc_root: &Path, hz: u64) -> Option<SchedProcfs> {
     match SchedProcfs::open(proc_root, hz) {
@@ -123,15 +122,6 @@ pub fn open_or_log(proc_root: &Path, hz: u64) -> Option<SchedProcfs> {
             log::warn!("no eBPF and no schedstat: {e}; per-process CPU in clock ticks only");
             None
         }
-    }
-}
-
-/// The tier a daemon or recording runs in, from where its counters come.
-pub fn tier_of(origin: Option<CounterOrigin>) -> Tier {
-    match origin {
-        Some(CounterOrigin::Ebpf { .. }) => Tier::Ebpf,
-        Some(CounterOrigin::Schedstat) => Tier::Cts,
-        None => Tier::Ticks,
     }
 }
 
@@ -406,5 +396,57 @@ impl SchedProcfs {
                 Err(())
             }
         }
+    }
+}
+
+/// The room: the source and its per-window deltas.
+pub struct Schedstat {
+    pub reader: SchedProcfs,
+    deltas: crate::sources::ebpf::CounterDeltas,
+}
+
+impl Schedstat {
+    pub fn new(reader: SchedProcfs) -> Self {
+        Self {
+            reader,
+            deltas: Default::default(),
+        }
+    }
+}
+
+impl Source for Schedstat {
+    /// The CTS tier: per-task counters from this scan's schedstat, at the
+    /// scan's time.
+    fn sample(&mut self, tick: &mut Tick) {
+        tick.rows = self.reader.update(&tick.sample);
+        tick.rows_boottime_ns = tick
+            .sample
+            .clock
+            .map_or(tick.rows_boottime_ns, |c| c.boottime_ns);
+        tick.deltas = self.deltas.update(&tick.rows);
+    }
+
+    fn columns(&self, tick: &Tick, task: &TaskWindow, row: &mut TopRow) {
+        crate::sources::ebpf::top_columns(tick, task, row);
+    }
+
+    /// What the source did and could not see, for `vitalsd record`'s summary.
+    fn summary(&self) -> Option<String> {
+        let c: Vec<String> = self
+            .reader
+            .stats
+            .counters()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        Some(format!("schedstat source: {}", c.join(" ")))
+    }
+
+    /// `sched_procfs`: what the source did and could not see.
+    fn status(
+        &self,
+        out: &mut std::collections::BTreeMap<&'static str, std::collections::BTreeMap<String, u64>>,
+    ) {
+        out.insert("sched_procfs", self.reader.stats.counters());
     }
 }

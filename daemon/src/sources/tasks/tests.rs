@@ -3,6 +3,12 @@
 use super::*;
 use crate::procfs::testutil::{Cols, FakeProc, Task};
 use crate::procfs::{SampleOptions, Sampler};
+use crate::sources::system::ANDROID_LEGACY_TOTAL_FORMULA;
+use prost::Message;
+use std::collections::HashMap;
+use vitals_proto::protos::{
+    self, trace_packet::Data, track_descriptor::StaticOrDynamicName, track_event::CounterValueField,
+};
 
 const CPU0: Cols = [100, 0, 50, 1000, 10, 0, 5, 0, 0, 0];
 const CPU1: Cols = [200, 0, 60, 900, 20, 0, 5, 0, 0, 0];
@@ -42,7 +48,7 @@ fn clock(s: u64) -> ClockPair {
 struct Fixture {
     fake: FakeProc,
     sampler: Sampler,
-    tracker: Tracker,
+    tracker: Windows,
     t: u64,
 }
 
@@ -54,7 +60,7 @@ impl Fixture {
         Fixture {
             fake,
             sampler,
-            tracker: Tracker::new(hz),
+            tracker: Windows::new(hz),
             t: 1000,
         }
     }
@@ -197,7 +203,7 @@ fn iowait_going_backwards_drops_the_system_window() {
     f.fake.set_stat(sum(CPU0, c1b), &[(0, CPU0), (1, c1b)]);
     let w = f.step(1).unwrap();
     assert_eq!(w.system.unwrap().total_ticks, 100);
-    assert_eq!(f.tracker.drop_totals().negative_deltas, 1);
+    assert_eq!(f.tracker.tasks.drop_totals().negative_deltas, 1);
 }
 
 #[test]
@@ -468,3 +474,102 @@ fn unreadable_pid_eacces_is_a_read_failure() {
 // The real-machine 80-105% window check lives with the kernel tests
 // (tests/tests/accounting.rs, procfs_core_equivalent_agrees_with_ebpf): they
 // run one at a time, so the spinner is not starved by parallel unit tests.
+
+// The tasks room's counter tracks.
+
+/// (pid, counter name) -> values, from a trace `write_window` wrote.
+fn process_counters(trace: &[u8]) -> HashMap<(i32, String), Vec<i64>> {
+    let trace = protos::Trace::decode(trace).unwrap();
+    let mut pid_of_track = HashMap::new();
+    let mut name_of_track = HashMap::new();
+    for p in &trace.packet {
+        if let Some(Data::TrackDescriptor(d)) = &p.data {
+            if let Some(pr) = &d.process {
+                pid_of_track.insert(d.uuid(), pr.pid());
+            }
+            if let (Some(parent), Some(StaticOrDynamicName::Name(n))) =
+                (d.parent_uuid, &d.static_or_dynamic_name)
+            {
+                name_of_track.insert(d.uuid(), (parent, n.clone()));
+            }
+        }
+    }
+    let mut out: HashMap<(i32, String), Vec<i64>> = HashMap::new();
+    for p in &trace.packet {
+        let Some(Data::TrackEvent(e)) = &p.data else {
+            continue;
+        };
+        let Some((parent, name)) = name_of_track.get(&e.track_uuid()) else {
+            continue;
+        };
+        let Some(pid) = pid_of_track.get(parent) else {
+            continue;
+        };
+        let value = match e.counter_value_field {
+            Some(CounterValueField::CounterValue(v)) => v,
+            Some(CounterValueField::DoubleCounterValue(v)) => v as i64,
+            None => continue,
+        };
+        out.entry((*pid, name.clone())).or_default().push(value);
+    }
+    out
+}
+
+#[test]
+fn faults_without_a_cpu_tick_are_written() {
+    const CPU: Cols = [100, 0, 50, 1000, 10, 0, 5, 0, 0, 0];
+    let fake = FakeProc::new();
+    fake.set_stat(CPU, &[(0, CPU)]);
+    let task = |minflt, utime| Task {
+        pid: 42,
+        comm: "toucher",
+        minflt,
+        majflt: 0,
+        utime,
+        stime: 0,
+        starttime: 7,
+    };
+    fake.set_process(&task(100, 10));
+    let mut sampler = Sampler::new(fake.root(), SampleOptions::default());
+    let mut tracker = Windows::new(100);
+    let mut sample = |s: u64| {
+        let mut x = sampler.sample().unwrap();
+        x.clock = Some(ClockPair {
+            boottime_ns: s * 1_000_000_000,
+            monotonic_ns: s * 1_000_000_000,
+        });
+        x
+    };
+    assert!(tracker.update(&sample(1)).is_none());
+    // 5000 faults and no tick: not in ProcessCpuTracker's working set.
+    fake.set_stat(add_idle(CPU, 100), &[(0, add_idle(CPU, 100))]);
+    fake.set_process(&task(5100, 10));
+    let window = tracker.update(&sample(2)).expect("a window");
+    let row = window.processes.iter().find(|p| p.pid == 42).unwrap();
+    assert!(!row.working);
+    let mut w = crate::perfetto::TraceWriter::new(Vec::new());
+    tracks::write_window(&mut w, 2_000_000_000, &window).unwrap();
+    let counters = process_counters(&w.into_inner());
+    assert_eq!(
+        counters.get(&(42, "procfs.minflt_delta".to_owned())),
+        Some(&vec![5000]),
+        "{counters:?}"
+    );
+}
+
+fn add_idle(mut c: Cols, ticks: u64) -> Cols {
+    c[3] += ticks;
+    c
+}
+
+#[test]
+fn tick_conversion_uses_hz_and_does_not_overflow() {
+    assert_eq!(crate::sources::tracks::ticks_to_ns(250, 250), 1_000_000_000);
+    assert_eq!(crate::sources::tracks::ticks_to_ns(100, 100), 1_000_000_000);
+    // 300 days at HZ=1000 would overflow u64 ns if multiplied first.
+    let ticks = 300 * 86_400 * 1000u64;
+    assert_eq!(
+        crate::sources::tracks::ticks_to_ns(ticks, 1000),
+        300 * 86_400 * 1_000_000_000
+    );
+}

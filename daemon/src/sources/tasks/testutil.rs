@@ -1,7 +1,7 @@
 //! Windows built from fake procfs trees, for the tests of what reads
 //! windows (top, the history).
 
-use super::{Tracker, Window};
+use super::{Window, Windows};
 
 /// A window for tests of what reads windows (top, history): from a fake
 /// procfs tree holding `pid`, a process charged no clock tick between the
@@ -24,7 +24,7 @@ pub(crate) fn quiet_process_window(pid: i32) -> Window {
         starttime: 9,
     });
     let mut sampler = Sampler::new(fake.root(), SampleOptions::default());
-    let mut tracker = Tracker::new(100);
+    let mut tracker = Windows::new(100);
     tracker.update(&sampler.sample().unwrap());
     std::thread::sleep(std::time::Duration::from_millis(2));
     let w = tracker
