@@ -9,15 +9,13 @@ use std::{
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
-use crate::bpf::{AccountingChoice, CaptureMemory, FaultSourceChoice};
+use crate::bpf::{AccountingChoice, EventMemory, FaultSourceChoice};
 
-#[path = "config_file.rs"]
 mod file;
-#[path = "config_rules.rs"]
 mod rules;
 use file::read_config_file;
 pub use file::{bounded, MAX_CONFIG_BYTES, MAX_MESSAGE_BYTES};
-pub use rules::{CaptureSpec, Metric, Prelude, Rule};
+pub use rules::{Metric, Prelude, RecordingSpec, Rule};
 
 /// Where the OEM puts it on Android, and on Linux hosts.
 pub const DEFAULT_PATH_ANDROID: &str = "/vendor/etc/vitalsd.toml";
@@ -185,15 +183,15 @@ pub struct CaptureSettings {
     /// capture /proc-only then fails); "perfetto" (through
     /// `heapprofd.consumer`, as heap profiles).
     pub backend: crate::perfetto_capture::BackendChoice,
-    /// The eBPF capture ring buffer (see [`CaptureMemory`]).
+    /// The eBPF capture ring buffer (see [`EventMemory`]).
     pub buffer_bytes: u32,
-    /// The eBPF sampled-fault stack map's entries (see [`CaptureMemory`]).
+    /// The eBPF sampled-fault stack map's entries (see [`EventMemory`]).
     pub stack_entries: u32,
 }
 
 impl Default for CaptureSettings {
     fn default() -> Self {
-        let m = CaptureMemory::default();
+        let m = EventMemory::default();
         Self {
             backend: Default::default(),
             buffer_bytes: m.buffer_bytes,
@@ -204,8 +202,8 @@ impl Default for CaptureSettings {
 
 impl CaptureSettings {
     /// The eBPF capture tier's memory, as the programs are loaded with.
-    pub fn memory(&self) -> CaptureMemory {
-        CaptureMemory {
+    pub fn memory(&self) -> EventMemory {
+        EventMemory {
             buffer_bytes: self.buffer_bytes,
             stack_entries: self.stack_entries,
         }
@@ -458,7 +456,7 @@ impl Default for Config {
                 threshold: 90.0,
                 window: Dur(Duration::from_secs(30)),
                 cooldown: Dur(Duration::from_secs(30 * 60)),
-                capture: CaptureSpec::default(),
+                capture: RecordingSpec::default(),
             }],
         }
     }

@@ -6,11 +6,11 @@
 pub mod accounting;
 pub mod android;
 pub mod bpf;
-pub mod capture;
 pub mod clock;
 pub mod config;
 pub mod control;
 pub mod event_set;
+pub mod events;
 pub mod export;
 pub mod heapprofd;
 pub mod history;

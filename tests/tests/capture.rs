@@ -380,18 +380,18 @@ fn tiny_buffer_loses_events((transport, reported): (&str, &str)) -> String {
 #[test]
 fn classic_tracepoint_programs_capture_switches_and_wakings() {
     use vitalsd::bpf::{
-        AccountingConfig, CaptureSizing, CaptureTransport, SchedPrograms, TracepointLayout,
+        AccountingConfig, EventSizing, EventTransport, SchedPrograms, TracepointLayout,
     };
     for portable in [false, true] {
         let (programs, layout, transport) = lib_capture(AccountingConfig {
             force_classic_tracepoints: true,
             force_portable_layout: portable,
-            capture: Some(CaptureSizing::default()),
+            capture: Some(EventSizing::default()),
             ..AccountingConfig::default()
         });
         assert_eq!(programs, SchedPrograms::Classic);
         assert_eq!(layout == TracepointLayout::Portable, portable);
-        assert_eq!(transport, CaptureTransport::RingBuf);
+        assert_eq!(transport, EventTransport::RingBuf);
     }
 }
 
@@ -402,19 +402,19 @@ fn classic_tracepoint_programs_capture_switches_and_wakings() {
 #[test]
 fn without_ringbuf_the_object_loads_and_captures_through_the_perf_array() {
     use vitalsd::bpf::{
-        AccountingConfig, CaptureSizing, CaptureTransport, SchedPrograms, TracepointLayout,
+        AccountingConfig, EventSizing, EventTransport, SchedPrograms, TracepointLayout,
     };
     for (classic, portable) in [(false, false), (true, false), (true, true)] {
         let (programs, layout, transport) = lib_capture(AccountingConfig {
             force_classic_tracepoints: classic,
             force_portable_layout: portable,
             assume_no_ringbuf: true,
-            capture: Some(CaptureSizing::default()),
+            capture: Some(EventSizing::default()),
             ..AccountingConfig::default()
         });
         assert_eq!(programs == SchedPrograms::Classic, classic);
         assert_eq!(layout == TracepointLayout::Portable, portable);
-        assert_eq!(transport, CaptureTransport::PerfArray);
+        assert_eq!(transport, EventTransport::PerfArray);
     }
 }
 
@@ -424,24 +424,24 @@ fn lib_capture(
 ) -> (
     vitalsd::bpf::SchedPrograms,
     vitalsd::bpf::TracepointLayout,
-    vitalsd::bpf::CaptureTransport,
+    vitalsd::bpf::EventTransport,
 ) {
     use vitalsd::{
         bpf::Accounting,
-        capture::{Capture, CaptureOptions},
         event_set::EventSet,
+        events::{EventOptions, EventRecorder},
         perfetto::TraceWriter,
     };
     require_root();
     let mut acc = Accounting::load(&cfg).unwrap();
-    let opts = CaptureOptions {
+    let opts = EventOptions {
         events: EventSet {
             sched: true,
             faults: false,
         },
-        ..CaptureOptions::default()
+        ..EventOptions::default()
     };
-    let cap = Capture::start(&mut acc, &opts, Path::new("/proc")).unwrap();
+    let cap = EventRecorder::start(&mut acc, &opts, Path::new("/proc")).unwrap();
     let (mut w, _tids) = Workload::spawn_ping_pong(500);
     w.go();
     w.expect("done");

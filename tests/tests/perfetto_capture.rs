@@ -25,7 +25,7 @@ use vitals_tests::{
 use vitalsd::{
     control::Request,
     perfetto_capture::config::UNIQUE_SESSION_NAME,
-    store::{CaptureMeta, CaptureStatus},
+    store::{EntryMeta, EntryStatus},
 };
 
 // The checks trace_processor.rs runs on eBPF captures, shared as files.
@@ -45,7 +45,7 @@ const PROC_ONLY: Tables = Tables {
 };
 
 /// Starts a manual capture on the control socket; its id.
-fn start_capture(d: &Daemon, duration_s: f64, sched: bool, faults: bool) -> String {
+fn start_recording(d: &Daemon, duration_s: f64, sched: bool, faults: bool) -> String {
     let v = d.call(&Request::Capture {
         duration_s,
         sched,
@@ -140,7 +140,7 @@ fn sched_capture_without_ebpf(route: Route) {
     let st = d.call(&Request::Status {});
     assert_eq!(st["capture_backend"], "perfetto", "{st}");
 
-    let id = start_capture(&d, 8.0, true, true);
+    let id = start_recording(&d, 8.0, true, true);
     wait_session_running(&service);
     // The session writes where the perfetto domain may write on Android
     // (the store's heapprofd/), not into the store itself.
@@ -234,7 +234,7 @@ fn check_vitals_counters_in_capture(d: &Daemon, service: &PerfettoService, oncpu
     service.wait_for_data_source("linux.vitals");
     let mut spinner = Workload::spawn(&["spin", "6000"]);
     spinner.expect("ready");
-    let id = start_capture(d, 4.0, false, false);
+    let id = start_recording(d, 4.0, false, false);
     let meta = wait_capture(d, &id).unwrap_or_else(|why| panic!("not stored: {why}"));
     let _ = spinner.child.kill();
     let _ = spinner.child.wait();
@@ -397,7 +397,7 @@ fn a_capture_reaching_the_byte_cap_is_kept_cut_and_within_it() {
         &Route::PerfettoClient.config(&service.perfetto_bin()),
         service.env(),
     );
-    let id = start_capture(&d, 5.0, true, false);
+    let id = start_recording(&d, 5.0, true, false);
     wait_session_running(&service);
     let (mut pp, tids) = Workload::spawn_ping_pong(50_000);
     pp.go();
@@ -410,9 +410,9 @@ fn a_capture_reaching_the_byte_cap_is_kept_cut_and_within_it() {
         bytes > 0 && bytes <= CAP,
         "{bytes} bytes, cap {CAP}: {meta}"
     );
-    let stored: CaptureMeta = serde_json::from_value(meta.clone()).unwrap();
+    let stored: EntryMeta = serde_json::from_value(meta.clone()).unwrap();
     assert!(
-        matches!(stored.status, CaptureStatus::CutAtLimit { .. }),
+        matches!(stored.status, EntryStatus::CutAtLimit { .. }),
         "{meta}"
     );
     let dir = tempfile::tempdir().unwrap();

@@ -147,8 +147,8 @@ fn kill_9_during_a_capture_salvages_its_whole_packets() {
     let m = &list[0];
     assert_eq!(m["id"], id.as_str(), "{m}");
     assert_eq!(m["status"], "cut: daemon crashed", "{m}");
-    let stored: vitalsd::store::CaptureMeta = serde_json::from_value(m.clone()).unwrap();
-    assert_eq!(stored.status, vitalsd::store::CaptureStatus::Crashed);
+    let stored: vitalsd::store::EntryMeta = serde_json::from_value(m.clone()).unwrap();
+    assert_eq!(stored.status, vitalsd::store::EntryStatus::Crashed);
     assert_eq!(m["trigger"]["rule"], "manual", "{m}");
     let path = d.store().join(format!("{id}.pftrace"));
     assert_eq!(

@@ -18,7 +18,7 @@ use serde::Serialize;
 use vitalsd::{
     control::{printable, protocol::Status, render, Client},
     heapprofd::TraceOutcome,
-    store::CaptureMeta,
+    store::EntryMeta,
 };
 
 /// A write to stdout failed: told apart from the socket's errors, so that
@@ -275,7 +275,7 @@ fn list(c: &mut Client, json: bool) -> Result<()> {
 
 /// What heapprofd's session report in an entry's metadata says of each
 /// profile; None when it holds none (no profile, or an unreadable trace).
-fn heap_outcome(m: &CaptureMeta) -> Option<TraceOutcome> {
+fn heap_outcome(m: &EntryMeta) -> Option<TraceOutcome> {
     #[derive(serde::Deserialize)]
     struct Report {
         outcome: Option<TraceOutcome>,
@@ -384,7 +384,7 @@ fn wait_stored(
     rule: &str,
     duration: Duration,
     json: bool,
-) -> Result<CaptureMeta> {
+) -> Result<EntryMeta> {
     let deadline = std::time::Instant::now() + duration + Duration::from_secs(120);
     loop {
         if let Some(m) = c.list()?.into_iter().find(|m| m.id == id) {
@@ -416,10 +416,10 @@ fn wait_stored(
 }
 
 /// The running job `wait_stored` waits for, in a status answer.
-type Progress = fn(&Status) -> Option<&vitalsd::control::protocol::CaptureProgress>;
+type Progress = fn(&Status) -> Option<&vitalsd::control::protocol::RecordingProgress>;
 
 /// One stored capture's metadata: JSON, or a line for people.
-fn print_stored(m: &CaptureMeta, json: bool) -> Result<(), StdoutError> {
+fn print_stored(m: &EntryMeta, json: bool) -> Result<(), StdoutError> {
     if json {
         outln!("{}", as_json(m))
     } else {

@@ -10,12 +10,12 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use vitalsd::{
     bpf::{
-        exited_entries, AccountingChoice, AccountingConfig, CaptureSizing, CaptureTransportChoice,
+        exited_entries, AccountingChoice, AccountingConfig, EventSizing, EventTransportChoice,
         FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
     },
-    capture::CaptureOptions,
     config::{parse_duration, Config},
     event_set::EventSet,
+    events::EventOptions,
     heapprofd::{
         self, ContinuousDump, HeapProfileRequest, Heaps, RateLimiter, RateLimits, RequestLimits,
         RunnerConfig, SessionReport, SessionRunner, TargetStatus,
@@ -154,17 +154,17 @@ struct RecordArgs {
     #[arg(long)]
     faults: bool,
     /// Sample one fault in N per process (with --faults).
-    #[arg(long, default_value_t = CaptureOptions::default().fault_period)]
+    #[arg(long, default_value_t = EventOptions::default().fault_period)]
     fault_period: u32,
     /// Capture ring buffer size in KiB (a power of two). With the perf
     /// array it is split over the online CPUs (at least a page each).
-    #[arg(long, default_value_t = CaptureSizing::default().ring_bytes / 1024)]
+    #[arg(long, default_value_t = EventSizing::default().ring_bytes / 1024)]
     capture_buffer_kb: u32,
     /// How capture records reach user space: `ringbuf`
     /// (BPF_MAP_TYPE_RINGBUF, Linux 5.8+), `perf` (per-CPU perf event
     /// array) or `auto` (ringbuf where the kernel has it).
     #[arg(long, default_value = "auto")]
-    capture_transport: CaptureTransportChoice,
+    capture_transport: EventTransportChoice,
 }
 
 // The flags of `vitalsd heap`.
@@ -314,7 +314,7 @@ fn pin(dir: PathBuf, fault_source: FaultSourceChoice) -> Result<()> {
         pins: PinMode::PinTo(dir.clone()),
         // The capture tier sized and pinned too, as bpfloader's vitals.o
         // has it: readers of the pins run captures through it.
-        capture: Some(CaptureSizing::default()),
+        capture: Some(EventSizing::default()),
         ..AccountingConfig::default()
     })
     .context("vitalsd pin")?;
@@ -378,10 +378,10 @@ fn record_options(args: RecordArgs) -> (AccountingConfig, RecordOptions) {
         capture_buffer_kb,
         capture_transport,
     } = args;
-    let capture = CaptureOptions {
+    let capture = EventOptions {
         events: EventSet { sched, faults },
         fault_period: fault_period.max(1),
-        ..CaptureOptions::default()
+        ..EventOptions::default()
     };
     let accounting = AccountingConfig {
         choice: accounting,
@@ -394,10 +394,10 @@ fn record_options(args: RecordArgs) -> (AccountingConfig, RecordOptions) {
         runq_wait: !no_runq_wait,
         force_classic_tracepoints: classic_tracepoints,
         pins: pins.map(PinMode::AttachFrom).unwrap_or_default(),
-        capture: capture.events.any().then(|| CaptureSizing {
+        capture: capture.events.any().then(|| EventSizing {
             ring_bytes: capture_buffer_kb.saturating_mul(1024),
             transport: capture_transport,
-            ..CaptureSizing::default()
+            ..EventSizing::default()
         }),
         ..AccountingConfig::default()
     };

@@ -1,7 +1,7 @@
 //! What the caller asks of the accounting programs: `AccountingConfig` with
 //! eBPF or /proc only (`AccountingChoice`), the capture transport
-//! (`CaptureTransportChoice`), its map bounds (`MapLimits`), the capture tier's kernel memory
-//! (`CaptureSizing`), where programs come from (`PinMode`), and the fault
+//! (`EventTransportChoice`), its map bounds (`MapLimits`), the capture tier's kernel memory
+//! (`EventSizing`), where programs come from (`PinMode`), and the fault
 //! source asked for (`FaultSourceChoice`; the one in use, `FaultSource`,
 //! is `accounting`'s, since every tier's counters name it).
 
@@ -45,7 +45,7 @@ impl std::str::FromStr for AccountingChoice {
 
 /// How capture records get from the programs to user space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CaptureTransportChoice {
+pub enum EventTransportChoice {
     /// The ring buffer where the kernel has one, else the perf array.
     #[default]
     Auto,
@@ -53,7 +53,7 @@ pub enum CaptureTransportChoice {
     PerfArray,
 }
 
-impl std::str::FromStr for CaptureTransportChoice {
+impl std::str::FromStr for EventTransportChoice {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
@@ -158,7 +158,7 @@ pub struct AccountingConfig {
     pub free_pid_from_record: bool,
     /// Reserve the capture tier's kernel memory (ring buffer, stack map).
     /// None: those maps get their minimum size and captures are refused.
-    pub capture: Option<CaptureSizing>,
+    pub capture: Option<EventSizing>,
     /// Pinned objects on a bpffs (Android user builds: bpfloader's pins).
     pub pins: PinMode,
     /// Behave as on a kernel without BPF_MAP_TYPE_RINGBUF (the object
@@ -184,7 +184,7 @@ pub enum PinMode {
 
 /// Kernel memory of the capture tier, reserved at load time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CaptureSizing {
+pub struct EventSizing {
     /// Ring buffer bytes: a power of two, at least one page.
     pub ring_bytes: u32,
     /// Distinct user stacks the stack-trace map holds (about 1 KiB each).
@@ -193,10 +193,10 @@ pub struct CaptureSizing {
     pub fault_processes: u32,
     /// Ring buffer or perf event array (`vitalsd record --capture-transport`).
     /// With the perf array, `ring_bytes` is split over the online CPUs.
-    pub transport: CaptureTransportChoice,
+    pub transport: EventTransportChoice,
 }
 
-impl Default for CaptureSizing {
+impl Default for EventSizing {
     fn default() -> Self {
         Self {
             // perf bench sched pipe on 2 CPUs writes ~40 MB/s of records;
@@ -204,7 +204,7 @@ impl Default for CaptureSizing {
             ring_bytes: 8 << 20,
             stack_entries: 4096,
             fault_processes: 4096,
-            transport: CaptureTransportChoice::Auto,
+            transport: EventTransportChoice::Auto,
         }
     }
 }
@@ -215,20 +215,20 @@ impl Default for CaptureSizing {
 /// of `vitalsctl capture`. A reload cannot resize it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct CaptureMemory {
+pub struct EventMemory {
     /// Capture ring buffer bytes (with the perf array, split over the
-    /// online CPUs): a power of two in [`CaptureMemory::BUFFER_BYTES`].
+    /// online CPUs): a power of two in [`EventMemory::BUFFER_BYTES`].
     /// Records that find it full are dropped and counted.
     pub buffer_bytes: u32,
     /// Distinct sampled-fault user stacks the stack map holds, about 1 KiB
-    /// each; in [`CaptureMemory::STACK_ENTRIES`]. A stack that finds it
+    /// each; in [`EventMemory::STACK_ENTRIES`]. A stack that finds it
     /// full is counted (`lost_stacks`) and its sample kept without it.
     pub stack_entries: u32,
 }
 
-impl Default for CaptureMemory {
+impl Default for EventMemory {
     fn default() -> Self {
-        let d = CaptureSizing::default();
+        let d = EventSizing::default();
         Self {
             buffer_bytes: d.ring_bytes,
             stack_entries: d.stack_entries,
@@ -236,7 +236,7 @@ impl Default for CaptureMemory {
     }
 }
 
-impl CaptureMemory {
+impl EventMemory {
     /// 64 KiB (a page on every Linux page size) to 256 MiB.
     pub const BUFFER_BYTES: RangeInclusive<u32> = (64 << 10)..=(256 << 20);
     pub const STACK_ENTRIES: RangeInclusive<u32> = 64..=65536;
@@ -265,11 +265,11 @@ impl CaptureMemory {
     }
 
     /// What the programs load with.
-    pub fn sizing(&self) -> CaptureSizing {
-        CaptureSizing {
+    pub fn sizing(&self) -> EventSizing {
+        EventSizing {
             ring_bytes: self.buffer_bytes,
             stack_entries: self.stack_entries,
-            ..CaptureSizing::default()
+            ..EventSizing::default()
         }
     }
 }
@@ -308,11 +308,11 @@ mod tests {
 
     #[test]
     fn capture_memory_is_a_bounded_power_of_two() {
-        let ok = CaptureMemory::default();
+        let ok = EventMemory::default();
         assert_eq!(ok.check(), Ok(()));
-        assert_eq!(ok.sizing(), CaptureSizing::default());
+        assert_eq!(ok.sizing(), EventSizing::default());
         for bytes in [0, 3 << 20, 32 << 10, 512 << 20] {
-            let (key, why) = CaptureMemory {
+            let (key, why) = EventMemory {
                 buffer_bytes: bytes,
                 ..ok
             }
@@ -322,7 +322,7 @@ mod tests {
             assert!(why.contains("power of two between 65536"), "{why}");
         }
         for entries in [0, 63, 65537] {
-            let (key, _) = CaptureMemory {
+            let (key, _) = EventMemory {
                 stack_entries: entries,
                 ..ok
             }
@@ -330,7 +330,7 @@ mod tests {
             .unwrap_err();
             assert_eq!(key, "stack_entries");
         }
-        let small = CaptureMemory {
+        let small = EventMemory {
             buffer_bytes: 64 << 10,
             stack_entries: 64,
         };

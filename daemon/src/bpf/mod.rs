@@ -22,7 +22,7 @@
 //!   /proc-only and why).
 //!
 //! The capture transport that drives the capture tier (lending its
-//! output, the capture flag, the stack map) is `capture::transport`'s.
+//! output, the capture flag, the stack map) is `events::transport`'s.
 //! This file holds the error type; the public items are re-exported here,
 //! so callers name them `bpf::X`.
 
@@ -40,8 +40,8 @@ use aya::{maps::MapError, programs::ProgramError, EbpfError};
 use thiserror::Error;
 
 pub use self::config::{
-    exited_entries, AccountingChoice, AccountingConfig, CaptureMemory, CaptureSizing,
-    CaptureTransportChoice, FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
+    exited_entries, AccountingChoice, AccountingConfig, EventMemory, EventSizing,
+    EventTransportChoice, FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
     MAX_EXITED, MIN_EXITED,
 };
 pub use self::counters::{totals, BpfSnapshot};
@@ -50,8 +50,8 @@ pub use self::features::Features;
 pub use self::object::{
     bpfloader_prog_path,
     feature_table::{markdown_table, Feature, FeatureRow},
-    perf_pages_per_cpu, pinned_map_path, pinned_prog_path, CaptureTransport, MapRead,
-    SchedPrograms, TracepointLayout,
+    perf_pages_per_cpu, pinned_map_path, pinned_prog_path, EventTransport, MapRead, SchedPrograms,
+    TracepointLayout,
 };
 pub(crate) use self::programs::IdleTransport;
 pub use self::programs::{Accounting, WAKE_ARRAY_MAX_PIDS};

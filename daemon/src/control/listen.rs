@@ -170,7 +170,7 @@ pub fn bind(
 }
 
 #[cfg(test)]
-mod bind_tests {
+mod tests {
     use super::*;
 
     #[test]

@@ -28,7 +28,7 @@ use std::{
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 
-use crate::store::CaptureMeta;
+use crate::store::EntryMeta;
 use protocol::{ConfigReply, Deleted, DumpReply, ExportHead, Started, Status, TopReply};
 pub use protocol::{Request, Response};
 
@@ -175,7 +175,7 @@ impl Client {
         })
     }
 
-    pub fn list(&mut self) -> Result<Vec<CaptureMeta>, ClientError> {
+    pub fn list(&mut self) -> Result<Vec<EntryMeta>, ClientError> {
         self.call(&Request::List {})
     }
 

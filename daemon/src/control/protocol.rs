@@ -48,7 +48,7 @@ pub enum Request {
         #[serde(default = "default_heap_s")]
         duration_s: f64,
     },
-    /// Replies the store's entries, `Vec<CaptureMeta>`.
+    /// Replies the store's entries, `Vec<EntryMeta>`.
     List {},
     /// Replies [`ExportHead`], then streams the trace's bytes.
     Export { id: String },
@@ -139,7 +139,7 @@ pub struct TopReply {
 
 /// A capture or heap profile running now.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CaptureProgress {
+pub struct RecordingProgress {
     pub id: String,
     pub rule: String,
     pub started_unix_ms: u64,
@@ -185,8 +185,8 @@ pub struct DaemonStatus {
     pub local_busy_pct: Option<f64>,
     pub loadavg: Option<[f32; 3]>,
     pub top: Vec<TopRow>,
-    pub capture: Option<CaptureProgress>,
-    pub heap_session: Option<CaptureProgress>,
+    pub capture: Option<RecordingProgress>,
+    pub heap_session: Option<RecordingProgress>,
     pub recent_triggers: VecDeque<TriggerRecord>,
     pub triggers_fired: u64,
     pub triggers_skipped: BTreeMap<String, u64>,
@@ -330,7 +330,7 @@ mod tests {
     fn status_keeps_its_field_names() {
         let status = Status {
             daemon: DaemonStatus {
-                capture: Some(CaptureProgress {
+                capture: Some(RecordingProgress {
                     id: "1-1-manual".into(),
                     rule: "manual".into(),
                     ..Default::default()

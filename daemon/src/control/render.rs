@@ -8,7 +8,7 @@ use super::{
     printable,
     protocol::{Status, TopReply, TopRow},
 };
-use crate::store::CaptureMeta;
+use crate::store::EntryMeta;
 
 /// A map of counters as JSON (`{"name":n,...}`), as status shows them.
 fn counters<T: serde::Serialize>(m: &T) -> String {
@@ -135,7 +135,7 @@ pub fn top(v: &TopReply) -> String {
 }
 
 /// `vitalsctl list`: one line per stored capture.
-pub fn list(entries: &[CaptureMeta]) -> String {
+pub fn list(entries: &[EntryMeta]) -> String {
     let mut s = format!(
         "{:<40} {:<18} {:>10} {:>9}  {}\n",
         "ID", "RULE", "BYTES", "SECONDS", "STATUS"

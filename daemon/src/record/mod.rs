@@ -28,7 +28,7 @@ use crate::{
         denied::{self, ProcOnly},
         AccountingConfig, BpfError, FaultSource, Opened,
     },
-    capture::{CaptureError, CaptureOptions},
+    events::{EventOptions, EventsError},
     perfetto::{PerfettoError, TraceWriter},
     pipeline::Pipeline,
     privileges::{self, PrivilegeError},
@@ -50,7 +50,7 @@ pub enum RecordError {
     #[error(transparent)]
     Procfs(#[from] SamplerError),
     #[error(transparent)]
-    Capture(#[from] CaptureError),
+    Capture(#[from] EventsError),
     /// A capture records kernel events, which only the eBPF programs see.
     #[error(
         "a capture needs eBPF, but accounting is {0}; without eBPF, a running daemon's \
@@ -80,7 +80,7 @@ pub struct RecordOptions {
     pub drop_privileges: bool,
     /// High-fidelity capture for the whole recording (`--sched`,
     /// `--faults`); needs `accounting.capture` sizing.
-    pub capture: CaptureOptions,
+    pub capture: EventOptions,
     /// Stop once the trace holds this many bytes (checked after each
     /// sample, so it may pass the cap by one interval's packets; the store
     /// cuts a committed capture at its own limit). None: no cap.

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::{accounting::Tier, bpf::FaultSource, capture::CaptureStats};
+use crate::{accounting::Tier, bpf::FaultSource, events::EventStats};
 
 /// One process's figures over the recording.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,7 +38,7 @@ pub struct RecordSummary {
     pub packets_written: u64,
     pub bytes_written: u64,
     pub samples: u64,
-    pub capture: Option<CaptureStats>,
+    pub capture: Option<EventStats>,
     /// The recording stopped early because the trace reached `max_bytes`.
     pub cut_at_max_bytes: bool,
 }

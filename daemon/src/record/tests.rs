@@ -36,7 +36,7 @@ fn opts(fake: &FakeProc, out: PathBuf) -> RecordOptions {
         interval: Duration::from_secs(1),
         proc_root: fake.root().to_path_buf(),
         drop_privileges: false,
-        capture: CaptureOptions::default(),
+        capture: EventOptions::default(),
         max_bytes: None,
     }
 }

@@ -6,7 +6,7 @@ use std::io::Write;
 use super::RecordError;
 use crate::{
     bpf::denied::ProcOnly,
-    capture::{Capture, CaptureError, CaptureOptions, CaptureStats},
+    events::{EventOptions, EventRecorder, EventStats, EventsError},
     perfetto::TraceWriter,
     sources::ebpf::Programs,
 };
@@ -17,7 +17,7 @@ use crate::{
 /// so their capture flag must not stay set nor their ring buffer be lost.
 /// The programs' counters are read by the pipeline's eBPF room.
 pub(super) struct Tier {
-    capture: Option<Capture>,
+    capture: Option<EventRecorder>,
     /// None: /proc-only, so no capture either.
     accounting: Option<Programs>,
 }
@@ -27,7 +27,7 @@ impl Tier {
     /// /proc-only (`accounting` Err) is `CaptureNeedsBpf`.
     pub(super) fn start(
         accounting: Result<Programs, ProcOnly>,
-        opts: &CaptureOptions,
+        opts: &EventOptions,
         proc_root: &std::path::Path,
     ) -> Result<Self, RecordError> {
         let accounting = match accounting {
@@ -41,7 +41,7 @@ impl Tier {
             Err(why) => return Err(RecordError::CaptureNeedsBpf(why)),
         };
         let capture = if opts.events.any() {
-            Some(accounting.with(|acc| Capture::start(acc, opts, proc_root))?)
+            Some(accounting.with(|acc| EventRecorder::start(acc, opts, proc_root))?)
         } else {
             None
         };
@@ -56,7 +56,7 @@ impl Tier {
         &mut self,
         writer: &mut TraceWriter<W>,
         ts_boot_ns: u64,
-    ) -> Result<(), CaptureError> {
+    ) -> Result<(), EventsError> {
         match (self.capture.as_mut(), self.accounting.as_ref()) {
             (Some(c), Some(r)) => r.with(|acc| c.flush(acc, writer, ts_boot_ns)),
             _ => Ok(()),
@@ -69,7 +69,7 @@ impl Tier {
         &mut self,
         writer: &mut TraceWriter<W>,
         ts_boot_ns: u64,
-    ) -> Result<Option<CaptureStats>, CaptureError> {
+    ) -> Result<Option<EventStats>, EventsError> {
         match (self.capture.take(), self.accounting.as_ref()) {
             (Some(c), Some(r)) => r.with(|acc| c.stop(acc, writer, ts_boot_ns)).map(Some),
             _ => Ok(None),

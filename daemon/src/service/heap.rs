@@ -12,13 +12,13 @@ use std::{
 use super::{push_trigger, state::Shared, Service};
 use crate::{
     config::Config,
-    control::protocol::{CaptureProgress, TriggerOutcome},
+    control::protocol::{RecordingProgress, TriggerOutcome},
     heapprofd::{
         HeapProfileRequest, RateLimiter, RateLimits, RequestLimits, RunError, RunnerConfig,
         SessionReport, SessionRunner,
     },
     perfetto_capture::HeapInSession,
-    store::{self, CaptureMeta, CaptureStatus, Pending, Store, TriggerInfo},
+    store::{self, EntryMeta, EntryStatus, Pending, Store, TriggerInfo},
     triggers::Fired,
 };
 
@@ -125,7 +125,7 @@ pub(super) fn start_heap(
     let (r, thread_stop) = (Arc::clone(runner), Arc::clone(&stop));
     let session_out = out.clone();
     let started_unix_ms = store::now_unix_ms();
-    shared.state.lock().unwrap().heap_session = Some(CaptureProgress {
+    shared.state.lock().unwrap().heap_session = Some(RecordingProgress {
         id: pending.id.clone(),
         rule: trigger.rule.clone(),
         started_unix_ms,
@@ -172,13 +172,13 @@ pub(super) fn finish_heap(h: RunningHeap, store: &Arc<Mutex<Store>>, shared: &Sh
         Ok(Ok(report)) => {
             let ok = report.success();
             let status = if ok {
-                CaptureStatus::Complete
+                EntryStatus::Complete
             } else {
-                CaptureStatus::HeapprofdIncomplete {
+                EntryStatus::HeapprofdIncomplete {
                     session: serde_json::to_string(&report.status).unwrap_or_default(),
                 }
             };
-            let meta = CaptureMeta {
+            let meta = EntryMeta {
                 id: String::new(),
                 created_unix_ms: h.started_unix_ms,
                 trigger: h.trigger.clone(),

@@ -14,9 +14,9 @@
 //! (the sampling schedule, the always-on sample and what is published) and
 //! `rules` (rule evaluation).
 
-mod captures;
 mod heap;
 mod producer;
+mod recordings;
 mod requests;
 mod rings;
 mod rules;
@@ -37,8 +37,8 @@ use thiserror::Error;
 
 pub use signals::Signals;
 
-use captures::RunningCapture;
 use heap::{heap_runner, RunningHeap};
+use recordings::RunningRecording;
 use state::{DaemonState, Shared};
 use tick::ReadErrors;
 
@@ -216,7 +216,7 @@ struct Service {
     /// Replaced on a reload unless a session is running on it.
     runner: Arc<SessionRunner>,
     heap: Option<RunningHeap>,
-    capture: Option<RunningCapture>,
+    capture: Option<RunningRecording>,
     /// Rules' ring sessions (`capture.prelude = "ring"`).
     rings: rings::Rings,
     engine: Engine,
@@ -255,7 +255,7 @@ pub fn run(config_path: PathBuf, cfg: Config, signals: Signals) -> Result<(), Se
             return Ok(());
         }
         svc.reload_if_asked();
-        svc.reap_capture();
+        svc.reap_recording();
         svc.reap_heap();
         svc.serve_requests();
         if !svc.tick_due() {

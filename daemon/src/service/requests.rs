@@ -7,12 +7,12 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::{
-    captures::start_capture,
     heap::{heap_request, start_heap},
+    recordings::start_recording,
     Service,
 };
 use crate::{
-    config::{CaptureSpec, Config},
+    config::{Config, RecordingSpec},
     control::server::Command,
     event_set::EventSet,
     heapprofd::normalize_cmdline,
@@ -55,10 +55,10 @@ impl Service {
             let _ = reply.send(Err(why));
             return;
         }
-        let spec = CaptureSpec {
+        let spec = RecordingSpec {
             duration: crate::config::Dur(duration),
             events,
-            ..CaptureSpec::default()
+            ..RecordingSpec::default()
         };
         let trigger = TriggerInfo {
             rule: "manual".into(),
@@ -67,9 +67,9 @@ impl Service {
             offender_pid: None,
             offender_name: None,
         };
-        let c = start_capture(
+        let c = start_recording(
             &self.cfg,
-            self.capture_engine(),
+            self.recording_engine(),
             None,
             &self.store,
             &self.history,

@@ -16,11 +16,11 @@ use std::{
 };
 
 use super::{
-    captures::{adopt_session, captured, perfetto_request, CaptureFailed, Captured},
+    recordings::{adopt_session, perfetto_request, recorded, Recorded, RecordingFailed},
     Service,
 };
 use crate::{
-    config::{CaptureSpec, Prelude},
+    config::{Prelude, RecordingSpec},
     perfetto_capture::{self, ring, Backend},
     store::TriggerInfo,
 };
@@ -34,7 +34,7 @@ struct RunningRing {
     out: PathBuf,
     stop: Arc<AtomicBool>,
     /// None once handed over as a capture.
-    thread: Option<JoinHandle<Result<Captured, CaptureFailed>>>,
+    thread: Option<JoinHandle<Result<Recorded, RecordingFailed>>>,
 }
 
 impl Drop for RunningRing {
@@ -67,7 +67,7 @@ impl Service {
             .backend
             .resolve(self.pipeline.sources.ebpf.is_some())
             == Backend::Perfetto;
-        let wanted: Vec<(String, CaptureSpec)> = self
+        let wanted: Vec<(String, RecordingSpec)> = self
             .cfg
             .rules
             .iter()
@@ -115,7 +115,7 @@ impl Service {
     pub(super) fn capture_from_ring(
         &mut self,
         rule: &str,
-        spec: &CaptureSpec,
+        spec: &RecordingSpec,
         trigger: &TriggerInfo,
     ) -> bool {
         let Some(mut r) = self.rings.running.remove(rule) else {
@@ -141,7 +141,7 @@ impl Service {
     }
 }
 
-fn start_ring(svc: &Service, rule: &str, spec: &CaptureSpec) -> RunningRing {
+fn start_ring(svc: &Service, rule: &str, spec: &RecordingSpec) -> RunningRing {
     let req = perfetto_request(&svc.cfg, spec, None);
     let config = ring::ring_config(&req, rule);
     let session_ms = ring::session_ms(&req);
@@ -168,7 +168,7 @@ fn start_ring(svc: &Service, rule: &str, spec: &CaptureSpec) -> RunningRing {
                 &thread_out,
                 &thread_stop,
             )?;
-            Ok(captured(s))
+            Ok(recorded(s))
         })
         .expect("spawning a ring session thread");
     RunningRing {

@@ -3,8 +3,8 @@
 //! it asks for one (in the capture's own session on the Perfetto backend).
 
 use super::{
-    captures::{start_capture, CaptureEngine},
     heap::{heap_in_capture, heap_profile_offender},
+    recordings::{start_recording, RecordingEngine},
     Service,
 };
 use crate::{
@@ -31,13 +31,13 @@ impl Service {
         // A ring session of this rule (its prelude) becomes the capture.
         let from_ring = fired.capture.prelude == Prelude::Ring
             && self.capture_from_ring(&fired.rule, &fired.capture, &trigger);
-        let engine = self.capture_engine();
+        let engine = self.recording_engine();
         let mut heap = None;
         if fired.capture.heap_profile {
             // One session where it can: heapprofd joins a Perfetto
             // capture's. A ring was built without heapprofd, and the eBPF
             // engine has no session to join: a session of its own.
-            let joins = !from_ring && matches!(engine, CaptureEngine::Perfetto(_));
+            let joins = !from_ring && matches!(engine, RecordingEngine::Perfetto(_));
             if joins {
                 heap = heap_in_capture(
                     &fired,
@@ -62,7 +62,7 @@ impl Service {
         if from_ring {
             return;
         }
-        self.capture = Some(start_capture(
+        self.capture = Some(start_recording(
             &self.cfg,
             engine,
             heap,

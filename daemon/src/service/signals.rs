@@ -9,9 +9,9 @@ use std::sync::{
 };
 
 use super::{
-    captures::finish_capture,
     configure_store,
     heap::{finish_heap, heap_runner},
+    recordings::finish_recording,
     Service,
 };
 use crate::config::{bounded, Config, MAX_MESSAGE_BYTES};
@@ -34,11 +34,11 @@ impl Service {
             );
             c.stop.store(true, Ordering::SeqCst);
             c.thread.thread().unpark();
-            finish_capture(
+            finish_recording(
                 c,
                 &self.store,
                 &self.shared,
-                crate::store::CaptureStatus::StoppedByShutdown,
+                crate::store::EntryStatus::StoppedByShutdown,
             );
         }
         if let Some(h) = self.heap.take() {

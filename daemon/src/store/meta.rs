@@ -1,6 +1,6 @@
 //! What the store persists for each capture, and the names it writes.
 //!
-//! `<id>.json` holds the caller-visible [`CaptureMeta`] and, flattened beside
+//! `<id>.json` holds the caller-visible [`EntryMeta`] and, flattened beside
 //! it, the store's own bookkeeping ([`Stamp`]: the sequence number that
 //! orders captures and the instant their age counts from). Metadata written
 //! before the stamp existed has neither field and still reads.
@@ -35,7 +35,7 @@ impl TriggerInfo {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CaptureMeta {
+pub struct EntryMeta {
     pub id: String,
     pub created_unix_ms: u64,
     pub trigger: TriggerInfo,
@@ -43,7 +43,7 @@ pub struct CaptureMeta {
     pub trace_bytes: u64,
     /// How the recording ended: complete, or why it ended early. Written
     /// as the text it has always been (`"complete"`, `"cut: …"`).
-    pub status: CaptureStatus,
+    pub status: EntryStatus,
     /// heapprofd's own outcome per process, when a profile was taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heapprofd: Option<serde_json::Value>,
@@ -58,7 +58,7 @@ pub struct CaptureMeta {
 /// quote it); text this daemon does not write reads as [`Self::Other`],
 /// so metadata of any version loads.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CaptureStatus {
+pub enum EntryStatus {
     /// `complete`: recorded for its whole window.
     Complete,
     /// `stopped by daemon shutdown`: ended early, kept.
@@ -72,7 +72,7 @@ pub enum CaptureStatus {
     /// when that was not complete.
     CutByStore {
         limit_bytes: u64,
-        before: Option<Box<CaptureStatus>>,
+        before: Option<Box<EntryStatus>>,
     },
     /// `cut short: <error>`: the recording failed part-way; the whole
     /// packets that reached the disk are kept.
@@ -98,7 +98,7 @@ const HEAPPROFD: &str = "heapprofd: ";
 const AT_LIMIT: (&str, &str) = ("cut: reached store.max_capture_bytes (", " bytes)");
 const BY_STORE: (&str, &str) = ("cut: over the store's per-capture limit of ", " bytes");
 
-impl CaptureStatus {
+impl EntryStatus {
     /// Recorded for its whole window.
     pub fn is_complete(&self) -> bool {
         *self == Self::Complete
@@ -164,7 +164,7 @@ impl CaptureStatus {
     }
 }
 
-impl std::fmt::Display for CaptureStatus {
+impl std::fmt::Display for EntryStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Complete => f.write_str(COMPLETE),
@@ -190,13 +190,13 @@ impl std::fmt::Display for CaptureStatus {
     }
 }
 
-impl Serialize for CaptureStatus {
+impl Serialize for EntryStatus {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
     }
 }
 
-impl<'de> Deserialize<'de> for CaptureStatus {
+impl<'de> Deserialize<'de> for EntryStatus {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = std::borrow::Cow::<'de, str>::deserialize(d)?;
         Ok(Self::parse(&s))
@@ -227,7 +227,7 @@ pub struct AgeBasis {
     pub boottime_ms: u64,
 }
 
-/// The store's own fields in `<id>.json`, beside [`CaptureMeta`].
+/// The store's own fields in `<id>.json`, beside [`EntryMeta`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stamp {
     /// Store-wide, persisted, increasing: the order of captures (eviction
@@ -247,7 +247,7 @@ pub struct Stamp {
 
 impl Stamp {
     /// The age basis, or the creation time on the wall clock alone.
-    pub(super) fn basis_or(&self, meta: &CaptureMeta) -> AgeBasis {
+    pub(super) fn basis_or(&self, meta: &EntryMeta) -> AgeBasis {
         self.age_basis.clone().unwrap_or(AgeBasis {
             unix_ms: meta.created_unix_ms,
             boot_id: String::new(),
@@ -260,7 +260,7 @@ impl Stamp {
 #[derive(Debug, Serialize)]
 pub(super) struct RecordRef<'a> {
     #[serde(flatten)]
-    pub meta: &'a CaptureMeta,
+    pub meta: &'a EntryMeta,
     #[serde(flatten)]
     pub stamp: &'a Stamp,
 }
@@ -269,14 +269,14 @@ pub(super) struct RecordRef<'a> {
 #[derive(Debug, Deserialize)]
 pub(super) struct Record {
     #[serde(flatten)]
-    pub meta: CaptureMeta,
+    pub meta: EntryMeta,
     #[serde(flatten)]
     pub stamp: Stamp,
 }
 
 /// Sort key: captures without a sequence number (written before it
 /// existed) first, by creation time; then by sequence number.
-pub(super) fn order_key(meta: &CaptureMeta, stamp: &Stamp) -> (bool, u64, u64, String) {
+pub(super) fn order_key(meta: &EntryMeta, stamp: &Stamp) -> (bool, u64, u64, String) {
     (
         stamp.seq.is_some(),
         stamp.seq.unwrap_or(0),

@@ -50,7 +50,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 pub use clock::{ClockReading, StoreClock, SystemClock, PLAUSIBLE_UNIX_MS};
-pub use meta::{AgeBasis, BackendInfo, CaptureMeta, CaptureStatus, TriggerInfo, MANUAL_RULES};
+pub use meta::{AgeBasis, BackendInfo, EntryMeta, EntryStatus, TriggerInfo, MANUAL_RULES};
 pub use packets::truncate_to_whole_packets;
 pub use repair::MAX_META_BYTES;
 pub use spill::{DEFAULT_STALE_AFTER_MS, HEAPPROFD_DIR};
@@ -110,7 +110,7 @@ pub struct StoreCounters {
     /// made captures at start (a full disk), left for the next start.
     pub salvage_deferred: u64,
     /// Traces kept at start with metadata rebuilt from them, theirs being
-    /// unreadable (status [`CaptureStatus::Recovered`]).
+    /// unreadable (status [`EntryStatus::Recovered`]).
     pub metadata_recovered: u64,
     /// Metadata whose `trace_bytes` disagreed with the trace file at
     /// start; the file's size was taken.
@@ -173,8 +173,8 @@ pub struct Store {
     limits: Limits,
     /// Oldest first ([`meta::order_key`]); `stamps[i]` goes with
     /// `captures[i]` (kept apart so [`Store::list`] stays a slice of
-    /// [`CaptureMeta`]).
-    captures: Vec<CaptureMeta>,
+    /// [`EntryMeta`]).
+    captures: Vec<EntryMeta>,
     stamps: Vec<Stamp>,
     pub counters: StoreCounters,
     next_seq: u64,
@@ -230,13 +230,13 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
 }
 
 /// `<id>.json`'s content.
-fn record_json(meta: &CaptureMeta, stamp: &Stamp) -> Vec<u8> {
+fn record_json(meta: &EntryMeta, stamp: &Stamp) -> Vec<u8> {
     serde_json::to_vec_pretty(&RecordRef { meta, stamp }).unwrap_or_default()
 }
 
 /// Marks a capture the store cut at `limit` bytes.
-fn mark_cut(meta: &mut CaptureMeta, limit: u64) {
-    let before = std::mem::replace(&mut meta.status, CaptureStatus::Complete);
+fn mark_cut(meta: &mut EntryMeta, limit: u64) {
+    let before = std::mem::replace(&mut meta.status, EntryStatus::Complete);
     meta.status = before.cut_by_store(limit);
 }
 
@@ -316,13 +316,13 @@ impl Store {
 
     /// Restores the oldest-first order.
     fn sort(&mut self) {
-        let mut both: Vec<(CaptureMeta, Stamp)> =
+        let mut both: Vec<(EntryMeta, Stamp)> =
             self.captures.drain(..).zip(self.stamps.drain(..)).collect();
         both.sort_by_cached_key(|(m, s)| meta::order_key(m, s));
         (self.captures, self.stamps) = both.into_iter().unzip();
     }
 
-    fn insert(&mut self, meta: CaptureMeta, stamp: Stamp) {
+    fn insert(&mut self, meta: EntryMeta, stamp: Stamp) {
         let key = meta::order_key(&meta, &stamp);
         let at = (0..self.captures.len())
             .position(|i| meta::order_key(&self.captures[i], &self.stamps[i]) > key)
@@ -396,8 +396,8 @@ impl Store {
     pub fn commit(
         &mut self,
         pending: Pending,
-        mut meta: CaptureMeta,
-    ) -> Result<CaptureMeta, StoreError> {
+        mut meta: EntryMeta,
+    ) -> Result<EntryMeta, StoreError> {
         let stamp = Stamp {
             seq: Some(pending.seq),
             age_basis: Some(pending.basis.clone()),
@@ -428,7 +428,7 @@ impl Store {
     fn commit_inner(
         &mut self,
         pending: &Pending,
-        meta: &mut CaptureMeta,
+        meta: &mut EntryMeta,
         stamp: &Stamp,
     ) -> Result<bool, StoreError> {
         let tmp = &pending.tmp_path;
@@ -503,16 +503,16 @@ impl Store {
         Ok(())
     }
 
-    pub fn list(&self) -> &[CaptureMeta] {
+    pub fn list(&self) -> &[EntryMeta] {
         &self.captures
     }
 
-    pub fn newest(&self) -> Option<&CaptureMeta> {
+    pub fn newest(&self) -> Option<&EntryMeta> {
         self.captures.last()
     }
 
     /// A capture's metadata and trace path.
-    pub fn get(&self, id: &str) -> Result<(&CaptureMeta, PathBuf), StoreError> {
+    pub fn get(&self, id: &str) -> Result<(&EntryMeta, PathBuf), StoreError> {
         if !valid_id(id) {
             return Err(StoreError::BadId(id.to_owned()));
         }

@@ -6,7 +6,7 @@
 //! `notes.json` someone left) is never touched. Of the store's names:
 //! - `<id>.json` with its `<id>.pftrace`: a capture;
 //! - `.<id>.pftrace.tmp`: a capture in flight when the daemon died. Its whole
-//!   packets are kept as a capture with status [`CaptureStatus::Crashed`], metadata
+//!   packets are kept as a capture with status [`EntryStatus::Crashed`], metadata
 //!   synthesised from the id (creation time, rule label); a file without a
 //!   whole packet, or that is not a singly linked regular file, is removed.
 //!   A salvage that fails otherwise (a full disk: ENOSPC writing the
@@ -14,7 +14,7 @@
 //!   `salvage_deferred`;
 //! - `<id>.json` that does not read (torn, over [`MAX_META_BYTES`], another
 //!   id) beside its `<id>.pftrace`: the trace is kept, with metadata rebuilt
-//!   from it and status [`CaptureStatus::Recovered`] (or, when that cannot be
+//!   from it and status [`EntryStatus::Recovered`] (or, when that cannot be
 //!   written, left as it is for the next start); a readable `<id>.json` has
 //!   its `trace_bytes` checked against the trace file;
 //! - anything else of ours is a leftover and removed: metadata being
@@ -35,9 +35,7 @@ use std::{
 
 use super::{
     io,
-    meta::{
-        self, classify, CaptureMeta, CaptureStatus, OwnId, OwnName, Record, Stamp, TriggerInfo,
-    },
+    meta::{self, classify, EntryMeta, EntryStatus, OwnId, OwnName, Record, Stamp, TriggerInfo},
     packets::{self, Stop},
     Store, StoreError, FILE_MODE,
 };
@@ -115,13 +113,13 @@ fn rebuilt_meta(
     id: &str,
     st: &fs::Metadata,
     whole_bytes: u64,
-    status: CaptureStatus,
-) -> CaptureMeta {
+    status: EntryStatus,
+) -> EntryMeta {
     // The last write, on the wall clock: 0 if it reads before creation.
     let mtime_ms = (st.mtime().max(0) as u64)
         .saturating_mul(1000)
         .saturating_add(st.mtime_nsec().max(0) as u64 / 1_000_000);
-    CaptureMeta {
+    EntryMeta {
         id: id.to_owned(),
         created_unix_ms: own.unix_ms,
         trigger: TriggerInfo {
@@ -323,7 +321,7 @@ impl Store {
 
     /// Lists the trace of a capture whose metadata is unreadable, with
     /// metadata rebuilt from its id (creation time, rule label), its file
-    /// (size, last write) and status [`CaptureStatus::Recovered`]. `None`: the
+    /// (size, last write) and status [`EntryStatus::Recovered`]. `None`: the
     /// trace has not one whole packet, it is not a trace.
     fn recover(&mut self, id: &str) -> Result<Option<()>, StoreError> {
         let own = meta::parse_id(id).expect("classify checked the id");
@@ -335,7 +333,7 @@ impl Store {
             return Ok(None);
         }
         let st = f.metadata().map_err(io("fstat", &path))?;
-        let m = rebuilt_meta(&own, id, &st, scan.whole_bytes, CaptureStatus::Recovered);
+        let m = rebuilt_meta(&own, id, &st, scan.whole_bytes, EntryStatus::Recovered);
         let stamp = Stamp {
             seq: Some(own.seq),
             age_basis: None,
@@ -355,7 +353,7 @@ impl Store {
         own: &OwnId,
         id: &str,
         tmp: &std::path::Path,
-    ) -> Result<Option<(CaptureMeta, Stamp)>, StoreError> {
+    ) -> Result<Option<(EntryMeta, Stamp)>, StoreError> {
         let f = packets::open_trace(tmp)?;
         // The configured limit, not the filesystem's share (`space.rs`): the
         // recording has its room already, and cutting it frees none that
@@ -367,7 +365,7 @@ impl Store {
             return Ok(None);
         }
         let st = f.metadata().map_err(io("fstat", tmp))?;
-        let mut m = rebuilt_meta(own, id, &st, scan.whole_bytes, CaptureStatus::Crashed);
+        let mut m = rebuilt_meta(own, id, &st, scan.whole_bytes, EntryStatus::Crashed);
         if scan.stop == Stop::Limit {
             super::mark_cut(&mut m, limit);
         }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use serde::Serialize;
 
 use crate::{
-    config::{Budget, CaptureSpec, Conditions, Metric, Rule},
+    config::{Budget, Conditions, Metric, RecordingSpec, Rule},
     history::{History, VitalsSample},
 };
 
@@ -59,7 +59,7 @@ pub struct Fired {
     pub threshold: f64,
     pub offender: Option<Offender>,
     #[serde(skip)]
-    pub capture: CaptureSpec,
+    pub capture: RecordingSpec,
     pub boottime_ns: u64,
 }
 

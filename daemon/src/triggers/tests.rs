@@ -53,7 +53,7 @@ fn rule(metric: Metric, threshold: f64, window_s: u64, cooldown_s: u64) -> Rule 
         threshold,
         window: Dur(Duration::from_secs(window_s)),
         cooldown: Dur(Duration::from_secs(cooldown_s)),
-        capture: CaptureSpec::default(),
+        capture: RecordingSpec::default(),
     }
 }
 

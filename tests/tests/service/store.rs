@@ -3,7 +3,7 @@
 
 use super::*;
 use vitals_tests::tmpfs::Tmpfs;
-use vitalsd::store::{CaptureMeta, CaptureStatus, Limits, Store, TriggerInfo};
+use vitalsd::store::{EntryMeta, EntryStatus, Limits, Store, TriggerInfo};
 
 /// The default quota: far more than the small file systems below hold.
 const LIMITS: Limits = Limits {
@@ -28,8 +28,8 @@ fn trace(n: usize, size: usize) -> Vec<u8> {
     v
 }
 
-fn meta(rule: &str) -> CaptureMeta {
-    CaptureMeta {
+fn meta(rule: &str) -> EntryMeta {
+    EntryMeta {
         id: String::new(),
         created_unix_ms: 0,
         trigger: TriggerInfo {
@@ -41,7 +41,7 @@ fn meta(rule: &str) -> CaptureMeta {
         },
         duration_ms: 1000,
         trace_bytes: 0,
-        status: CaptureStatus::Complete,
+        status: EntryStatus::Complete,
         heapprofd: None,
         backend: None,
     }
@@ -75,7 +75,7 @@ fn a_store_on_a_2_mib_file_system_evicts_for_its_free_space() {
             .unwrap_or_else(|e| panic!("capture {i}: the recorder's write failed: {e}"));
         let m = s.commit(p, meta("cpu")).unwrap();
         assert_eq!(m.trace_bytes, bytes.len() as u64, "capture {i} kept whole");
-        assert_eq!(m.status, CaptureStatus::Complete);
+        assert_eq!(m.status, EntryStatus::Complete);
         committed.push(m.id);
     }
     let listed: Vec<String> = s.list().iter().map(|m| m.id.clone()).collect();
@@ -127,7 +127,7 @@ fn a_full_disk_at_start_keeps_the_crash_recording_for_a_later_start() {
     std::fs::remove_file(filler).unwrap();
     let s = Store::open(fs.path(), LIMITS).unwrap();
     let (m, path) = s.get(&id).unwrap();
-    assert_eq!(m.status, CaptureStatus::Crashed);
+    assert_eq!(m.status, EntryStatus::Crashed);
     assert_eq!(std::fs::read(path).unwrap(), trace(3, 100 << 10));
     assert_eq!(s.counters.salvaged_after_crash, 1);
 }
@@ -202,8 +202,8 @@ fn a_huge_metadata_file_at_start_is_not_read_whole() {
     assert_eq!(list.len(), 1, "{list:?}");
     assert_eq!(list[0]["id"], id);
     assert_eq!(list[0]["trace_bytes"], trace(3, 10).len());
-    let m: CaptureMeta = serde_json::from_value(list[0].clone()).unwrap();
-    assert_eq!(m.status, CaptureStatus::Recovered, "{list:?}");
+    let m: EntryMeta = serde_json::from_value(list[0].clone()).unwrap();
+    assert_eq!(m.status, EntryStatus::Recovered, "{list:?}");
     let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();
     let hwm_kb: u64 = status
         .lines()

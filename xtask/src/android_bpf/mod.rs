@@ -195,7 +195,7 @@ pub const PROGRAMS: [ProgSpec; 8] = [
 /// configures captures; bpfloader cannot resize, so vitals.o carries the
 /// sizes a device's captures run with, reserved from boot (about 5 MiB of
 /// kernel memory in all). Smaller than the daemon's default
-/// (`CaptureSizing`, 8 MiB ring) for a phone: 4 MiB of ring buffer is
+/// (`EventSizing`, 8 MiB ring) for a phone: 4 MiB of ring buffer is
 /// ~100 ms of the heaviest sched load measured (perf bench sched pipe,
 /// ~40 MB/s of records), 20 of the drain's 5 ms polls; 1024 user stacks
 /// of ~1 KiB; 4096 processes' fault-sampling counters.

@@ -287,9 +287,7 @@ fn path_literals() -> Vec<(String, String)> {
                 || p.parent().is_some_and(|d| d.ends_with("tests"))
                 || name == "android.rs"
                 || name == "tests.rs"
-                || name == "testutil.rs"
-                || name == "proptests.rs"
-                || name.ends_with("_tests.rs");
+                || name == "testutil.rs";
             if skip {
                 continue;
             }

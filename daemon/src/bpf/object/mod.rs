@@ -13,7 +13,7 @@ pub mod feature_table;
 pub mod format;
 pub mod patch;
 
-use super::{BpfError, CaptureSizing, CaptureTransportChoice};
+use super::{BpfError, EventSizing, EventTransportChoice};
 
 /// The object built from `ebpf-programs/` by build.rs, 8-byte aligned as
 /// the ELF parser wants (aya's include_bytes_aligned!).
@@ -143,42 +143,42 @@ pub(super) const CAPTURE_MAPS: [&str; 3] =
 
 /// The capture transport in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CaptureTransport {
+pub enum EventTransport {
     /// BPF_MAP_TYPE_RINGBUF: one buffer shared by all CPUs, no wakeups.
     RingBuf,
     /// BPF_MAP_TYPE_PERF_EVENT_ARRAY: one perf buffer per CPU.
     PerfArray,
 }
 
-impl CaptureTransport {
+impl EventTransport {
     pub fn name(self) -> &'static str {
         match self {
-            CaptureTransport::RingBuf => "ringbuf",
-            CaptureTransport::PerfArray => "perf_event_array",
+            EventTransport::RingBuf => "ringbuf",
+            EventTransport::PerfArray => "perf_event_array",
         }
     }
 
     pub(crate) fn rodata(self) -> u32 {
         match self {
-            CaptureTransport::RingBuf => capture::TRANSPORT_RINGBUF,
-            CaptureTransport::PerfArray => capture::TRANSPORT_PERF_ARRAY,
+            EventTransport::RingBuf => capture::TRANSPORT_RINGBUF,
+            EventTransport::PerfArray => capture::TRANSPORT_PERF_ARRAY,
         }
     }
 
     /// The transport for `choice` (None: no capture configured) on a
     /// kernel with or without the ring buffer map.
     pub(crate) fn choose(
-        choice: Option<CaptureTransportChoice>,
+        choice: Option<EventTransportChoice>,
         ringbuf_ok: bool,
     ) -> Result<Self, BpfError> {
         match (choice, ringbuf_ok) {
-            (Some(CaptureTransportChoice::PerfArray), _) | (_, false) => {
-                if choice == Some(CaptureTransportChoice::RingBuf) {
+            (Some(EventTransportChoice::PerfArray), _) | (_, false) => {
+                if choice == Some(EventTransportChoice::RingBuf) {
                     return Err(BpfError::NoRingBuf);
                 }
-                Ok(CaptureTransport::PerfArray)
+                Ok(EventTransport::PerfArray)
             }
-            _ => Ok(CaptureTransport::RingBuf),
+            _ => Ok(EventTransport::RingBuf),
         }
     }
 }
@@ -187,15 +187,15 @@ impl CaptureTransport {
 /// Without a capture configured (`sizing` None) the capture maps take
 /// their minimum size, so the always-on tier's memory does not grow.
 pub(crate) fn capture_map_sizes(
-    sizing: Option<CaptureSizing>,
-    transport: CaptureTransport,
+    sizing: Option<EventSizing>,
+    transport: EventTransport,
     ringbuf_ok: bool,
     page: u32,
 ) -> [(&'static str, u32); 3] {
     // The ring buffer goes unused with the perf array: minimum.
     let ring_bytes = match (sizing, transport, ringbuf_ok) {
         (_, _, false) => 1,
-        (Some(c), CaptureTransport::RingBuf, _) => c.ring_bytes.max(page).next_power_of_two(),
+        (Some(c), EventTransport::RingBuf, _) => c.ring_bytes.max(page).next_power_of_two(),
         _ => page,
     };
     [

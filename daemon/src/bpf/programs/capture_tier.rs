@@ -2,7 +2,7 @@
 //! handle: sched_waking loaded (attached only while a capture with
 //! `FLAG_SCHED` runs), the transport's map taken out of the object with
 //! its buffers (`IdleTransport`), and whether a capture holds them
-//! (`TransportSlot`). `capture::transport` lends them to a capture and
+//! (`TransportSlot`). `events::transport` lends them to a capture and
 //! flips the capture flag; attaching sched_waking is the handle's.
 
 use std::path::Path;
@@ -20,14 +20,14 @@ use vitals_common::names;
 use super::{
     super::{
         attach_err, map_err,
-        object::{perf_pages_per_cpu, pinned_prog_path, waking_program, CaptureTransport},
-        BpfError, CaptureSizing, TracepointLayout,
+        object::{perf_pages_per_cpu, pinned_prog_path, waking_program, EventTransport},
+        BpfError, EventSizing, TracepointLayout,
     },
     program, program_err, Accounting,
 };
 
 /// The transport between captures, and whether a capture holds its
-/// output (`capture::transport::start` lent it).
+/// output (`events::transport::start` lent it).
 pub(crate) struct TransportSlot {
     /// None: no capture tier, or its perf buffers were lost.
     pub(crate) idle: Option<IdleTransport>,
@@ -56,8 +56,8 @@ pub(crate) enum IdleTransport {
 pub(super) fn load_capture_tier(
     ebpf: &mut Ebpf,
     layout: TracepointLayout,
-    sizing: Option<CaptureSizing>,
-    transport: CaptureTransport,
+    sizing: Option<EventSizing>,
+    transport: EventTransport,
     page: u32,
     pin_to: Option<&Path>,
 ) -> Result<Option<IdleTransport>, BpfError> {
@@ -82,12 +82,12 @@ pub(super) fn load_capture_tier(
 /// is reserved at load as the ring buffer's is.
 fn take_capture_output(
     ebpf: &mut Ebpf,
-    transport: CaptureTransport,
-    sizing: CaptureSizing,
+    transport: EventTransport,
+    sizing: EventSizing,
     page: u32,
 ) -> Result<IdleTransport, BpfError> {
     match transport {
-        CaptureTransport::RingBuf => match ebpf.take_map(names::CAPTURE_EVENTS) {
+        EventTransport::RingBuf => match ebpf.take_map(names::CAPTURE_EVENTS) {
             Some(aya::maps::Map::RingBuf(data)) => Ok(IdleTransport::Ring(data)),
             Some(_) => Err(BpfError::Unsupported(format!(
                 "{} is not a ring buffer",
@@ -95,7 +95,7 @@ fn take_capture_output(
             ))),
             None => Err(BpfError::Missing(names::CAPTURE_EVENTS)),
         },
-        CaptureTransport::PerfArray => {
+        EventTransport::PerfArray => {
             let map = ebpf
                 .take_map(names::CAPTURE_PERF)
                 .ok_or(BpfError::Missing(names::CAPTURE_PERF))?;
@@ -121,11 +121,11 @@ fn take_capture_output(
 impl Accounting {
     /// The capture tier's kernel memory (None: not sized at load, and
     /// captures are refused).
-    pub fn capture_sizing(&self) -> Option<CaptureSizing> {
+    pub fn capture_sizing(&self) -> Option<EventSizing> {
         self.capture_sizing
     }
 
-    /// The transport's kernel end, for `capture::transport` to lend out
+    /// The transport's kernel end, for `events::transport` to lend out
     /// and take back.
     pub(crate) fn transport_slot(&mut self) -> &mut TransportSlot {
         &mut self.slot

@@ -5,7 +5,7 @@
 //! holds what both attach with, `settings` what the load sets in the
 //! object, and `capture_tier` the capture tier's kernel end (sched_waking
 //! and the transport's buffers). The maps are read by `bpf::counters` and
-//! `capture::transport` through `map`.
+//! `events::transport` through `map`.
 
 mod attach;
 mod capture_tier;
@@ -24,8 +24,8 @@ pub(crate) use self::capture_tier::{IdleTransport, TransportSlot};
 use self::pins::PinnedProgram;
 pub use self::settings::WAKE_ARRAY_MAX_PIDS;
 use super::{
-    object::{CaptureTransport, MapRead, SchedPrograms, TracepointLayout},
-    program_err, BpfError, CaptureSizing, FaultSource, Features, MapLimits,
+    object::{EventTransport, MapRead, SchedPrograms, TracepointLayout},
+    program_err, BpfError, EventSizing, FaultSource, Features, MapLimits,
 };
 
 /// The loaded and attached accounting programs.
@@ -45,9 +45,9 @@ pub struct Accounting {
     waking_layout: TracepointLayout,
     sched_programs: SchedPrograms,
     runq_wait: bool,
-    capture_sizing: Option<CaptureSizing>,
+    capture_sizing: Option<EventSizing>,
     /// Where capture records go (meaningful only with `capture_sizing`).
-    transport: CaptureTransport,
+    transport: EventTransport,
     /// The transport's kernel end between captures.
     slot: TransportSlot,
     /// The pinned sched_waking program (attached from pins; None: `ebpf`'s).
@@ -61,7 +61,7 @@ pub struct Accounting {
 
 impl Accounting {
     /// Where capture records go (set at load).
-    pub fn capture_transport(&self) -> CaptureTransport {
+    pub fn capture_transport(&self) -> EventTransport {
         self.transport
     }
 

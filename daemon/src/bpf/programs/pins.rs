@@ -15,11 +15,11 @@ use super::{
         attach_err, map_err,
         object::{
             feature_table::{log_missing, Feature},
-            pinned_map_path, pinned_prog_candidates, waking_program, CaptureTransport, MapRead,
+            pinned_map_path, pinned_prog_candidates, waking_program, EventTransport, MapRead,
             SchedPrograms, TracepointLayout, ACCOUNTING_MAPS, CAPTURE_MAPS,
         },
         tracefs::Tracefs,
-        AccountingConfig, BpfError, CaptureSizing, CaptureTransportChoice, FaultSource,
+        AccountingConfig, BpfError, EventSizing, EventTransportChoice, FaultSource,
         FaultSourceChoice, Features,
     },
     attach::attach_perf_on_cpus,
@@ -94,7 +94,7 @@ impl Accounting {
             sched_programs: SchedPrograms::Classic,
             runq_wait,
             capture_sizing,
-            transport: CaptureTransport::RingBuf,
+            transport: EventTransport::RingBuf,
             slot: TransportSlot {
                 idle: ring,
                 lent: false,
@@ -117,7 +117,7 @@ struct PinnedCapture {
     waking: TracePoint,
     /// The layout of the pinned sched_waking (`waking`).
     waking_layout: TracepointLayout,
-    sizing: CaptureSizing,
+    sizing: EventSizing,
 }
 
 impl PinnedCapture {
@@ -147,12 +147,12 @@ impl PinnedCapture {
             Some(aya::maps::Map::StackTraceMap(m)) => entries(m),
             _ => 0,
         };
-        let sizing = CaptureSizing {
+        let sizing = EventSizing {
             ring_bytes: entries(&data),
             stack_entries,
             fault_processes: MapData::from_pin(pinned_map_path(dir, names::CAPTURE_FAULT_CTR))
                 .map_or(0, |m| entries(&m)),
-            transport: CaptureTransportChoice::RingBuf,
+            transport: EventTransportChoice::RingBuf,
         };
         Ok(Self {
             maps,

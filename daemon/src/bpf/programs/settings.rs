@@ -15,7 +15,7 @@ use super::super::{
         btf, capture_map_sizes,
         feature_table::{log_missing, Feature},
         patch::{object_without_ringbuf, AlignedObject},
-        CaptureTransport, TracepointLayout, EBPF_OBJECT,
+        EventTransport, TracepointLayout, EBPF_OBJECT,
     },
     tracefs::Tracefs,
     AccountingConfig, BpfError, Features,
@@ -146,7 +146,7 @@ pub(super) struct LoadSettings {
     wake_array_len: u32,
     wake_hash_len: u32,
     ringbuf_ok: bool,
-    pub(super) transport: CaptureTransport,
+    pub(super) transport: EventTransport,
     /// The object rewritten without BPF_MAP_TYPE_RINGBUF, where the kernel
     /// has none; None: the embedded object as it is.
     patched: Option<AlignedObject>,
@@ -180,7 +180,7 @@ impl LoadSettings {
         // Only the capture tier uses CAPTURE_EVENTS, but the map exists in
         // the object whatever runs, so probe even without a capture.
         let ringbuf_ok = features::ringbuf_map_supported(cfg.assume_no_ringbuf);
-        let transport = CaptureTransport::choose(cfg.capture.map(|c| c.transport), ringbuf_ok)?;
+        let transport = EventTransport::choose(cfg.capture.map(|c| c.transport), ringbuf_ok)?;
         let patched = if ringbuf_ok {
             None
         } else {

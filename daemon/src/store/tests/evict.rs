@@ -46,7 +46,7 @@ fn store_one_capture_over_half_the_quota_is_cut_and_never_empties_the_store() {
     );
     assert_eq!(
         big.status,
-        CaptureStatus::CutByStore {
+        EntryStatus::CutByStore {
             limit_bytes: 1250,
             before: None
         }

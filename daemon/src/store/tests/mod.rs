@@ -76,8 +76,8 @@ fn open_at(dir: &Path, limits: Limits, clock: &FakeClock) -> Store {
     Store::open_with_clock(dir, limits, Box::new(clock.clone())).unwrap()
 }
 
-fn meta_at(rule: &str, created_unix_ms: u64) -> CaptureMeta {
-    CaptureMeta {
+fn meta_at(rule: &str, created_unix_ms: u64) -> EntryMeta {
+    EntryMeta {
         id: String::new(),
         created_unix_ms,
         trigger: TriggerInfo {
@@ -89,13 +89,13 @@ fn meta_at(rule: &str, created_unix_ms: u64) -> CaptureMeta {
         },
         duration_ms: 1000,
         trace_bytes: 0,
-        status: CaptureStatus::Complete,
+        status: EntryStatus::Complete,
         heapprofd: None,
         backend: None,
     }
 }
 
-fn meta(rule: &str) -> CaptureMeta {
+fn meta(rule: &str) -> EntryMeta {
     meta_at(rule, now_unix_ms())
 }
 
@@ -120,7 +120,7 @@ fn packets(n: usize, size: usize) -> Vec<u8> {
 }
 
 /// Records `bytes` as a capture for `rule`, created at the store's now.
-fn add(store: &mut Store, rule: &str, bytes: &[u8]) -> CaptureMeta {
+fn add(store: &mut Store, rule: &str, bytes: &[u8]) -> EntryMeta {
     let p = store.begin(rule);
     fs::write(&p.tmp_path, bytes).unwrap();
     let created = store.clock.now().unix_ms;
@@ -151,7 +151,7 @@ fn commit_lists_with_mode_0640_and_index() {
         fs::metadata(&path).unwrap().permissions().mode() & 0o777,
         0o640
     );
-    let index: Vec<CaptureMeta> =
+    let index: Vec<EntryMeta> =
         serde_json::from_slice(&fs::read(d.path().join(INDEX)).unwrap()).unwrap();
     assert_eq!(index, vec![m]);
 }
@@ -172,7 +172,7 @@ fn an_index_that_cannot_be_written_costs_no_capture() {
     assert!(d.path().join(format!("{}.json", m.id)).exists());
     assert_eq!(s.counters.index_write_failures, 1);
     assert_eq!(s.counters.write_failures, 0);
-    let index: Vec<CaptureMeta> =
+    let index: Vec<EntryMeta> =
         serde_json::from_slice(&fs::read(d.path().join(INDEX)).unwrap()).unwrap();
     assert!(
         index.is_empty(),
@@ -181,7 +181,7 @@ fn an_index_that_cannot_be_written_costs_no_capture() {
 
     fs::remove_dir(&blocker).unwrap();
     s.maintain().unwrap();
-    let index: Vec<CaptureMeta> =
+    let index: Vec<EntryMeta> =
         serde_json::from_slice(&fs::read(d.path().join(INDEX)).unwrap()).unwrap();
     assert_eq!(index, vec![m.clone()]);
     // And a reopened store lists it from `<id>.json` either way.
@@ -212,7 +212,7 @@ fn sealed_outside_the_store_then_committed() {
     p.seal().unwrap();
     assert_eq!(fs::metadata(&p.tmp_path).unwrap().len(), 204);
     let m = s.commit(p, meta("cpu")).unwrap();
-    assert_eq!((m.trace_bytes, m.status), (204, CaptureStatus::Complete));
+    assert_eq!((m.trace_bytes, m.status), (204, EntryStatus::Complete));
 }
 
 #[test]
@@ -314,51 +314,48 @@ fn legacy_metadata_without_seq_sorts_first_by_creation_time() {
 #[test]
 fn metadata_written_before_typed_statuses_loads() {
     let cases = [
-        ("complete", CaptureStatus::Complete),
-        (
-            "stopped by daemon shutdown",
-            CaptureStatus::StoppedByShutdown,
-        ),
+        ("complete", EntryStatus::Complete),
+        ("stopped by daemon shutdown", EntryStatus::StoppedByShutdown),
         (
             "cut: reached store.max_capture_bytes (262198 bytes)",
-            CaptureStatus::CutAtLimit { at_bytes: 262198 },
+            EntryStatus::CutAtLimit { at_bytes: 262198 },
         ),
         (
             "cut short: writing the trace: No space left on device (os error 28)",
-            CaptureStatus::CutShort {
+            EntryStatus::CutShort {
                 error: "writing the trace: No space left on device (os error 28)".into(),
             },
         ),
-        ("cut: daemon crashed", CaptureStatus::Crashed),
+        ("cut: daemon crashed", EntryStatus::Crashed),
         (
             "recovered: metadata unreadable, rebuilt from the trace",
-            CaptureStatus::Recovered,
+            EntryStatus::Recovered,
         ),
         (
             r#"heapprofd: {"kind":"timed_out","killed":false}"#,
-            CaptureStatus::HeapprofdIncomplete {
+            EntryStatus::HeapprofdIncomplete {
                 session: r#"{"kind":"timed_out","killed":false}"#.into(),
             },
         ),
         (
             "cut: over the store's per-capture limit of 1250 bytes",
-            CaptureStatus::CutByStore {
+            EntryStatus::CutByStore {
                 limit_bytes: 1250,
                 before: None,
             },
         ),
         (
             "cut short: disk full; cut: over the store's per-capture limit of 1250 bytes",
-            CaptureStatus::CutByStore {
+            EntryStatus::CutByStore {
                 limit_bytes: 1250,
-                before: Some(Box::new(CaptureStatus::CutShort {
+                before: Some(Box::new(EntryStatus::CutShort {
                     error: "disk full".into(),
                 })),
             },
         ),
         (
             "a reason a later vitalsd writes",
-            CaptureStatus::Other("a reason a later vitalsd writes".into()),
+            EntryStatus::Other("a reason a later vitalsd writes".into()),
         ),
     ];
     let d = tempfile::tempdir().unwrap();

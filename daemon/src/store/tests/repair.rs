@@ -55,7 +55,7 @@ fn store_a_crash_mid_capture_is_salvaged_as_a_cut_capture() {
     let mut s = open_at(d.path(), LIMITS, &clock);
     assert_eq!(ids(&s), vec![kept.id.clone(), id.clone()]);
     let (m, path) = s.get(&id).unwrap();
-    assert_eq!(m.status, CaptureStatus::Crashed);
+    assert_eq!(m.status, EntryStatus::Crashed);
     assert_eq!(m.trace_bytes, 36);
     assert_eq!(m.trigger.rule, "system-cpu-busy");
     assert_eq!(m.created_unix_ms, T0_UNIX_MS);
@@ -246,7 +246,7 @@ fn store_a_torn_metadata_file_keeps_its_trace_with_rebuilt_metadata() {
     for (was, bytes) in [(&torn, packets(3, 10)), (&big, packets(2, 10))] {
         let (m, path) = s.get(&was.id).unwrap();
         assert_eq!(fs::read(&path).unwrap(), bytes, "the trace is untouched");
-        assert_eq!(m.status, CaptureStatus::Recovered);
+        assert_eq!(m.status, EntryStatus::Recovered);
         assert_eq!(m.trace_bytes, bytes.len() as u64);
         assert_eq!(m.trigger.rule, was.trigger.rule);
         assert_eq!(m.created_unix_ms, T0_UNIX_MS);
@@ -256,7 +256,7 @@ fn store_a_torn_metadata_file_keeps_its_trace_with_rebuilt_metadata() {
     // Its rebuilt metadata reads at the next start.
     drop(s);
     let s = open_at(d.path(), LIMITS, &clock);
-    assert_eq!(s.get(&torn.id).unwrap().0.status, CaptureStatus::Recovered);
+    assert_eq!(s.get(&torn.id).unwrap().0.status, EntryStatus::Recovered);
     assert_eq!(s.counters.metadata_recovered, 0);
 }
 
@@ -265,11 +265,11 @@ fn store_a_wrong_trace_size_in_metadata_is_checked_against_the_file() {
     let d = tempfile::tempdir().unwrap();
     let clock = FakeClock::new();
     let mut s = open_at(d.path(), LIMITS, &clock);
-    let all: Vec<CaptureMeta> = (0..5)
+    let all: Vec<EntryMeta> = (0..5)
         .map(|i| add(&mut s, &format!("r{i}"), &packets(2, 100)))
         .collect();
     drop(s);
-    let rewrite = |m: &CaptureMeta, trace_bytes: u64| {
+    let rewrite = |m: &EntryMeta, trace_bytes: u64| {
         let mut v: serde_json::Value =
             serde_json::from_slice(&fs::read(d.path().join(format!("{}.json", m.id))).unwrap())
                 .unwrap();
@@ -319,6 +319,6 @@ fn store_a_recording_that_cannot_be_salvaged_now_is_kept_for_a_later_start() {
     fs::remove_dir(&blocker).unwrap();
     let s = open_at(d.path(), LIMITS, &clock);
     assert_eq!(ids(&s), vec![id.clone()]);
-    assert_eq!(s.get(&id).unwrap().0.status, CaptureStatus::Crashed);
+    assert_eq!(s.get(&id).unwrap().0.status, EntryStatus::Crashed);
     assert_eq!(s.counters.salvaged_after_crash, 1);
 }

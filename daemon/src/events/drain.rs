@@ -16,21 +16,21 @@ use std::{
 
 use super::{
     decode::Record,
-    transport::{perf_array, ringbuf, CaptureOutput},
+    transport::{perf_array, ringbuf, EventOutput},
 };
 
 /// The drain thread of a running capture and the channel its batches
 /// arrive on.
 pub struct Drainer {
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<CaptureOutput>>,
+    thread: Option<JoinHandle<EventOutput>>,
     pub rx: mpsc::Receiver<Vec<Record>>,
 }
 
 impl Drainer {
     /// Discards anything left from an earlier capture, then polls every
     /// `poll` until stopped.
-    pub fn start(mut out: CaptureOutput, poll: Duration) -> std::io::Result<Self> {
+    pub fn start(mut out: EventOutput, poll: Duration) -> std::io::Result<Self> {
         // Leftovers (records and perf loss reports) belong to no capture.
         drain_into(&mut out, &mut Vec::new());
         let stop = Arc::new(AtomicBool::new(false));
@@ -63,7 +63,7 @@ impl Drainer {
     }
 
     /// Final drain; returns the transport and the batches not yet taken.
-    pub fn stop(self) -> (Option<CaptureOutput>, Vec<Vec<Record>>) {
+    pub fn stop(self) -> (Option<EventOutput>, Vec<Vec<Record>>) {
         self.stop.store(true, Ordering::Release);
         let ring = self.thread.and_then(|t| t.join().ok());
         let batches = self.rx.try_iter().collect();
@@ -72,9 +72,9 @@ impl Drainer {
 }
 
 /// Everything readable now, decoded, from either transport.
-fn drain_into(out: &mut CaptureOutput, batch: &mut Vec<Record>) {
+fn drain_into(out: &mut EventOutput, batch: &mut Vec<Record>) {
     match out {
-        CaptureOutput::Ring(ring) => ringbuf::drain(ring, batch),
-        CaptureOutput::Perf(bufs) => perf_array::drain(bufs, batch),
+        EventOutput::Ring(ring) => ringbuf::drain(ring, batch),
+        EventOutput::Perf(bufs) => perf_array::drain(bufs, batch),
     }
 }

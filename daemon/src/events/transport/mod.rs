@@ -1,5 +1,5 @@
 //! The capture transport as the capture tier drives it: its user-space end
-//! (`CaptureOutput`: the ring buffer mapped for a capture, or one perf
+//! (`EventOutput`: the ring buffer mapped for a capture, or one perf
 //! buffer per CPU), lent out of the loaded programs' handle for a capture
 //! and handed back; the CAPTURE control flag and the sched_waking link
 //! that start, pause and stop one; its loss counters and the user stacks
@@ -28,14 +28,14 @@ use crate::{
 
 /// The user-space end of the capture transport: lent to a capture by
 /// `start`, handed back by `stop`.
-pub enum CaptureOutput {
+pub enum EventOutput {
     Ring(RingBuf<MapData>),
     /// (cpu, that CPU's perf buffer), for every online CPU.
     Perf(Vec<(u32, PerfEventArrayBuffer<MapData>)>),
 }
 
 /// The output a capture drains; `Perf` is left empty until handed back.
-fn lend(idle: &mut IdleTransport) -> Result<CaptureOutput, BpfError> {
+fn lend(idle: &mut IdleTransport) -> Result<EventOutput, BpfError> {
     match idle {
         IdleTransport::Ring(data) => {
             let fd = data
@@ -52,19 +52,19 @@ fn lend(idle: &mut IdleTransport) -> Result<CaptureOutput, BpfError> {
             let dup = MapData::from_fd(fd).map_err(map_err(names::CAPTURE_EVENTS))?;
             let ring = RingBuf::try_from(aya::maps::Map::RingBuf(dup))
                 .map_err(map_err(names::CAPTURE_EVENTS))?;
-            Ok(CaptureOutput::Ring(ring))
+            Ok(EventOutput::Ring(ring))
         }
-        IdleTransport::Perf(bufs) => Ok(CaptureOutput::Perf(std::mem::take(bufs))),
+        IdleTransport::Perf(bufs) => Ok(EventOutput::Perf(std::mem::take(bufs))),
     }
 }
 
 /// Takes `out` back: a ring buffer's mapping is dropped (unmapped), perf
 /// buffers are kept for the next capture.
-fn give_back(idle: &mut IdleTransport, out: CaptureOutput) {
+fn give_back(idle: &mut IdleTransport, out: EventOutput) {
     match (idle, out) {
-        (IdleTransport::Perf(bufs), CaptureOutput::Perf(lent)) => *bufs = lent,
-        (_, CaptureOutput::Ring(mapping)) => drop(mapping),
-        (IdleTransport::Ring(_), CaptureOutput::Perf(_)) => {
+        (IdleTransport::Perf(bufs), EventOutput::Perf(lent)) => *bufs = lent,
+        (_, EventOutput::Ring(mapping)) => drop(mapping),
+        (IdleTransport::Ring(_), EventOutput::Perf(_)) => {
             log::warn!("capture handed back perf buffers to a ring-buffer transport")
         }
     }
@@ -78,7 +78,7 @@ pub fn start(
     acc: &mut Accounting,
     events: EventSet,
     fault_period: u32,
-) -> Result<CaptureOutput, BpfError> {
+) -> Result<EventOutput, BpfError> {
     if acc.capture_sizing().is_none() {
         return Err(BpfError::CaptureNotConfigured);
     }
@@ -119,7 +119,7 @@ pub fn start(
 /// `None`: the output was lost (its drain thread panicked). A ring buffer
 /// is mapped anew by the next capture; lost perf buffers end captures
 /// until the daemon restarts, which the log says.
-pub fn stop(acc: &mut Accounting, ring: Option<CaptureOutput>) -> Result<(), BpfError> {
+pub fn stop(acc: &mut Accounting, ring: Option<EventOutput>) -> Result<(), BpfError> {
     let res = pause(acc);
     match ring {
         Some(out) => take_back(acc, out),
@@ -136,7 +136,7 @@ pub fn stop(acc: &mut Accounting, ring: Option<CaptureOutput>) -> Result<(), Bpf
 }
 
 /// `out` back into the handle, which no capture holds any more.
-fn take_back(acc: &mut Accounting, out: CaptureOutput) {
+fn take_back(acc: &mut Accounting, out: EventOutput) {
     let slot = acc.transport_slot();
     if let Some(idle) = slot.idle.as_mut() {
         give_back(idle, out);

@@ -1,5 +1,6 @@
-//! The capture lifecycle: at most one bounded capture at a time, on its
-//! own thread, into a pending store entry; committed (or recorded as
+//! The lifecycle of a daemon's recordings (what users start as captures:
+//! a rule's `capture = {…}`, `vitalsctl capture`): at most one at a time,
+//! on its own thread, into a pending store entry; committed (or recorded as
 //! failed, nothing stored) when it ends or the daemon stops. Two backends
 //! (`capture.backend`): the eBPF capture tier (a recording sink fed the
 //! daemon's pipeline ticks, `record_fed`, with the capture tier switched
@@ -23,16 +24,16 @@ use thiserror::Error;
 use super::{push_trigger, state::Shared, Service};
 use crate::{
     bpf::denied::ProcOnly,
-    capture::CaptureOptions,
-    config::{CaptureSpec, Config},
-    control::protocol::{CaptureProgress, TriggerOutcome},
+    config::{Config, RecordingSpec},
+    control::protocol::{RecordingProgress, TriggerOutcome},
+    events::EventOptions,
     export,
     heapprofd::RunnerConfig,
     history::{self, History},
     perfetto_capture::{self, Backend, CaptureRequest, HeapInSession, PerfettoCaptureError},
     record::{record_fed, Feed, RecordError, RecordOptions},
     sources::Tick,
-    store::{self, BackendInfo, CaptureMeta, CaptureStatus, Pending, Store, TriggerInfo},
+    store::{self, BackendInfo, EntryMeta, EntryStatus, Pending, Store, TriggerInfo},
 };
 
 /// Each tick of the daemon's pipeline, or why it failed, for a recording.
@@ -41,22 +42,22 @@ pub(super) type TickSender = mpsc::Sender<Result<Tick, String>>;
 /// What a capture runs on: the daemon's pipeline and eBPF programs (or,
 /// /proc-only with `capture.backend = "ebpf"`, why there are none), with
 /// the sender of its ticks; or traced through a consumer route.
-pub(super) enum CaptureEngine {
+pub(super) enum RecordingEngine {
     Ebpf(Box<Feed>, TickSender),
     Perfetto(RunnerConfig),
 }
 
-impl CaptureEngine {
+impl RecordingEngine {
     fn backend(&self) -> Backend {
         match self {
-            CaptureEngine::Ebpf(..) => Backend::Ebpf,
-            CaptureEngine::Perfetto(_) => Backend::Perfetto,
+            RecordingEngine::Ebpf(..) => Backend::Ebpf,
+            RecordingEngine::Perfetto(_) => Backend::Perfetto,
         }
     }
 }
 
 /// How a capture ended well, whichever backend.
-pub(super) struct Captured {
+pub(super) struct Recorded {
     wall_ms: u64,
     /// The trace reached store.max_capture_bytes: its size then.
     cut_at_bytes: Option<u64>,
@@ -66,7 +67,7 @@ pub(super) struct Captured {
 }
 
 #[derive(Debug, Error)]
-pub(super) enum CaptureFailed {
+pub(super) enum RecordingFailed {
     /// Boxed: a RecordError is large, and the thread's result carries it.
     #[error(transparent)]
     Record(Box<RecordError>),
@@ -74,24 +75,24 @@ pub(super) enum CaptureFailed {
     Perfetto(#[from] PerfettoCaptureError),
 }
 
-impl From<RecordError> for CaptureFailed {
+impl From<RecordError> for RecordingFailed {
     fn from(e: RecordError) -> Self {
-        CaptureFailed::Record(Box::new(e))
+        RecordingFailed::Record(Box::new(e))
     }
 }
 
-impl CaptureFailed {
+impl RecordingFailed {
     /// Whether whole packets a failed capture left are worth keeping: an
     /// eBPF recording cut short by an error mid-way, yes; a capture that
     /// never started (no eBPF) or a Perfetto session (which leaves a
     /// complete trace or none), never.
     fn keeps_partial(&self) -> bool {
-        matches!(self, CaptureFailed::Record(e) if !matches!(**e, RecordError::CaptureNeedsBpf(_)))
+        matches!(self, RecordingFailed::Record(e) if !matches!(**e, RecordError::CaptureNeedsBpf(_)))
     }
 }
 
 /// A capture: a bounded recording on its own thread into a pending store entry.
-pub(super) struct RunningCapture {
+pub(super) struct RunningRecording {
     pub(super) pending: Pending,
     trigger: TriggerInfo,
     started_unix_ms: u64,
@@ -101,10 +102,10 @@ pub(super) struct RunningCapture {
     pub(super) stop: Arc<AtomicBool>,
     /// An eBPF-backend recording's feed (None: a Perfetto session).
     pub(super) ticks: Option<TickSender>,
-    pub(super) thread: JoinHandle<Result<Captured, CaptureFailed>>,
+    pub(super) thread: JoinHandle<Result<Recorded, RecordingFailed>>,
 }
 
-impl RunningCapture {
+impl RunningRecording {
     /// The rule (or "manual") that started it.
     pub(super) fn trigger_rule(&self) -> &str {
         &self.trigger.rule
@@ -115,10 +116,10 @@ impl Service {
     /// What a capture started now runs on: `capture.backend` resolved
     /// against the daemon's accounting (eBPF programs, or /proc-only: why
     /// there are none).
-    pub(super) fn capture_engine(&self) -> CaptureEngine {
+    pub(super) fn recording_engine(&self) -> RecordingEngine {
         let ebpf = self.pipeline.sources.ebpf.as_ref();
         match self.cfg.capture.backend.resolve(ebpf.is_some()) {
-            Backend::Perfetto => CaptureEngine::Perfetto(self.runner.config().clone()),
+            Backend::Perfetto => RecordingEngine::Perfetto(self.runner.config().clone()),
             Backend::Ebpf => {
                 let (tx, ticks) = mpsc::channel();
                 let feed = Feed {
@@ -130,7 +131,7 @@ impl Service {
                     origin: self.pipeline.origin(),
                     ticks,
                 };
-                CaptureEngine::Ebpf(Box::new(feed), tx)
+                RecordingEngine::Ebpf(Box::new(feed), tx)
             }
         }
     }
@@ -152,16 +153,16 @@ impl Service {
 /// Starts a capture in a thread of its own on `engine`; `heap`: a heap
 /// profile in the same session (Perfetto backend only).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn start_capture(
+pub(super) fn start_recording(
     cfg: &Config,
-    engine: CaptureEngine,
+    engine: RecordingEngine,
     heap: Option<HeapInSession>,
     store: &Arc<Mutex<Store>>,
     history: &History,
-    spec: &CaptureSpec,
+    spec: &RecordingSpec,
     trigger: TriggerInfo,
     shared: &Shared,
-) -> RunningCapture {
+) -> RunningRecording {
     let backend = engine.backend();
     let (pending, session_out) = {
         let mut store = store.lock().unwrap();
@@ -192,7 +193,7 @@ pub(super) fn start_capture(
     {
         let mut st = shared.state.lock().unwrap();
         st.capture_backend = backend.name().into();
-        st.capture = Some(CaptureProgress {
+        st.capture = Some(RecordingProgress {
             id: pending.id.clone(),
             rule: trigger.rule.clone(),
             started_unix_ms,
@@ -201,14 +202,14 @@ pub(super) fn start_capture(
         });
     }
     let mut ticks = None;
-    let run: Box<dyn FnOnce() -> Result<Captured, CaptureFailed> + Send> = match engine {
-        CaptureEngine::Ebpf(feed, tx) => {
+    let run: Box<dyn FnOnce() -> Result<Recorded, RecordingFailed> + Send> = match engine {
+        RecordingEngine::Ebpf(feed, tx) => {
             ticks = Some(tx);
             let opts = record_options(cfg, spec, &pending);
             let samples: Vec<history::VitalsSample> = history.iter().cloned().collect();
             Box::new(move || {
                 let summary = record_fed(*feed, &opts, |w| export::write_history(w, &samples))?;
-                Ok(Captured {
+                Ok(Recorded {
                     wall_ms: summary.wall_monotonic_ns / 1_000_000,
                     cut_at_bytes: summary.cut_at_max_bytes.then_some(summary.bytes_written),
                     notes: Vec::new(),
@@ -216,14 +217,14 @@ pub(super) fn start_capture(
                 })
             })
         }
-        CaptureEngine::Perfetto(runner) => {
+        RecordingEngine::Perfetto(runner) => {
             let req = perfetto_request(cfg, spec, heap);
             let out = session_out
                 .clone()
                 .expect("a perfetto capture's session file");
             Box::new(move || {
                 let s = perfetto_capture::run(&runner, &req, &out, &thread_stop)?;
-                Ok(captured(s))
+                Ok(recorded(s))
             })
         }
     };
@@ -231,7 +232,7 @@ pub(super) fn start_capture(
         .name("capture".into())
         .spawn(run)
         .expect("spawning the capture thread");
-    RunningCapture {
+    RunningRecording {
         pending,
         trigger,
         started_unix_ms,
@@ -246,7 +247,7 @@ pub(super) fn start_capture(
 /// What a Perfetto-backend capture of `spec` asks traced for.
 pub(super) fn perfetto_request(
     cfg: &Config,
-    spec: &CaptureSpec,
+    spec: &RecordingSpec,
     heap: Option<HeapInSession>,
 ) -> CaptureRequest {
     CaptureRequest {
@@ -261,8 +262,8 @@ pub(super) fn perfetto_request(
 }
 
 /// A finished Perfetto session as a capture.
-pub(super) fn captured(s: perfetto_capture::PerfettoCaptureSummary) -> Captured {
-    Captured {
+pub(super) fn recorded(s: perfetto_capture::PerfettoCaptureSummary) -> Recorded {
+    Recorded {
         wall_ms: s.wall_ms,
         cut_at_bytes: s.cut_at_max_bytes.then_some(s.bytes),
         notes: s.notes,
@@ -275,12 +276,12 @@ pub(super) fn captured(s: perfetto_capture::PerfettoCaptureSummary) -> Captured 
 pub(super) fn adopt_session(
     store: &Arc<Mutex<Store>>,
     shared: &Shared,
-    spec: &CaptureSpec,
+    spec: &RecordingSpec,
     trigger: TriggerInfo,
     session_out: std::path::PathBuf,
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<Result<Captured, CaptureFailed>>,
-) -> RunningCapture {
+    thread: JoinHandle<Result<Recorded, RecordingFailed>>,
+) -> RunningRecording {
     let pending = store.lock().unwrap().begin(&trigger.rule);
     let started_unix_ms = store::now_unix_ms();
     log::info!(
@@ -289,14 +290,14 @@ pub(super) fn adopt_session(
         trigger.rule,
         spec.duration.0
     );
-    shared.state.lock().unwrap().capture = Some(CaptureProgress {
+    shared.state.lock().unwrap().capture = Some(RecordingProgress {
         id: pending.id.clone(),
         rule: trigger.rule.clone(),
         started_unix_ms,
         duration_ms: spec.duration.0.as_millis() as u64,
         backend: Backend::Perfetto.name().into(),
     });
-    RunningCapture {
+    RunningRecording {
         pending,
         trigger,
         started_unix_ms,
@@ -313,27 +314,27 @@ pub(super) fn adopt_session(
 /// daemon's own programs: loading a second set would run every always-on
 /// program twice per event while the capture lasts (#14). Its samples are
 /// the daemon's ticks, at `sampling.interval`.
-fn record_options(cfg: &Config, spec: &CaptureSpec, pending: &Pending) -> RecordOptions {
+fn record_options(cfg: &Config, spec: &RecordingSpec, pending: &Pending) -> RecordOptions {
     RecordOptions {
         duration: spec.duration.0,
         out: pending.tmp_path.clone(),
         interval: cfg.sampling.interval.0,
         proc_root: cfg.sampling.proc_root.clone(),
         drop_privileges: false,
-        capture: CaptureOptions {
+        capture: EventOptions {
             events: spec.events,
-            ..CaptureOptions::default()
+            ..EventOptions::default()
         },
         max_bytes: Some(cfg.store.max_capture_bytes),
     }
 }
 
 /// Commits a finished (or cut) capture; a failure is recorded, never fatal.
-pub(super) fn finish_capture(
-    c: RunningCapture,
+pub(super) fn finish_recording(
+    c: RunningRecording,
     store: &Arc<Mutex<Store>>,
     shared: &Shared,
-    how: CaptureStatus,
+    how: EntryStatus,
 ) {
     let mut c = c;
     // No more ticks: a fed recording ends with those it has.
@@ -349,7 +350,7 @@ pub(super) fn finish_capture(
     let mut pending = c.pending;
     let _ = pending.seal();
     let mut store = store.lock().unwrap();
-    let meta = |duration_ms: u64, status: CaptureStatus, notes: Vec<String>| CaptureMeta {
+    let meta = |duration_ms: u64, status: EntryStatus, notes: Vec<String>| EntryMeta {
         id: String::new(),
         created_unix_ms: c.started_unix_ms,
         trigger: c.trigger.clone(),
@@ -366,7 +367,7 @@ pub(super) fn finish_capture(
     let outcome = match result {
         Ok(Ok(done)) => {
             let status = match done.cut_at_bytes {
-                Some(at_bytes) => CaptureStatus::CutAtLimit { at_bytes },
+                Some(at_bytes) => EntryStatus::CutAtLimit { at_bytes },
                 None => how,
             };
             let mut m = meta(done.wall_ms, status, done.notes);
@@ -400,7 +401,7 @@ pub(super) fn finish_capture(
                     pending,
                     meta(
                         elapsed,
-                        CaptureStatus::CutShort {
+                        EntryStatus::CutShort {
                             error: e.to_string(),
                         },
                         Vec::new(),
@@ -439,14 +440,14 @@ pub(super) fn finish_capture(
 
 impl Service {
     /// Stores the capture whose thread has ended.
-    pub(super) fn reap_capture(&mut self) {
+    pub(super) fn reap_recording(&mut self) {
         if self
             .capture
             .as_ref()
             .is_some_and(|c| c.thread.is_finished())
         {
             let c = self.capture.take().unwrap();
-            finish_capture(c, &self.store, &self.shared, CaptureStatus::Complete);
+            finish_recording(c, &self.store, &self.shared, EntryStatus::Complete);
         }
     }
 }

@@ -1,5 +1,7 @@
-//! The capture tier: for a bounded window, every sched_switch and
-//! sched_waking on every CPU and sampled user page faults with their
+//! The event tier (users know it as the capture tier: `--sched`,
+//! `--faults`): for a recording's window, the events its event set
+//! (`EventSet`) switches on in the running programs: every sched_switch
+//! and sched_waking on every CPU and sampled user page faults with their
 //! stacks, written as Perfetto FtraceEventBundle/CompactSched packets (per
 //! CPU, flushed every sample interval) and PerfSample callstack samples.
 //!
@@ -28,7 +30,7 @@ use vitals_common::capture as cap;
 use vitals_proto::protos::{process_tree, trace_packet, ProcessTree, TracePacket};
 
 use crate::{
-    bpf::{Accounting, BpfError, CaptureTransport},
+    bpf::{Accounting, BpfError, EventTransport},
     event_set::EventSet,
     perfetto::{
         compact_sched::{build_bundle, comm_str, Comm, CpuEvents},
@@ -44,7 +46,7 @@ use self::{decode::Record, drain::Drainer, fault_stacks::FaultStacks};
 pub const SAMPLE_SEQUENCE_ID: u32 = DEFAULT_SEQUENCE_ID + 1;
 
 #[derive(Debug, Error)]
-pub enum CaptureError {
+pub enum EventsError {
     #[error(transparent)]
     Bpf(#[from] BpfError),
     #[error(transparent)]
@@ -56,7 +58,7 @@ pub enum CaptureError {
 /// What a capture records: its event set (`vitalsd record --sched
 /// --faults`, a rule's or `vitalsctl capture`'s), and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaptureOptions {
+pub struct EventOptions {
     pub events: EventSet,
     /// One fault sample every this many faults of each process.
     pub fault_period: u32,
@@ -64,7 +66,7 @@ pub struct CaptureOptions {
     pub poll: Duration,
 }
 
-impl Default for CaptureOptions {
+impl Default for EventOptions {
     fn default() -> Self {
         Self {
             events: EventSet::NONE,
@@ -76,7 +78,7 @@ impl Default for CaptureOptions {
 
 /// Figures of a capture, for the summary and the bench.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CaptureStats {
+pub struct EventStats {
     pub switch_events: u64,
     pub waking_events: u64,
     pub fault_samples: u64,
@@ -92,14 +94,14 @@ pub struct CaptureStats {
     /// (PERF_RECORD_LOST), summed over CPUs. The same drops the kernel-side
     /// counter sees as -ENOSPC, so a cross-check, not extra loss.
     pub perf_reported_lost: u64,
-    pub transport: Option<CaptureTransport>,
+    pub transport: Option<EventTransport>,
     pub fault: fault_stacks::FaultStats,
     /// Threads seen in sched records whose thread group never became
     /// known, left out of ProcessTree (see `write_thread_names`).
     pub threads_without_process: u64,
 }
 
-impl CaptureStats {
+impl EventStats {
     pub fn render(&self) -> String {
         format!(
             "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); ring buffer lost: {} sched, {} fault records; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
@@ -116,7 +118,7 @@ impl CaptureStats {
             self.lost_sched,
             self.lost_faults,
             self.lost_stacks,
-            self.transport.map_or("none", CaptureTransport::name),
+            self.transport.map_or("none", EventTransport::name),
             self.perf_reported_lost,
             self.threads_without_process,
         )
@@ -124,7 +126,7 @@ impl CaptureStats {
 }
 
 /// A running capture.
-pub struct Capture {
+pub struct EventRecorder {
     proc_root: PathBuf,
     drainer: Option<Drainer>,
     per_cpu: Vec<CpuEvents>,
@@ -144,17 +146,17 @@ pub struct Capture {
     /// next's when the program could tell).
     tgids: HashMap<i32, i32>,
     faults: FaultStacks,
-    stats: CaptureStats,
+    stats: EventStats,
 }
 
-impl Capture {
+impl EventRecorder {
     /// Sets the capture flag and starts draining. Needs CAP_PERFMON (it
     /// attaches sched_waking), so call it before dropping privileges.
     pub fn start(
         acc: &mut Accounting,
-        opts: &CaptureOptions,
+        opts: &EventOptions,
         proc_root: &Path,
-    ) -> Result<Self, CaptureError> {
+    ) -> Result<Self, EventsError> {
         let base_lost = transport::lost(acc)?;
         let ring = transport::start(acc, opts.events, opts.fault_period)?;
         let drainer = match Drainer::start(ring, opts.poll) {
@@ -164,7 +166,7 @@ impl Capture {
                 if let Err(e) = transport::stop(acc, None) {
                     log::warn!("ending a capture that could not start: {e}");
                 }
-                return Err(CaptureError::Thread(e));
+                return Err(EventsError::Thread(e));
             }
         };
         let transport = acc.capture_transport();
@@ -195,14 +197,14 @@ impl Capture {
             new_tids: HashMap::new(),
             tgids: HashMap::new(),
             faults: FaultStacks::new(proc_root),
-            stats: CaptureStats {
+            stats: EventStats {
                 transport: Some(transport),
-                ..CaptureStats::default()
+                ..EventStats::default()
             },
         })
     }
 
-    pub fn stats(&self) -> CaptureStats {
+    pub fn stats(&self) -> EventStats {
         self.stats
     }
 
@@ -278,7 +280,7 @@ impl Capture {
         acc: &Accounting,
         writer: &mut TraceWriter<W>,
         ts_boot_ns: u64,
-    ) -> Result<(), CaptureError> {
+    ) -> Result<(), EventsError> {
         self.take_records();
         let lost = self.merge_lost(transport::lost(acc)?);
         self.write_pending(acc, writer, ts_boot_ns, &lost, false)
@@ -309,7 +311,7 @@ impl Capture {
         ts_boot_ns: u64,
         lost: &[LostCounts],
         last: bool,
-    ) -> Result<(), CaptureError> {
+    ) -> Result<(), EventsError> {
         self.write_thread_names(writer, ts_boot_ns, last)?;
         self.write_bundles(writer, lost)?;
         self.write_fault_samples(acc, writer, last)?;
@@ -321,7 +323,7 @@ impl Capture {
     /// Thread names with their process. A tid whose tgid is not known yet
     /// (no switch record said, and /proc does not) waits for a later
     /// flush. The last one leaves out the tids still without one, counted
-    /// in `CaptureStats::threads_without_process`: trace_processor reads a
+    /// in `EventStats::threads_without_process`: trace_processor reads a
     /// ProcessTree thread without `tgid` as one of pid 0 (swapper). Their
     /// names still reach it through the sched records' comms.
     fn write_thread_names<W: Write>(
@@ -329,7 +331,7 @@ impl Capture {
         writer: &mut TraceWriter<W>,
         ts_boot_ns: u64,
         last: bool,
-    ) -> Result<(), CaptureError> {
+    ) -> Result<(), EventsError> {
         let mut tids: Vec<(i32, Comm, i32)> = Vec::new();
         let mut unknown = Vec::new();
         for (&tid, &comm) in &self.new_tids {
@@ -384,7 +386,7 @@ impl Capture {
         &mut self,
         writer: &mut TraceWriter<W>,
         lost: &[LostCounts],
-    ) -> Result<(), CaptureError> {
+    ) -> Result<(), EventsError> {
         let ncpu = self.per_cpu.len().max(lost.len());
         for cpu in 0..ncpu {
             let now = lost.get(cpu).map_or(0, |l| l[cap::lost::SCHED as usize]);
@@ -420,7 +422,7 @@ impl Capture {
         acc: &Accounting,
         writer: &mut TraceWriter<W>,
         last: bool,
-    ) -> Result<(), CaptureError> {
+    ) -> Result<(), EventsError> {
         let seq = NonZeroU32::new(SAMPLE_SEQUENCE_ID).expect("nonzero");
         for p in self
             .faults
@@ -440,7 +442,7 @@ impl Capture {
         writer: &mut TraceWriter<W>,
         ts_boot_ns: u64,
         lost: &[LostCounts],
-    ) -> Result<(), CaptureError> {
+    ) -> Result<(), EventsError> {
         let sum = |k: u32| -> u64 {
             lost.iter()
                 .enumerate()
@@ -462,7 +464,7 @@ impl Capture {
                         &CounterSpec::new("capture_ringbuf_lost_events", CounterUnit::Count)
                             .with_description(format!(
                                 "capture records dropped because the ring buffer was full (sched + fault samples), since capture start; transport: {}",
-                                self.stats.transport.map_or("none", CaptureTransport::name)
+                                self.stats.transport.map_or("none", EventTransport::name)
                             )),
                     )?;
                     self.lost_track = Some(u);
@@ -483,7 +485,7 @@ impl Capture {
         acc: &mut Accounting,
         writer: &mut TraceWriter<W>,
         ts_boot_ns: u64,
-    ) -> Result<CaptureStats, CaptureError> {
+    ) -> Result<EventStats, EventsError> {
         transport::pause(acc)?;
         if let Some(d) = self.drainer.take() {
             let (ring, batches) = d.stop();
@@ -515,7 +517,7 @@ impl Capture {
 
 type LostCounts = [u64; cap::lost::COUNT as usize];
 
-/// See `Capture::merge_lost`. `kernel` and `base` are cumulative per-CPU
+/// See `EventRecorder::merge_lost`. `kernel` and `base` are cumulative per-CPU
 /// counters, `perf` per-CPU reports since `base`, charged to `kind`.
 fn merge_lost(
     mut kernel: Vec<LostCounts>,

@@ -38,13 +38,13 @@ pub struct Rule {
     pub window: Dur,
     pub cooldown: Dur,
     #[serde(default)]
-    pub capture: CaptureSpec,
+    pub capture: RecordingSpec,
 }
 
 /// The capture a rule asks for (`capture = { … }`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(from = "CaptureSpecFile", into = "CaptureSpecFile")]
-pub struct CaptureSpec {
+#[serde(from = "RecordingSpecFile", into = "RecordingSpecFile")]
+pub struct RecordingSpec {
     pub duration: Dur,
     /// The kernel events the window records (`sched`, `faults` in the
     /// file); [`EventSet::RULE_DEFAULT`] when it names neither.
@@ -70,7 +70,7 @@ pub enum Prelude {
     Ring,
 }
 
-impl Default for CaptureSpec {
+impl Default for RecordingSpec {
     fn default() -> Self {
         Self {
             duration: Dur(Duration::from_secs(10)),
@@ -83,12 +83,12 @@ impl Default for CaptureSpec {
     }
 }
 
-/// [`CaptureSpec`] as the config file spells it: `sched` and `faults`
+/// [`RecordingSpec`] as the config file spells it: `sched` and `faults`
 /// among the other keys. (serde's `flatten` would do, but it does not
 /// work with `deny_unknown_fields`.)
 #[derive(Serialize, Deserialize)]
-#[serde(rename = "CaptureSpec", deny_unknown_fields, default)]
-struct CaptureSpecFile {
+#[serde(rename = "RecordingSpec", deny_unknown_fields, default)]
+struct RecordingSpecFile {
     duration: Dur,
     sched: bool,
     faults: bool,
@@ -98,14 +98,14 @@ struct CaptureSpecFile {
     prelude: Prelude,
 }
 
-impl Default for CaptureSpecFile {
+impl Default for RecordingSpecFile {
     fn default() -> Self {
-        CaptureSpec::default().into()
+        RecordingSpec::default().into()
     }
 }
 
-impl From<CaptureSpecFile> for CaptureSpec {
-    fn from(f: CaptureSpecFile) -> Self {
+impl From<RecordingSpecFile> for RecordingSpec {
+    fn from(f: RecordingSpecFile) -> Self {
         Self {
             duration: f.duration,
             events: EventSet {
@@ -120,8 +120,8 @@ impl From<CaptureSpecFile> for CaptureSpec {
     }
 }
 
-impl From<CaptureSpec> for CaptureSpecFile {
-    fn from(s: CaptureSpec) -> Self {
+impl From<RecordingSpec> for RecordingSpecFile {
+    fn from(s: RecordingSpec) -> Self {
         Self {
             duration: s.duration,
             sched: s.events.sched,
