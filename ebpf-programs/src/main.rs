@@ -14,7 +14,7 @@
 //!
 //! This file holds the load-time settings, the accounting maps and the
 //! always-on programs; `capture_tier` the capture maps, record output and
-//! the capture-only programs.
+//! the capture-only programs; `faults` the fault-counting programs.
 #![no_std]
 #![no_main]
 // For the one inline `lock ... +=` (BPF_XADD) in `xadd`: the bpf target
@@ -23,16 +23,17 @@
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 mod capture_tier;
+mod faults;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{btf_tracepoint, map, perf_event, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, PerCpuArray},
-    programs::{BtfTracePointContext, PerfEventContext, TracePointContext},
+    programs::{BtfTracePointContext, TracePointContext},
     EbpfContext,
 };
-use capture_tier::{capture_control, ctx_comm, emit_switch, maybe_sample_fault};
+use capture_tier::{capture_control, ctx_comm, emit_switch};
 use vitals_common::{
     capture, comm_prefix, drop_reason, fixed_layout, free_comm_field, free_pid_offset,
     reported_prev_state, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters,
@@ -94,6 +95,9 @@ static TASK_PRIO_OFF: u32 = 0;
 static TASK_COMM_OFF: u32 = 0;
 #[no_mangle]
 static TASK_EXIT_STATE_OFF: u32 = 0;
+/// `se.sum_exec_runtime` (struct sched_entity inside task_struct).
+#[no_mangle]
+static TASK_SUM_EXEC_OFF: u32 = 0;
 
 #[inline(always)]
 fn setting(v: &'static u32) -> u32 {
@@ -264,6 +268,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
             reported_blocked(state),
             next as u32,
             current_tgid,
+            None,
         );
         if capture_control().flags & capture::FLAG_SCHED != 0 {
             let extra = unsafe {
@@ -302,7 +307,7 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
             *(base.add(fixed_layout::SWITCH_NEXT_PID as usize) as *const u32),
         )
     };
-    on_switch(prev, reported_blocked(state), next, current_tgid);
+    on_switch(prev, reported_blocked(state), next, current_tgid, None);
     if capture_control().flags & capture::FLAG_SCHED != 0 {
         let (prev_prio, next_prio, comm) = unsafe {
             (
@@ -372,9 +377,23 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> u32 {
     // __schedule counts a voluntary switch (nvcsw) exactly when it was not
     // a preemption and the raw task state was not TASK_RUNNING.
     let blocked = preempt as u8 == 0 && prev_state as u32 != 0;
-    on_switch(prev, blocked, next, || unsafe {
-        task_field::<i32>(prev_task, &TASK_TGID_OFF) as u32
-    });
+    // The kernel's own charge: __schedule ran update_curr() for `prev`
+    // before this tracepoint (at its dequeue when it blocked, in
+    // pick_next_task otherwise), and `next` is not charged again until it
+    // runs, so its figure now is its slice's start.
+    let sum_exec_ns = unsafe {
+        SumExec {
+            prev_ns: task_field::<u64>(prev_task, &TASK_SUM_EXEC_OFF),
+            next_ns: task_field::<u64>(next_task, &TASK_SUM_EXEC_OFF),
+        }
+    };
+    on_switch(
+        prev,
+        blocked,
+        next,
+        || unsafe { task_field::<i32>(prev_task, &TASK_TGID_OFF) as u32 },
+        Some(sum_exec_ns),
+    );
     if capture_control().flags & capture::FLAG_SCHED != 0 {
         let (prev_prio, next_prio, exit_state, next_tgid, comm) = unsafe {
             (
@@ -406,8 +425,40 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
+/// `se.sum_exec_runtime` of the two tasks of a switch, as the kernel has
+/// just charged them (tp_btf programs only).
+struct SumExec {
+    prev_ns: u64,
+    next_ns: u64,
+}
+
+/// On-CPU time of `prev`'s slice ending now: the kernel's sum_exec_runtime
+/// delta since its switch-in where both ends were read, which leaves out
+/// irq time (CONFIG_IRQ_TIME_ACCOUNTING) and steal time
+/// (CONFIG_PARAVIRT_TIME_ACCOUNTING) as /proc/<pid>/schedstat does; else
+/// the wall time between the switches (`wall_ns`).
 #[inline(always)]
-fn on_switch(prev: u32, blocked: bool, next: u32, prev_tgid: impl FnOnce() -> u32) {
+fn slice_ns(cpu: &CpuState, prev: u32, wall_ns: u64, sum_exec: &Option<SumExec>) -> u64 {
+    let Some(s) = sum_exec else {
+        return wall_ns;
+    };
+    if prev != 0 && cpu.sum_exec_valid != 0 && cpu.running_tid == prev {
+        return s.prev_ns.saturating_sub(cpu.running_sum_exec_ns);
+    }
+    if prev != 0 && wall_ns != 0 {
+        count_drop(drop_reason::ONCPU_WALL_CLOCK);
+    }
+    wall_ns
+}
+
+#[inline(always)]
+fn on_switch(
+    prev: u32,
+    blocked: bool,
+    next: u32,
+    prev_tgid: impl FnOnce() -> u32,
+    sum_exec: Option<SumExec>,
+) {
     let now = unsafe { bpf_ktime_get_ns() };
     let cpu = match CPU_STATE.get_ptr_mut(0) {
         Some(p) => unsafe { &mut *p },
@@ -435,7 +486,7 @@ fn on_switch(prev: u32, blocked: bool, next: u32, prev_tgid: impl FnOnce() -> u3
         // switches or runqueue wait worth counting.
         cpu.idle_ns += ran_ns;
     } else if let Some(t) = task_slot(prev) {
-        t.oncpu_ns += ran_ns;
+        t.oncpu_ns += slice_ns(cpu, prev, ran_ns, &sum_exec);
         if ran_ns != 0 && cpu.running_tid == prev {
             t.runq_wait_ns += cpu.pending_wait_ns;
         }
@@ -469,6 +520,13 @@ fn on_switch(prev: u32, blocked: bool, next: u32, prev_tgid: impl FnOnce() -> u3
     cpu.running_tid = next;
     cpu.last_switch_ns = now;
     cpu.valid = 1;
+    match sum_exec {
+        Some(s) => {
+            cpu.running_sum_exec_ns = s.next_ns;
+            cpu.sum_exec_valid = 1;
+        }
+        None => cpu.sum_exec_valid = 0,
+    }
 }
 
 #[inline(always)]
@@ -602,69 +660,6 @@ fn forget_wakeup(tid: u32) {
     } else {
         let _ = WAKE_TS.remove(tid);
     }
-}
-
-#[derive(Clone, Copy)]
-enum FaultKind {
-    Entry,
-    Minor,
-    Major,
-}
-
-#[inline(always)]
-fn count_fault(kind: FaultKind) {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
-    // tid 0 (an idle task) takes no user faults; its key would be shared by
-    // every CPU's idle task (see TASKS).
-    if tid == 0 {
-        return;
-    }
-    if let Some(t) = task_slot(tid) {
-        t.tgid = tgid;
-        // The task's own context: a plain add (see TASKS).
-        let f = &mut t.faults;
-        match kind {
-            FaultKind::Entry => f.entries += 1,
-            FaultKind::Minor => f.minflt += 1,
-            FaultKind::Major => f.majflt += 1,
-        }
-    }
-    if let Some(p) = process_slot(tgid) {
-        // Shared by the process's threads on every CPU: atomic adds.
-        let f = unsafe { &mut *p };
-        let counter = match kind {
-            FaultKind::Entry => &mut f.entries,
-            FaultKind::Minor => &mut f.minflt,
-            FaultKind::Major => &mut f.majflt,
-        };
-        xadd(counter, 1);
-    }
-}
-
-/// x86 only: one event per user-mode fault entry (also retries and faults
-/// that end in SIGSEGV), in the faulting task's context.
-#[tracepoint(category = "exceptions", name = "page_fault_user")]
-pub fn page_fault_user(ctx: TracePointContext) -> u32 {
-    count_fault(FaultKind::Entry);
-    maybe_sample_fault(&ctx);
-    0
-}
-
-/// Attached to PERF_COUNT_SW_PAGE_FAULTS_MIN with sample_period 1 on every
-/// CPU: runs where mm_account_fault() counts a successful minor fault.
-#[perf_event]
-pub fn perf_minflt(ctx: PerfEventContext) -> u32 {
-    count_fault(FaultKind::Minor);
-    maybe_sample_fault(&ctx);
-    0
-}
-
-#[perf_event]
-pub fn perf_majflt(ctx: PerfEventContext) -> u32 {
-    count_fault(FaultKind::Major);
-    maybe_sample_fault(&ctx);
-    0
 }
 
 #[cfg(not(test))]

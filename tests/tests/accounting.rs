@@ -12,6 +12,8 @@ use vitalsd::bpf::{
 };
 
 // A test target's root looks for modules beside it, hence the path.
+#[path = "accounting/kernel_charge.rs"]
+mod kernel_charge;
 #[path = "accounting/running_task.rs"]
 mod running_task;
 
@@ -137,6 +139,13 @@ fn faults_match_minflt_default_source() {
 #[test]
 fn faults_match_minflt_perf_source_forced() {
     fault_check(FaultSourceChoice::PerfEvent, FaultSource::PerfEvent);
+}
+
+/// tp_btf: on-CPU time is the kernel's sum_exec_runtime, to 1 %, beside
+/// a frequent waker (wall time read about 7 % over).
+#[test]
+fn oncpu_time_is_the_kernels_charge_beside_a_frequent_waker() {
+    kernel_charge::check(load(FaultSourceChoice::Off));
 }
 
 #[test]

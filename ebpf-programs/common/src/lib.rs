@@ -62,6 +62,13 @@ pub struct CpuState {
     pub running_tid: u32,
     /// 1 once `last_switch_ns`/`running_tid` describe a real switch.
     pub valid: u32,
+    /// The running task's `se.sum_exec_runtime` at its switch-in (tp_btf
+    /// programs only): at its switch-out the delta is what the kernel
+    /// charged it, without the irq and steal time a wall-clock slice has.
+    pub running_sum_exec_ns: u64,
+    /// 1 when `running_sum_exec_ns` was read at this CPU's last switch.
+    pub sum_exec_valid: u32,
+    pub _pad: u32,
 }
 
 /// Key of the EXITED map. The free time is part of the key so a tid freed,
@@ -110,13 +117,19 @@ pub mod drop_reason {
     /// one's next_pid is not this one's prev_pid): on-CPU time of the
     /// interval went to the task switching out. See sched_switch.
     pub const SWITCH_MISSED: u32 = 4;
-    pub const COUNT: u32 = 5;
+    /// Not a loss: a slice the tp_btf programs charged as wall time because
+    /// the task's `se.sum_exec_runtime` at its switch-in was not read (the
+    /// first slice of a task already running at attach, or after a missed
+    /// switch). The classic programs charge every slice so and do not count.
+    pub const ONCPU_WALL_CLOCK: u32 = 5;
+    pub const COUNT: u32 = 6;
     pub const NAMES: [&str; COUNT as usize] = [
         "task_map_full",
         "process_map_full",
         "wake_map_full",
         "exited_map_full",
         "switch_missed",
+        "oncpu_wall_clock",
     ];
 }
 
@@ -409,6 +422,7 @@ pub mod names {
     pub const G_TASK_PRIO: &str = "TASK_PRIO_OFF";
     pub const G_TASK_COMM: &str = "TASK_COMM_OFF";
     pub const G_TASK_EXIT_STATE: &str = "TASK_EXIT_STATE_OFF";
+    pub const G_TASK_SUM_EXEC: &str = "TASK_SUM_EXEC_OFF";
 }
 
 #[cfg(feature = "user")]

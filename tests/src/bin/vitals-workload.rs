@@ -201,6 +201,24 @@ fn main() {
             say("done");
             wait_eof();
         }
+        // pinned-waker <cpu> <us>: after a line on stdin, sleeps <us> µs
+        // again and again on <cpu> until stdin closes, so that its timer
+        // interrupts and wakeups keep preempting whatever else runs there.
+        Some("pinned-waker") => {
+            pin_to(arg(&args, 2) as usize);
+            let period = Duration::from_micros(arg(&args, 3));
+            say("ready");
+            wait_line();
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let stop_on_eof = stop.clone();
+            std::thread::spawn(move || {
+                wait_eof();
+                stop_on_eof.store(true, std::sync::atomic::Ordering::Relaxed);
+            });
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(period);
+            }
+        }
         // spin-exit <ms>: spin, then exit without waiting.
         Some("spin-exit") => {
             spin_for(Duration::from_millis(arg(&args, 2)));
@@ -267,7 +285,7 @@ fn main() {
         Some("reuse-pid") => reuse_pid(&arg(&args, 2).to_string(), &arg(&args, 3).to_string()),
         Some("heap-churn") => heap_churn(&args[0]),
         _ => {
-            eprintln!("usage: vitals-workload spin|pinned-spin|spin-exit|touch|sleep|threads|thread-churn|pingpong|children|reuse-pid|heap-churn ...");
+            eprintln!("usage: vitals-workload spin|pinned-spin|pinned-waker|spin-exit|touch|sleep|threads|thread-churn|pingpong|children|reuse-pid|heap-churn ...");
             std::process::exit(2);
         }
     }

@@ -33,6 +33,8 @@ pub struct TaskStructOffsets {
     pub prio: u32,
     pub comm: u32,
     pub exit_state: u32,
+    /// `se.sum_exec_runtime`: the CPU time the scheduler charged the task.
+    pub sum_exec_runtime: u32,
 }
 
 /// The raw tracepoints' prototypes this crate's programs read their
@@ -302,12 +304,20 @@ fn task_struct_offsets_in(data: &[u8]) -> Result<TaskStructOffsets, Lookup> {
             .member_offset(&task, name)
             .ok_or_else(|| Lookup::Missing(format!("task_struct.{name}")))
     };
+    // A member of a struct that task_struct embeds by value.
+    let nested = |strukt: &str, name: &str| {
+        types
+            .find(KIND_STRUCT, strukt)
+            .and_then(|r| types.member_offset(&r, name))
+            .ok_or_else(|| Lookup::Missing(format!("{strukt}.{name}")))
+    };
     Ok(TaskStructOffsets {
         pid: field("pid")?,
         tgid: field("tgid")?,
         prio: field("prio")?,
         comm: field("comm")?,
         exit_state: field("exit_state")?,
+        sum_exec_runtime: field("se")? + nested("sched_entity", "sum_exec_runtime")?,
     })
 }
 
@@ -410,6 +420,12 @@ mod tests {
         // pid and tgid inside an anonymous struct, as randomized layouts
         // and some configs have them.
         let anon = b.strukt("", 8, &[("pid", int, 0), ("tgid", int, 32)]);
+        let u64_t = b.int("long long unsigned int", 8);
+        let se = b.strukt(
+            "sched_entity",
+            256,
+            &[("load", u64_t, 0), ("sum_exec_runtime", u64_t, 72 * 8)],
+        );
         let task_fwd_id = b.next_id;
         let task = b.strukt(
             "task_struct",
@@ -418,6 +434,7 @@ mod tests {
                 ("__state", uint, 0),
                 ("prio", int, 32 * 8),
                 ("exit_state", int, 100 * 8),
+                ("se", se, 128 * 8),
                 ("", anon, 1264 * 8),
                 ("comm", comm, 2000 * 8),
             ],
@@ -453,6 +470,7 @@ mod tests {
                 prio: 32,
                 comm: 2000,
                 exit_state: 100,
+                sum_exec_runtime: 128 + 72,
             }
         );
     }
@@ -501,15 +519,15 @@ mod tests {
             .expect("running bpftool (cargo xtask setup installs it)");
         assert!(dump.status.success(), "bpftool: {dump:?}");
         let text = String::from_utf8_lossy(&dump.stdout);
-        // bpftool's byte offset of `task_struct.member`.
-        let bpftool_offset = |member: &str| -> u32 {
+        // bpftool's byte offset of `strukt.member`.
+        let member_offset = |strukt: &str, member: &str| -> u32 {
             let mut inside = false;
             for line in text.lines() {
                 if line.starts_with('[') {
                     if inside {
                         break;
                     }
-                    inside = line.contains("STRUCT 'task_struct' ");
+                    inside = line.contains(&format!("STRUCT '{strukt}' "));
                     continue;
                 }
                 if inside && line.trim_start().starts_with(&format!("'{member}' ")) {
@@ -522,12 +540,17 @@ mod tests {
                     return bits / 8;
                 }
             }
-            panic!("bpftool shows no task_struct.{member}");
+            panic!("bpftool shows no {strukt}.{member}");
         };
+        let bpftool_offset = |member: &str| member_offset("task_struct", member);
         assert_eq!(offsets.pid, bpftool_offset("pid"));
         assert_eq!(offsets.tgid, bpftool_offset("tgid"));
         assert_eq!(offsets.prio, bpftool_offset("prio"));
         assert_eq!(offsets.comm, bpftool_offset("comm"));
         assert_eq!(offsets.exit_state, bpftool_offset("exit_state"));
+        assert_eq!(
+            offsets.sum_exec_runtime,
+            bpftool_offset("se") + member_offset("sched_entity", "sum_exec_runtime")
+        );
     }
 }

@@ -218,6 +218,7 @@ impl LoadSettings {
                 (names::G_TASK_PRIO, o.prio),
                 (names::G_TASK_COMM, o.comm),
                 (names::G_TASK_EXIT_STATE, o.exit_state),
+                (names::G_TASK_SUM_EXEC, o.sum_exec_runtime),
             ]);
         }
         globals.extend([
