@@ -23,6 +23,8 @@
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 mod capture_tier;
+#[cfg(feature = "miss-log")]
+mod miss_log;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -425,8 +427,20 @@ fn on_switch(prev: u32, blocked: bool, next: u32, prev_tgid: impl FnOnce() -> u3
             // since some time after last_switch_ns; giving it the whole
             // interval conserves CPU time (only the split with the task
             // before it is approximate) where dropping it could lose a
-            // spinner's entire run. Counted so it is never silent.
+            // spinner's entire run. Counted so it is never silent. Also
+            // counted, though nothing was missed: exec by a non-leader
+            // thread, which takes the leader's pid while on the CPU
+            // (de_thread -> exchange_tids); see README "Reliability".
             count_drop(drop_reason::SWITCH_MISSED);
+            #[cfg(feature = "miss-log")]
+            miss_log::record(
+                now,
+                cpu.last_switch_ns,
+                prev,
+                cpu.running_tid,
+                next,
+                blocked,
+            );
         }
     }
     if prev == 0 {
