@@ -24,6 +24,8 @@
 
 mod capture_tier;
 mod faults;
+#[cfg(feature = "miss-log")]
+mod miss_log;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -476,8 +478,20 @@ fn on_switch(
             // since some time after last_switch_ns; giving it the whole
             // interval conserves CPU time (only the split with the task
             // before it is approximate) where dropping it could lose a
-            // spinner's entire run. Counted so it is never silent.
+            // spinner's entire run. Counted so it is never silent. Also
+            // counted, though nothing was missed: exec by a non-leader
+            // thread, which takes the leader's pid while on the CPU
+            // (de_thread -> exchange_tids); see README "Reliability".
             count_drop(drop_reason::SWITCH_MISSED);
+            #[cfg(feature = "miss-log")]
+            miss_log::record(
+                now,
+                cpu.last_switch_ns,
+                prev,
+                cpu.running_tid,
+                next,
+                blocked,
+            );
         }
     }
     if prev == 0 {

@@ -284,11 +284,41 @@ fn main() {
         // then "done".
         Some("reuse-pid") => reuse_pid(&arg(&args, 2).to_string(), &arg(&args, 3).to_string()),
         Some("heap-churn") => heap_churn(&args[0]),
+        // exec-from-thread <n>: after a line on stdin, execs this binary n
+        // times in a chain, each time from a new thread that is not the
+        // process's leader (the kernel's de_thread() hands that thread the
+        // leader's pid). The last image prints "done" and "tid <gettid>".
+        Some("exec-from-thread") => {
+            say("ready");
+            wait_line();
+            exec_from_thread(arg(&args, 2));
+        }
+        Some("exec-from-thread-next") => exec_from_thread(arg(&args, 2)),
         _ => {
-            eprintln!("usage: vitals-workload spin|pinned-spin|pinned-waker|spin-exit|touch|sleep|threads|thread-churn|pingpong|children|reuse-pid|heap-churn ...");
+            eprintln!("usage: vitals-workload spin|pinned-spin|pinned-waker|spin-exit|touch|sleep|threads|thread-churn|pingpong|children|reuse-pid|heap-churn|exec-from-thread ...");
             std::process::exit(2);
         }
     }
+}
+
+fn exec_from_thread(n: u64) {
+    if n == 0 {
+        say("done");
+        // Safety: plain syscall.
+        say(&format!("tid {}", unsafe { libc::gettid() }));
+        wait_eof();
+        return;
+    }
+    let exe = std::env::current_exe().expect("/proc/self/exe");
+    let t = std::thread::spawn(move || {
+        let err = std::process::Command::new(exe)
+            .args(["exec-from-thread-next", &(n - 1).to_string()])
+            .exec();
+        panic!("exec from a thread: {err}");
+    });
+    // The exec ends this thread (de_thread kills the other threads).
+    let _ = t.join();
+    unreachable!("the exec from a thread returned");
 }
 
 fn thread_churn(n: u64, ms: u64) {
