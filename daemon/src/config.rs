@@ -15,7 +15,7 @@ mod file;
 mod rules;
 use file::read_config_file;
 pub use file::{bounded, MAX_CONFIG_BYTES, MAX_MESSAGE_BYTES};
-pub use rules::{Metric, Prelude, RecordingSpec, Rule};
+pub use rules::{Metric, Prelude, RecordingSpec, Rule, Watch};
 
 /// Where the OEM puts it on Android, and on Linux hosts.
 pub const DEFAULT_PATH_ANDROID: &str = "/vendor/etc/vitalsd.toml";

@@ -7,7 +7,8 @@ use std::io::Write;
 use crate::{
     perfetto::{CounterUnit, CounterValue, PerfettoError, ProcessKey, TraceWriter},
     sources::{
-        tasks::CORE_EQUIVALENT_FORMULA,
+        system::figures::{LOADAVG_1M, LOCAL_BUSY_PCT},
+        tasks::{figures::CORE_EQUIVALENT_PCT, CORE_EQUIVALENT_FORMULA},
         tracks::{pct, spec},
     },
 };
@@ -28,13 +29,16 @@ pub fn write_history<W: Write>(
         "/proc/loadavg, before the trigger",
     ))?;
     for s in samples {
-        if let Some(v) = s.local_busy_pct {
+        if let Some(v) = s.figures.get(LOCAL_BUSY_PCT.name) {
             w.write_counter(s.boottime_ns, busy, CounterValue::Double(v))?;
         }
-        if let Some(v) = s.loadavg1 {
-            w.write_counter(s.boottime_ns, load, CounterValue::Double(v as f64))?;
+        if let Some(v) = s.figures.get(LOADAVG_1M.name) {
+            w.write_counter(s.boottime_ns, load, CounterValue::Double(v))?;
         }
         for p in &s.processes {
+            let Some(core_equivalent_pct) = p.figures.get(CORE_EQUIVALENT_PCT.name) else {
+                continue;
+            };
             let key = ProcessKey {
                 pid: p.pid,
                 starttime_ticks: p.starttime_ticks,
@@ -44,11 +48,7 @@ pub fn write_history<W: Write>(
                 &p.name,
                 &pct("history.core_equivalent_pct", CORE_EQUIVALENT_FORMULA),
             )?;
-            w.write_counter(
-                s.boottime_ns,
-                t,
-                CounterValue::Double(p.core_equivalent_pct),
-            )?;
+            w.write_counter(s.boottime_ns, t, CounterValue::Double(core_equivalent_pct))?;
         }
     }
     Ok(())

@@ -12,6 +12,7 @@ pub mod control;
 pub mod event_set;
 pub mod events;
 pub mod export;
+pub mod figures;
 pub mod heapprofd;
 pub mod history;
 pub mod perfetto;

@@ -27,6 +27,66 @@ pub enum Metric {
     RssGrowthKb { process: Option<String> },
 }
 
+/// How a rule reads the figure its metric names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watch<'a> {
+    /// A sample's system-wide figure, above the threshold in every sample
+    /// of the window.
+    System { figure: &'static str },
+    /// A process's figure, above the threshold in every sample of the
+    /// window for one process instance (`process`: its name, None = any).
+    Held {
+        figure: &'static str,
+        process: Option<&'a str>,
+    },
+    /// A process's figure, grown by more than the threshold from the
+    /// window's first sample to its last.
+    Growth {
+        figure: &'static str,
+        process: Option<&'a str>,
+    },
+}
+
+impl Metric {
+    /// The one table from the config's metrics to the figures the sources
+    /// offer (`sources::*::figures`, by name). None: a PSI resource no
+    /// source offers, which never matches.
+    pub fn watch(&self) -> Option<Watch<'_>> {
+        use Watch::*;
+        Some(match self {
+            Metric::SystemCpuBusyPct => System {
+                figure: "system.local_busy_pct",
+            },
+            Metric::LoadavgPerCpu => System {
+                figure: "system.loadavg_1m_per_cpu",
+            },
+            Metric::PsiAvg10 { resource, full } => System {
+                figure: match (resource.as_str(), full) {
+                    ("cpu", false) => "system.psi_cpu_some_avg10",
+                    ("cpu", true) => "system.psi_cpu_full_avg10",
+                    ("memory", false) => "system.psi_memory_some_avg10",
+                    ("memory", true) => "system.psi_memory_full_avg10",
+                    ("io", false) => "system.psi_io_some_avg10",
+                    ("io", true) => "system.psi_io_full_avg10",
+                    _ => return None,
+                },
+            },
+            Metric::ProcessCpuPct { process } => Held {
+                figure: "tasks.core_equivalent_pct",
+                process: process.as_deref(),
+            },
+            Metric::MajorFaultRate { process } => Held {
+                figure: "tasks.majflt_per_s",
+                process: process.as_deref(),
+            },
+            Metric::RssGrowthKb { process } => Growth {
+                figure: "tasks.rss_kb",
+                process: process.as_deref(),
+            },
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rule {

@@ -70,13 +70,13 @@ impl Service {
         self.feed_capture(failed);
         let tick = self.pipeline.last();
         let mut top = Vec::new();
-        if let Some(w) = &tick.window {
-            self.history.push(history::summarize(
-                w,
-                self.cfg.sampling.history_processes,
-                &self.engine.watched_processes(),
-                &tick.deltas,
-            ));
+        if let Some(sample) = history::summarize(
+            tick,
+            self.pipeline.sources.each(),
+            self.cfg.sampling.history_processes,
+            &self.engine.watched_processes(),
+        ) {
+            self.history.push(sample);
             top = self.pipeline.top_rows();
         }
         self.feed_producer();

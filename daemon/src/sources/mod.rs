@@ -25,6 +25,7 @@ use crate::{
     bpf::BpfError,
     clock::ClockPair,
     control::protocol::TopRow,
+    figures::{ProcessFigures, SampleFigures},
     perfetto::{PerfettoError, TraceWriter},
     procfs::sampler::{Sample, SamplerError},
 };
@@ -101,7 +102,9 @@ impl Tick {
 /// One room. Starting it is its constructor (a room is registered
 /// started); then, every tick, `read` (before the procfs scan) and
 /// `sample` (after it) fill its part of the [`Tick`]; `columns` and
-/// `status` offer its figures; its packets are written by [`emit`].
+/// `status` offer its figures to top and status, `figures` and
+/// `process_figures` to history and the rules (by name, see
+/// [`crate::figures`]); its packets are written by [`emit`].
 pub trait Source: Send {
     /// Reads what does not come from the scan, before it.
     fn read(&mut self, _tick: &mut Tick) {}
@@ -109,6 +112,10 @@ pub trait Source: Send {
     fn sample(&mut self, _tick: &mut Tick) {}
     /// Fills this room's columns of `task`'s top row.
     fn columns(&self, _tick: &Tick, _task: &tasks::TaskWindow, _row: &mut TopRow) {}
+    /// Its system-wide figures of this tick's window, for history and rules.
+    fn figures(&self, _tick: &Tick, _out: &mut SampleFigures) {}
+    /// Its figures of one process history keeps, for history and rules.
+    fn process_figures(&self, _tick: &Tick, _task: &tasks::TaskWindow, _out: &mut ProcessFigures) {}
     /// Its counters for status, by status field.
     fn status(&self, _out: &mut BTreeMap<&'static str, BTreeMap<String, u64>>) {}
     /// Its line in a recording's summary, if it has one.

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use serde::Serialize;
 
 use crate::{
-    config::{Budget, Conditions, Metric, RecordingSpec, Rule},
+    config::{Budget, Conditions, RecordingSpec, Rule, Watch},
     history::{History, VitalsSample},
 };
 
@@ -207,11 +207,11 @@ impl Engine {
     pub fn watched_processes(&self) -> Vec<String> {
         self.rules
             .iter()
-            .filter_map(|r| match &r.metric {
-                Metric::ProcessCpuPct { process }
-                | Metric::MajorFaultRate { process }
-                | Metric::RssGrowthKb { process } => process.clone(),
-                _ => None,
+            .filter_map(|r| match r.metric.watch()? {
+                Watch::Held { process, .. } | Watch::Growth { process, .. } => {
+                    process.map(str::to_owned)
+                }
+                Watch::System { .. } => None,
             })
             .collect()
     }
@@ -320,100 +320,89 @@ fn window_samples<'a>(
     (!v.is_empty()).then_some(v)
 }
 
-fn name_matches(want: &Option<String>, name: &str) -> bool {
-    want.as_deref().is_none_or(|w| w == name)
+fn name_matches(want: Option<&str>, name: &str) -> bool {
+    want.is_none_or(|w| w == name)
+}
+
+fn offender(p: &crate::history::ProcessVitals) -> Offender {
+    Offender {
+        pid: p.pid,
+        starttime_ticks: p.starttime_ticks,
+        name: p.name.to_string(),
+    }
+}
+
+/// The same process instance in sample `s`, if kept there.
+fn instance<'s>(
+    s: &'s VitalsSample,
+    p: &crate::history::ProcessVitals,
+) -> Option<&'s crate::history::ProcessVitals> {
+    s.processes
+        .iter()
+        .find(|q| q.pid == p.pid && q.starttime_ticks == p.starttime_ticks)
 }
 
 /// The smallest value over the window if it stayed above the threshold the
 /// whole time (RSS growth: the growth across the window), and the offender.
+/// The metric names its figure (`Metric::watch`); a figure absent from a
+/// sample (not read that window) does not hold.
 fn matches(rule: &Rule, h: &History, interval_ns: u64) -> Option<(f64, Option<Offender>)> {
     let samples = window_samples(rule, h, interval_ns)?;
     let t = rule.threshold;
-    let system = |f: &dyn Fn(&VitalsSample) -> Option<f64>| -> Option<(f64, Option<Offender>)> {
-        let mut min = f64::INFINITY;
-        for s in &samples {
-            let v = f(s)?;
-            if v <= t {
-                return None;
-            }
-            min = min.min(v);
-        }
-        Some((min, None))
-    };
-    // Per process instance: present in every sample with the value above t.
-    let per_process = |want: &Option<String>, f: &dyn Fn(&crate::history::ProcessVitals) -> f64| {
-        let last = samples.last()?;
-        let mut best: Option<(f64, Offender)> = None;
-        for p in last
-            .processes
-            .iter()
-            .filter(|p| name_matches(want, &p.name))
-        {
+    let first = samples.first()?;
+    let last = samples.last()?;
+    match rule.metric.watch()? {
+        Watch::System { figure } => {
             let mut min = f64::INFINITY;
-            let held = samples.iter().all(|s| {
-                s.processes
-                    .iter()
-                    .find(|q| q.pid == p.pid && q.starttime_ticks == p.starttime_ticks)
-                    .is_some_and(|q| {
-                        let v = f(q);
-                        min = min.min(v);
-                        v > t
-                    })
-            });
-            if held && best.as_ref().is_none_or(|(b, _)| min > *b) {
-                best = Some((
-                    min,
-                    Offender {
-                        pid: p.pid,
-                        starttime_ticks: p.starttime_ticks,
-                        name: p.name.to_string(),
-                    },
-                ));
+            for s in &samples {
+                let v = s.figures.get(figure)?;
+                if v <= t {
+                    return None;
+                }
+                min = min.min(v);
             }
+            Some((min, None))
         }
-        best.map(|(v, o)| (v, Some(o)))
-    };
-    match &rule.metric {
-        Metric::SystemCpuBusyPct => system(&|s| s.local_busy_pct),
-        Metric::LoadavgPerCpu => system(&|s| {
-            (s.online_cpus > 0)
-                .then_some(())
-                .and(s.loadavg1.map(|l| l as f64 / s.online_cpus as f64))
-        }),
-        Metric::PsiAvg10 { resource, full } => {
-            let i = ["cpu", "memory", "io"].iter().position(|r| r == resource)?;
-            system(&|s| s.psi_avg10[i][usize::from(*full)].map(f64::from))
-        }
-        Metric::ProcessCpuPct { process } => per_process(process, &|p| p.core_equivalent_pct),
-        Metric::MajorFaultRate { process } => per_process(process, &|p| p.majflt_per_s),
-        Metric::RssGrowthKb { process } => {
-            let first = samples.first()?;
-            let last = samples.last()?;
+        // Per process instance: present in every sample with the value
+        // above t.
+        Watch::Held { figure, process } => {
             let mut best: Option<(f64, Offender)> = None;
             for p in last
                 .processes
                 .iter()
                 .filter(|p| name_matches(process, &p.name))
             {
-                let Some(end) = p.rss_kb else { continue };
-                let Some(start) = first
-                    .processes
-                    .iter()
-                    .find(|q| q.pid == p.pid && q.starttime_ticks == p.starttime_ticks)
-                    .and_then(|q| q.rss_kb)
-                else {
+                let mut min = f64::INFINITY;
+                let held = samples.iter().all(|s| {
+                    instance(s, p)
+                        .and_then(|q| q.figures.get(figure))
+                        .is_some_and(|v| {
+                            min = min.min(v);
+                            v > t
+                        })
+                });
+                if held && best.as_ref().is_none_or(|(b, _)| min > *b) {
+                    best = Some((min, offender(p)));
+                }
+            }
+            best.map(|(v, o)| (v, Some(o)))
+        }
+        Watch::Growth { figure, process } => {
+            let mut best: Option<(f64, Offender)> = None;
+            for p in last
+                .processes
+                .iter()
+                .filter(|p| name_matches(process, &p.name))
+            {
+                let Some(end) = p.figures.get(figure) else {
                     continue;
                 };
-                let growth = end as f64 - start as f64;
+                let Some(start) = instance(first, p).and_then(|q| q.figures.get(figure)) else {
+                    continue;
+                };
+                let growth = end - start;
                 if growth > t && best.as_ref().is_none_or(|(b, _)| growth > *b) {
-                    best = Some((
-                        growth,
-                        Offender {
-                            pid: p.pid,
-                            starttime_ticks: p.starttime_ticks,
-                            name: p.name.to_string(),
-                        },
-                    ));
+                    best = Some((growth, offender(p)));
                 }
             }
             best.map(|(v, o)| (v, Some(o)))

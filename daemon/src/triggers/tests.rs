@@ -1,7 +1,11 @@
 use std::{sync::Arc, time::Duration};
 
 use super::*;
-use crate::{config::Dur, history::ProcessVitals};
+use crate::{
+    config::{Dur, Metric},
+    history::ProcessVitals,
+    sources::{system::figures as system, tasks::figures as tasks},
+};
 
 const S: u64 = 1_000_000_000;
 
@@ -23,26 +27,33 @@ const COOL: Device = Device {
 };
 
 fn sample(t_s: u64, busy: f64, procs: Vec<ProcessVitals>) -> VitalsSample {
+    // What the system room offers for busy %, loadavg 3.0 over 2 online
+    // CPUs and cpu PSI avg10 12 (some) / 1 (full).
+    let mut figures = crate::figures::SampleFigures::default();
+    figures.set(&system::LOCAL_BUSY_PCT, busy);
+    figures.set(&system::LOADAVG_1M, 3.0);
+    figures.set(&system::LOADAVG_1M_PER_CPU, 3.0 / 2.0);
+    figures.set(&system::PSI_AVG10[0][0], 12.0);
+    figures.set(&system::PSI_AVG10[0][1], 1.0);
     VitalsSample {
         boottime_ns: t_s * S,
         monotonic_ns: t_s * S,
-        local_busy_pct: Some(busy),
-        loadavg1: Some(3.0),
-        online_cpus: 2,
-        psi_avg10: [[Some(12.0), Some(1.0)], [None, None], [None, None]],
+        figures,
         processes: procs,
     }
 }
 
 fn proc(pid: i32, cpu: f64, rss: u64) -> ProcessVitals {
+    // What the tasks room offers for one process.
+    let mut figures = crate::figures::ProcessFigures::default();
+    figures.set(&tasks::CORE_EQUIVALENT_PCT, cpu);
+    figures.set(&tasks::MAJFLT_PER_S, 0.0);
+    figures.set(&tasks::RSS_KB, rss as f64);
     ProcessVitals {
         pid,
         starttime_ticks: 100,
         name: Arc::from("app"),
-        core_equivalent_pct: cpu,
-        majflt_per_s: 0.0,
-        rss_kb: Some(rss),
-        ebpf: None,
+        figures,
     }
 }
 

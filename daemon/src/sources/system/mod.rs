@@ -160,8 +160,82 @@ pub fn cpu_delta(cur: &CpuTimes, earlier: &CpuTimes) -> Option<CpuTimes> {
     })
 }
 
+/// The system-wide figures this room offers to history and rules.
+pub mod figures {
+    use crate::figures::Figure;
+
+    /// (user+nice+system+irq+softirq)/total of /proc/stat, %.
+    pub static LOCAL_BUSY_PCT: Figure = Figure {
+        name: "system.local_busy_pct",
+    };
+    /// /proc/loadavg's 1-minute average.
+    pub static LOADAVG_1M: Figure = Figure {
+        name: "system.loadavg_1m",
+    };
+    /// The same divided by the online CPUs (absent when none are known).
+    pub static LOADAVG_1M_PER_CPU: Figure = Figure {
+        name: "system.loadavg_1m_per_cpu",
+    };
+    /// PSI avg10 %, [cpu, memory, io] x [some, full].
+    pub static PSI_AVG10: [[Figure; 2]; 3] = [
+        [
+            Figure {
+                name: "system.psi_cpu_some_avg10",
+            },
+            Figure {
+                name: "system.psi_cpu_full_avg10",
+            },
+        ],
+        [
+            Figure {
+                name: "system.psi_memory_some_avg10",
+            },
+            Figure {
+                name: "system.psi_memory_full_avg10",
+            },
+        ],
+        [
+            Figure {
+                name: "system.psi_io_some_avg10",
+            },
+            Figure {
+                name: "system.psi_io_full_avg10",
+            },
+        ],
+    ];
+}
+
 impl Source for System {
     fn sample(&mut self, tick: &mut Tick) {
         tick.system = self.update(tick.sample.system.as_ref(), &mut tick.system_drops);
+    }
+
+    /// Busy %, loadavg (raw and per online CPU), PSI avg10.
+    fn figures(&self, tick: &Tick, out: &mut crate::figures::SampleFigures) {
+        // The window the tasks room built around this room's part.
+        let Some(win) = &tick.window else { return };
+        out.set_some(
+            &figures::LOCAL_BUSY_PCT,
+            win.system.as_ref().map(|s| s.local_busy_pct),
+        );
+        let load1 = win.loadavg.as_ref().map(|l| l.load1);
+        out.set_some(&figures::LOADAVG_1M, load1.map(f64::from));
+        let online_cpus = win
+            .system
+            .as_ref()
+            .map_or(0, |s| s.online_cpus.len() as u32);
+        out.set_some(
+            &figures::LOADAVG_1M_PER_CPU,
+            load1
+                .filter(|_| online_cpus > 0)
+                .map(|l| l as f64 / online_cpus as f64),
+        );
+        for (resource, state) in win.pressure.iter().enumerate() {
+            if let Some(crate::procfs::PsiState::Available(p)) = state {
+                let [some, full] = &figures::PSI_AVG10[resource];
+                out.set(some, f64::from(p.some.avg10_pct));
+                out.set_some(full, p.full.as_ref().map(|f| f64::from(f.avg10_pct)));
+            }
+        }
     }
 }

@@ -464,6 +464,33 @@ impl Tracker {
     }
 }
 
+/// The per-process figures this room offers to history and rules.
+pub mod figures {
+    use crate::figures::Figure;
+
+    /// (Δutime+Δstime)/USER_HZ / Δwall(MONOTONIC), % (0 when unknown).
+    pub static CORE_EQUIVALENT_PCT: Figure = Figure {
+        name: "tasks.core_equivalent_pct",
+    };
+    /// Δmajflt / Δwall(MONOTONIC) (0 when unknown).
+    pub static MAJFLT_PER_S: Figure = Figure {
+        name: "tasks.majflt_per_s",
+    };
+    /// VmRSS of /proc/<pid>/status, kB (absent when unread).
+    pub static RSS_KB: Figure = Figure {
+        name: "tasks.rss_kb",
+    };
+}
+
+/// Major faults per second over the window (0 without a delta).
+pub fn majflt_per_s(win: &Window, p: &TaskWindow) -> f64 {
+    let mono_s = win.clocks.monotonic_ns.unwrap_or(0) as f64 / 1e9;
+    match (&p.delta, mono_s > 0.0) {
+        (Some(d), true) => d.majflt as f64 / mono_s,
+        _ => 0.0,
+    }
+}
+
 impl Source for Tracker {
     /// The window of this scan, with the system room's part of it.
     fn sample(&mut self, tick: &mut Tick) {
@@ -480,6 +507,23 @@ impl Source for Tracker {
         row.minflt = p.delta.map(|d| d.minflt).unwrap_or(0);
         row.majflt = p.delta.map(|d| d.majflt).unwrap_or(0);
         row.rss_kb = p.status.as_ref().and_then(|s| s.vm_rss_kb);
+    }
+
+    /// Core-equivalent %, major faults/s, RSS.
+    fn process_figures(
+        &self,
+        tick: &Tick,
+        p: &TaskWindow,
+        out: &mut crate::figures::ProcessFigures,
+    ) {
+        let Some(win) = &tick.window else { return };
+        out.set(
+            &figures::CORE_EQUIVALENT_PCT,
+            p.core_equivalent_pct.unwrap_or(0.0),
+        );
+        out.set(&figures::MAJFLT_PER_S, majflt_per_s(win, p));
+        let rss_kb = p.status.as_ref().and_then(|s| s.vm_rss_kb);
+        out.set_some(&figures::RSS_KB, rss_kb.map(|kb| kb as f64));
     }
 
     /// `procfs_drops`: every window's drops so far, by reason.
