@@ -2,8 +2,9 @@
 //! recording backend implements in its own room (the eBPF event tier in
 //! `record/backend.rs`, a Perfetto session in `perfetto_capture/backend.rs`).
 //! The daemon registers them and resolves the configured choice
-//! (`config::BackendChoice`) in one place (`service/backends.rs`); the recording's lifecycle (a pending
-//! store entry, status, commit) is the same whichever backend.
+//! (`config::BackendChoice`) in one place (`service/backends.rs`); the
+//! recording's lifecycle (a pending store entry, status, commit) is the
+//! same whichever backend.
 
 use std::{
     path::PathBuf,
