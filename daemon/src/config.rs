@@ -173,6 +173,29 @@ pub struct Config {
     pub rules: Vec<Rule>,
 }
 
+/// `capture.backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendChoice {
+    /// The first registered backend available on the daemon's tier: eBPF
+    /// when the daemon has eBPF accounting, else Perfetto.
+    #[default]
+    Auto,
+    Ebpf,
+    Perfetto,
+}
+
+impl BackendChoice {
+    /// The registered backend's name this choice asks for; None: auto.
+    pub fn named(self) -> Option<&'static str> {
+        match self {
+            BackendChoice::Auto => None,
+            BackendChoice::Ebpf => Some("ebpf"),
+            BackendChoice::Perfetto => Some("perfetto"),
+        }
+    }
+}
+
 /// How the daemon's captures (rules', `vitalsctl capture`) record, and the
 /// kernel memory the eBPF capture tier reserves at start.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -182,7 +205,7 @@ pub struct CaptureSettings {
     /// else a Perfetto session of traced's own data sources; "ebpf" (a
     /// capture /proc-only then fails); "perfetto" (through
     /// `heapprofd.consumer`, as heap profiles).
-    pub backend: crate::perfetto_capture::BackendChoice,
+    pub backend: BackendChoice,
     /// The eBPF capture ring buffer (see [`EventMemory`]).
     pub buffer_bytes: u32,
     /// The eBPF sampled-fault stack map's entries (see [`EventMemory`]).

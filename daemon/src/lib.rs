@@ -26,6 +26,7 @@ pub mod procfs;
 #[cfg(feature = "producer")]
 pub mod producer;
 pub mod record;
+pub mod recording_backend;
 pub mod service;
 pub mod snapshot;
 pub mod sources;

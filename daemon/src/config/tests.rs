@@ -364,10 +364,7 @@ fn bounded_cuts_at_a_char_boundary_and_says_so() {
 #[test]
 fn the_capture_backend_and_prelude_keys_read() {
     let c: Config = toml::from_str("[capture]\nbackend = \"perfetto\"\n").unwrap();
-    assert_eq!(
-        c.capture.backend,
-        crate::perfetto_capture::BackendChoice::Perfetto
-    );
+    assert_eq!(c.capture.backend, crate::config::BackendChoice::Perfetto);
     assert!(toml::from_str::<Config>("[capture]\nbackend = \"bpf\"\n").is_err());
     let rule = |prelude: &str| {
         format!(

@@ -25,6 +25,7 @@ mod client;
 pub mod config;
 #[cfg(feature = "producer")]
 pub mod in_process;
+pub mod in_session;
 pub mod outcome;
 pub mod ratelimit;
 pub mod route;

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use crate::{
     event_set::EventSet,
-    heapprofd::{config::HEAPPROFD_DATA_SOURCE, HeapProfileRequest},
     perfetto::protos::{
         ftrace_config::CompactSchedConfig, sys_stats_config::StatCounters, trace_config,
         DataSourceConfig, FtraceConfig, ProcessStatsConfig, SysStatsConfig, TraceConfig,
@@ -40,38 +39,7 @@ pub const UNIQUE_SESSION_NAME: &str = "vitalsd_capture";
 /// read back stays within it. traced's service packets are a few KiB.
 const SERVICE_HEADROOM_BYTES: u64 = 32 << 10;
 
-/// How long traced waits for the data sources' last flush.
-pub const FLUSH_TIMEOUT_MS: u32 = 5_000;
-
-/// A heap profile in the capture's own session: the request (its outcome
-/// is read back against it) and the android.heapprofd data source of the
-/// TraceConfig heapprofd/config.rs made of it.
-#[derive(Debug, Clone)]
-pub struct HeapInSession {
-    pub request: HeapProfileRequest,
-    pub data_source: trace_config::DataSource,
-    /// How long traced waits for heapprofd's dump at the end.
-    pub flush_timeout_ms: u32,
-}
-
-impl HeapInSession {
-    /// From the request's own TraceConfig; None if it has no heapprofd
-    /// data source.
-    pub fn new(request: HeapProfileRequest, config: &TraceConfig) -> Option<Self> {
-        let data_source = config
-            .data_sources
-            .iter()
-            .find(|d| {
-                d.config.as_ref().and_then(|c| c.name.as_deref()) == Some(HEAPPROFD_DATA_SOURCE)
-            })?
-            .clone();
-        Some(Self {
-            flush_timeout_ms: config.flush_timeout_ms.unwrap_or(FLUSH_TIMEOUT_MS),
-            request,
-            data_source,
-        })
-    }
-}
+pub use crate::heapprofd::in_session::{HeapInSession, FLUSH_TIMEOUT_MS};
 
 /// One capture's request.
 #[derive(Debug, Clone)]
@@ -204,6 +172,7 @@ impl CaptureRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::heapprofd::{config::HEAPPROFD_DATA_SOURCE, HeapProfileRequest};
 
     fn request(max_bytes: u64) -> CaptureRequest {
         CaptureRequest {

@@ -18,13 +18,13 @@
 //! hotspots would need, is not used: faults are counters only (the
 //! capture's notes say so).
 
+pub mod backend;
 pub mod config;
 pub mod ring;
 pub mod trace;
 
 use std::{path::Path, sync::atomic::AtomicBool, time::Instant};
 
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 pub use config::{CaptureRequest, HeapInSession};
@@ -36,47 +36,6 @@ use crate::heapprofd::{
     runner::run_route,
     ConsumerRoute, SessionStatus,
 };
-
-/// `capture.backend`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BackendChoice {
-    /// eBPF when the daemon has eBPF accounting, else Perfetto.
-    #[default]
-    Auto,
-    Ebpf,
-    Perfetto,
-}
-
-/// The backend a capture runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Backend {
-    /// The CAPTURE flag in the daemon's own eBPF programs.
-    Ebpf,
-    /// A Perfetto session of traced's data sources.
-    Perfetto,
-}
-
-impl Backend {
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Ebpf => "ebpf",
-            Backend::Perfetto => "perfetto",
-        }
-    }
-}
-
-impl BackendChoice {
-    /// The backend for a daemon that has (`has_bpf`) eBPF accounting or not.
-    pub fn resolve(self, has_bpf: bool) -> Backend {
-        match self {
-            BackendChoice::Auto if has_bpf => Backend::Ebpf,
-            BackendChoice::Auto | BackendChoice::Perfetto => Backend::Perfetto,
-            BackendChoice::Ebpf => Backend::Ebpf,
-        }
-    }
-}
 
 /// What the capture's metadata says about fault hotspots on this backend.
 pub const FAULTS_NOTE: &str = "faults: counters only; fault hotspots (sampled fault stacks) need \
@@ -211,18 +170,4 @@ pub(crate) fn run_session(
         notes,
         heapprofd,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn auto_is_ebpf_only_with_ebpf_accounting() {
-        assert_eq!(BackendChoice::Auto.resolve(true), Backend::Ebpf);
-        assert_eq!(BackendChoice::Auto.resolve(false), Backend::Perfetto);
-        assert_eq!(BackendChoice::Perfetto.resolve(true), Backend::Perfetto);
-        // An eBPF capture /proc-only: chosen, and it fails as such.
-        assert_eq!(BackendChoice::Ebpf.resolve(false), Backend::Ebpf);
-    }
 }

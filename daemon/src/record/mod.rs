@@ -13,6 +13,7 @@ use std::{
 
 use thiserror::Error;
 
+pub mod backend;
 mod recording;
 mod summary;
 mod tier;

@@ -13,11 +13,11 @@ use super::{push_trigger, state::Shared, Service};
 use crate::{
     config::Config,
     control::protocol::{RecordingProgress, TriggerOutcome},
+    heapprofd::in_session::HeapInSession,
     heapprofd::{
         HeapProfileRequest, RateLimiter, RateLimits, RequestLimits, RunError, RunnerConfig,
         SessionReport, SessionRunner,
     },
-    perfetto_capture::HeapInSession,
     store::{self, EntryMeta, EntryStatus, Pending, Store, TriggerInfo},
     triggers::Fired,
 };

@@ -14,6 +14,7 @@
 //! (the sampling schedule, the always-on sample and what is published) and
 //! `rules` (rule evaluation).
 
+mod backends;
 mod heap;
 mod producer;
 mod recordings;
@@ -163,10 +164,8 @@ fn configure_store(store: &mut Store, cfg: &Config) {
         .iter()
         .any(|r| r.capture.prelude == crate::config::Prelude::Ring);
     let longest = match cfg.capture.backend {
-        crate::perfetto_capture::BackendChoice::Ebpf => cfg.heapprofd.max_duration.0,
-        _ if ring => {
-            crate::perfetto_capture::ring::TRIGGER_TIMEOUT + crate::config::MAX_CAPTURE_DURATION
-        }
+        crate::config::BackendChoice::Ebpf => cfg.heapprofd.max_duration.0,
+        _ if ring => rings::longest_session(),
         _ => cfg
             .heapprofd
             .max_duration
@@ -347,7 +346,9 @@ impl Service {
                     accounting: accounting_mode,
                     tier: tier.name().into(),
                     tier_gives: tier.gives().into(),
-                    capture_backend: cfg.capture.backend.resolve(has_bpf).name().into(),
+                    capture_backend: backends::resolve(cfg.capture.backend, has_bpf)
+                        .name()
+                        .into(),
                     capabilities,
                     config_path: config_path.display().to_string(),
                     ..DaemonStatus::default()

@@ -8,7 +8,6 @@ use tokio::sync::oneshot;
 
 use super::{
     heap::{heap_request, start_heap},
-    recordings::start_recording,
     Service,
 };
 use crate::{
@@ -67,16 +66,7 @@ impl Service {
             offender_pid: None,
             offender_name: None,
         };
-        let c = start_recording(
-            &self.cfg,
-            self.recording_engine(),
-            None,
-            &self.store,
-            &self.history,
-            &spec,
-            trigger,
-            &self.shared,
-        );
+        let c = self.start_recording(self.recording_backend(), None, &spec, trigger);
         let _ = reply.send(Ok(c.pending.id.clone()));
         self.capture = Some(c);
     }

@@ -1,4 +1,5 @@
-//! Rules' preludes (`capture.prelude = "ring"`, Perfetto backend): one
+//! Rules' preludes (`capture.prelude = "ring"`, on a backend with
+//! `ring_prelude`: Perfetto's, the one whose sessions they are): one
 //! ring-buffer Perfetto session per such rule, kept running between fires
 //! and restarted when it ends (its trigger timeout, an error); when the
 //! rule fires, its trigger stops it and the session becomes the capture
@@ -16,12 +17,17 @@ use std::{
 };
 
 use super::{
-    recordings::{adopt_session, perfetto_request, recorded, Recorded, RecordingFailed},
+    recordings::{adopt_session, window},
     Service,
 };
 use crate::{
     config::{Prelude, RecordingSpec},
-    perfetto_capture::{self, ring, Backend},
+    perfetto_capture::{
+        self,
+        backend::{capture_request, failed, recorded, NAME},
+        ring,
+    },
+    recording_backend::{Recorded, RecordingFailed, Running},
     store::TriggerInfo,
 };
 
@@ -58,15 +64,10 @@ pub(super) struct Rings {
 
 impl Service {
     /// Each tick: a ring for every rule asking for one while captures run
-    /// on the Perfetto backend; ended rings reaped (restarted later), rings
-    /// of rules no longer configured stopped.
+    /// on a backend with ring preludes (Perfetto); ended rings reaped
+    /// (restarted later), rings of rules no longer configured stopped.
     pub(super) fn maintain_rings(&mut self) {
-        let perfetto = self
-            .cfg
-            .capture
-            .backend
-            .resolve(self.pipeline.sources.ebpf.is_some())
-            == Backend::Perfetto;
+        let perfetto = self.recording_backend().ring_prelude();
         let wanted: Vec<(String, RecordingSpec)> = self
             .cfg
             .rules
@@ -128,21 +129,32 @@ impl Service {
         }
         log::info!("rule {rule}: trigger {name} activated");
         let thread = r.thread.take().expect("a running ring");
+        let running = Running {
+            stop: Arc::clone(&r.stop),
+            ticks: None,
+            session_out: Some(r.out.clone()),
+            thread,
+        };
         self.capture = Some(adopt_session(
             &self.store,
             &self.shared,
             spec,
             trigger.clone(),
-            r.out.clone(),
-            Arc::clone(&r.stop),
-            thread,
+            NAME,
+            running,
         ));
         true
     }
 }
 
+/// How long a ring session may run: until its trigger timeout, then the
+/// capture's longest duration.
+pub(super) fn longest_session() -> Duration {
+    ring::TRIGGER_TIMEOUT + crate::config::MAX_CAPTURE_DURATION
+}
+
 fn start_ring(svc: &Service, rule: &str, spec: &RecordingSpec) -> RunningRing {
-    let req = perfetto_request(&svc.cfg, spec, None);
+    let req = capture_request(window(&svc.cfg, spec, None));
     let config = ring::ring_config(&req, rule);
     let session_ms = ring::session_ms(&req);
     let dir = svc.store.lock().unwrap().heapprofd_dir();
@@ -167,7 +179,8 @@ fn start_ring(svc: &Service, rule: &str, spec: &RecordingSpec) -> RunningRing {
                 session_ms,
                 &thread_out,
                 &thread_stop,
-            )?;
+            )
+            .map_err(failed)?;
             Ok(recorded(s))
         })
         .expect("spawning a ring session thread");

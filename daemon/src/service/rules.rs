@@ -4,7 +4,6 @@
 
 use super::{
     heap::{heap_in_capture, heap_profile_offender},
-    recordings::{start_recording, RecordingEngine},
     Service,
 };
 use crate::{
@@ -31,13 +30,14 @@ impl Service {
         // A ring session of this rule (its prelude) becomes the capture.
         let from_ring = fired.capture.prelude == Prelude::Ring
             && self.capture_from_ring(&fired.rule, &fired.capture, &trigger);
-        let engine = self.recording_engine();
+        let backend = self.recording_backend();
         let mut heap = None;
         if fired.capture.heap_profile {
-            // One session where it can: heapprofd joins a Perfetto
-            // capture's. A ring was built without heapprofd, and the eBPF
-            // engine has no session to join: a session of its own.
-            let joins = !from_ring && matches!(engine, RecordingEngine::Perfetto(_));
+            // One session where it can: heapprofd joins the capture's on
+            // a backend that has one (Perfetto). A ring was built without
+            // heapprofd, and the eBPF backend has no session to join: a
+            // session of its own.
+            let joins = !from_ring && backend.heap_in_session();
             if joins {
                 heap = heap_in_capture(
                     &fired,
@@ -62,16 +62,7 @@ impl Service {
         if from_ring {
             return;
         }
-        self.capture = Some(start_recording(
-            &self.cfg,
-            engine,
-            heap,
-            &self.store,
-            &self.history,
-            &fired.capture,
-            trigger,
-            &self.shared,
-        ));
+        self.capture = Some(self.start_recording(backend, heap, &fired.capture, trigger));
     }
 }
 

@@ -32,8 +32,7 @@ impl Service {
                 "stopping: cutting capture {} at a packet boundary",
                 c.pending.id
             );
-            c.stop.store(true, Ordering::SeqCst);
-            c.thread.thread().unpark();
+            c.running.stop();
             finish_recording(
                 c,
                 &self.store,
@@ -91,12 +90,10 @@ impl Service {
         let mut st = self.shared.state.lock().unwrap();
         st.config_toml = new.to_toml();
         // The backend a capture started now would use (it reloads).
-        st.capture_backend = new
-            .capture
-            .backend
-            .resolve(self.pipeline.sources.ebpf.is_some())
-            .name()
-            .into();
+        st.capture_backend =
+            super::backends::resolve(new.capture.backend, self.pipeline.sources.ebpf.is_some())
+                .name()
+                .into();
         st.interval_ms = new.sampling.interval.0.as_millis() as u64;
         st.last_reload_error = None;
         drop(st);
