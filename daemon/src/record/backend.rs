@@ -36,7 +36,7 @@ impl RecordingBackend for EbpfBackend {
     fn prepare(&self, daemon: Daemon<'_>, window: Window, target: &Target) -> Prepared {
         let (tx, ticks) = mpsc::channel();
         let feed = Feed {
-            programs: daemon.programs.map(|p| p.clone()),
+            programs: daemon.programs.cloned(),
             first: daemon.pipeline.last().share(),
             origin: daemon.pipeline.origin(),
             ticks,

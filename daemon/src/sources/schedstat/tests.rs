@@ -13,6 +13,7 @@ const HZ: u64 = 100;
 const TICK_NS: u64 = 10_000_000;
 
 /// One thread's files: schedstat and the status lines we read.
+#[allow(clippy::too_many_arguments)]
 fn write_thread(root: &Path, pid: u32, tid: u32, ns: u64, wait: u64, ins: u64, vol: u64, inv: u64) {
     let dir = root.join(format!("{pid}/task/{tid}"));
     std::fs::create_dir_all(&dir).unwrap();
