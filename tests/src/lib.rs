@@ -203,6 +203,23 @@ pub fn kernel_stat(pid: u32) -> KernelStat {
     }
 }
 
+/// Waits until every thread of `pid` sleeps (a workload blocked reading
+/// its stdin), so kernel figures read a moment apart agree: a workload
+/// that has just printed a line may still fault or run before it blocks.
+pub fn wait_blocked(pid: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let p = procfs::process::Process::new(pid as i32).unwrap();
+    while p
+        .tasks()
+        .unwrap()
+        .flatten()
+        .any(|t| t.stat().is_ok_and(|s| s.state != 'S'))
+    {
+        assert!(std::time::Instant::now() < deadline, "{pid} never blocked");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// The scheduler's own per-task figures from /proc/<pid>/schedstat:
 /// sum_exec_runtime and run_delay (ns). run_delay is only maintained while
 /// sched_info accounting is on: see [`DelayAcct`].

@@ -48,22 +48,6 @@ impl Source {
     }
 }
 
-/// Waits until every thread of `pid` sleeps (a workload blocked reading
-/// its stdin), so baselines read a moment apart agree.
-fn wait_blocked(pid: u32) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let p = procfs::process::Process::new(pid as i32).unwrap();
-    while p
-        .tasks()
-        .unwrap()
-        .flatten()
-        .any(|t| t.stat().map_or(false, |s| s.state != 'S'))
-    {
-        assert!(std::time::Instant::now() < deadline, "{pid} never blocked");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-}
-
 /// Every thread's switch-outs, as the kernel's status files count them.
 fn kernel_switches(pid: u32) -> (u64, u64) {
     let p = procfs::process::Process::new(pid as i32).unwrap();

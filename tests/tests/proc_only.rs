@@ -214,7 +214,10 @@ fn record_without_bpf_capabilities_writes_proc_counters_and_declares_the_mode() 
     let mut w = Workload::spawn(&["touch", &PAGES.to_string()]);
     w.expect("ready");
     let rss_before = kernel_rss(w.pid());
-    // Idle from here until `go`: the recording's first scan sees these.
+    // Idle from here until `go` once blocked on its stdin (after "ready"
+    // it may still fault, setting up its read): the recording's first scan
+    // sees these.
+    wait_blocked(w.pid());
     let k0 = kernel_stat(w.pid());
     let mut child = without_bpf(&[
         "record",
@@ -257,6 +260,8 @@ fn record_without_bpf_capabilities_writes_proc_counters_and_declares_the_mode() 
     }
     w.go();
     w.expect("done");
+    // Blocked again (waiting for EOF): no fault after this read either.
+    wait_blocked(w.pid());
     let rss_after = kernel_rss(w.pid());
     let k1 = kernel_stat(w.pid());
     let mut rest = String::new();
