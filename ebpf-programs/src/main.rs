@@ -26,6 +26,7 @@ mod capture_tier;
 mod faults;
 #[cfg(feature = "miss-log")]
 mod miss_log;
+mod sched_info;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -100,6 +101,10 @@ static TASK_EXIT_STATE_OFF: u32 = 0;
 /// `se.sum_exec_runtime` (struct sched_entity inside task_struct).
 #[no_mangle]
 static TASK_SUM_EXEC_OFF: u32 = 0;
+/// `sched_info.run_delay`; 0: the kernel has no CONFIG_SCHED_INFO (or the
+/// classic programs run), runqueue wait comes from the wakeup programs.
+#[no_mangle]
+static TASK_RUN_DELAY_OFF: u32 = 0;
 
 #[inline(always)]
 fn setting(v: &'static u32) -> u32 {
@@ -379,22 +384,12 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> u32 {
     // __schedule counts a voluntary switch (nvcsw) exactly when it was not
     // a preemption and the raw task state was not TASK_RUNNING.
     let blocked = preempt as u8 == 0 && prev_state as u32 != 0;
-    // The kernel's own charge: __schedule ran update_curr() for `prev`
-    // before this tracepoint (at its dequeue when it blocked, in
-    // pick_next_task otherwise), and `next` is not charged again until it
-    // runs, so its figure now is its slice's start.
-    let sum_exec_ns = unsafe {
-        SumExec {
-            prev_ns: task_field::<u64>(prev_task, &TASK_SUM_EXEC_OFF),
-            next_ns: task_field::<u64>(next_task, &TASK_SUM_EXEC_OFF),
-        }
-    };
     on_switch(
         prev,
         blocked,
         next,
         || unsafe { task_field::<i32>(prev_task, &TASK_TGID_OFF) as u32 },
-        Some(sum_exec_ns),
+        Some(sched_info::read(prev_task, next_task)),
     );
     if capture_control().flags & capture::FLAG_SCHED != 0 {
         let (prev_prio, next_prio, exit_state, next_tgid, comm) = unsafe {
@@ -427,39 +422,13 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
-/// `se.sum_exec_runtime` of the two tasks of a switch, as the kernel has
-/// just charged them (tp_btf programs only).
-struct SumExec {
-    prev_ns: u64,
-    next_ns: u64,
-}
-
-/// On-CPU time of `prev`'s slice ending now: the kernel's sum_exec_runtime
-/// delta since its switch-in where both ends were read, which leaves out
-/// irq time (CONFIG_IRQ_TIME_ACCOUNTING) and steal time
-/// (CONFIG_PARAVIRT_TIME_ACCOUNTING) as /proc/<pid>/schedstat does; else
-/// the wall time between the switches (`wall_ns`).
-#[inline(always)]
-fn slice_ns(cpu: &CpuState, prev: u32, wall_ns: u64, sum_exec: &Option<SumExec>) -> u64 {
-    let Some(s) = sum_exec else {
-        return wall_ns;
-    };
-    if prev != 0 && cpu.sum_exec_valid != 0 && cpu.running_tid == prev {
-        return s.prev_ns.saturating_sub(cpu.running_sum_exec_ns);
-    }
-    if prev != 0 && wall_ns != 0 {
-        count_drop(drop_reason::ONCPU_WALL_CLOCK);
-    }
-    wall_ns
-}
-
 #[inline(always)]
 fn on_switch(
     prev: u32,
     blocked: bool,
     next: u32,
     prev_tgid: impl FnOnce() -> u32,
-    sum_exec: Option<SumExec>,
+    kernel: Option<sched_info::KernelFigures>,
 ) {
     let now = unsafe { bpf_ktime_get_ns() };
     let cpu = match CPU_STATE.get_ptr_mut(0) {
@@ -500,8 +469,9 @@ fn on_switch(
         // switches or runqueue wait worth counting.
         cpu.idle_ns += ran_ns;
     } else if let Some(t) = task_slot(prev) {
-        t.oncpu_ns += slice_ns(cpu, prev, ran_ns, &sum_exec);
-        if ran_ns != 0 && cpu.running_tid == prev {
+        t.oncpu_ns += sched_info::slice_ns(cpu, prev, ran_ns, &kernel);
+        if !sched_info::charge_wait(cpu, prev, t, &kernel) && ran_ns != 0 && cpu.running_tid == prev
+        {
             t.runq_wait_ns += cpu.pending_wait_ns;
         }
         // A tid never changes thread group (exec by a non-leader takes
@@ -512,7 +482,7 @@ fn on_switch(
         if !blocked {
             t.involuntary_switches += 1;
             // Still runnable: its runqueue wait starts now.
-            if setting(&TRACK_WAIT) != 0 {
+            if sched_info::stamps_wait(&kernel) {
                 mark_runnable(prev, now);
             }
         } else {
@@ -522,7 +492,7 @@ fn on_switch(
 
     // Switch-in of `next`: its wait ends now; credited when it switches out.
     cpu.pending_wait_ns = 0;
-    if next != 0 && setting(&TRACK_WAIT) != 0 {
+    if next != 0 && sched_info::stamps_wait(&kernel) {
         if let Some(ts) = wake_slot(next) {
             let since = unsafe { *ts };
             if since != 0 && now > since {
@@ -534,13 +504,7 @@ fn on_switch(
     cpu.running_tid = next;
     cpu.last_switch_ns = now;
     cpu.valid = 1;
-    match sum_exec {
-        Some(s) => {
-            cpu.running_sum_exec_ns = s.next_ns;
-            cpu.sum_exec_valid = 1;
-        }
-        None => cpu.sum_exec_valid = 0,
-    }
+    sched_info::switch_in(cpu, &kernel);
 }
 
 #[inline(always)]

@@ -14,6 +14,8 @@ use vitalsd::bpf::{
 // A test target's root looks for modules beside it, hence the path.
 #[path = "accounting/kernel_charge.rs"]
 mod kernel_charge;
+#[path = "accounting/run_delay.rs"]
+mod run_delay;
 #[path = "accounting/running_task.rs"]
 mod running_task;
 
@@ -146,6 +148,14 @@ fn faults_match_minflt_perf_source_forced() {
 #[test]
 fn oncpu_time_is_the_kernels_charge_beside_a_frequent_waker() {
     kernel_charge::check(load(FaultSourceChoice::Off));
+}
+
+/// tp_btf: runqueue wait is the kernel's run_delay, to 1 %, and the
+/// switch counts are its nvcsw/nivcsw, for tasks sharing a CPU with a
+/// spinner; no wakeup programs are loaded.
+#[test]
+fn runq_wait_and_switches_are_the_kernels_beside_a_spinner() {
+    run_delay::check(load(FaultSourceChoice::Off));
 }
 
 #[test]

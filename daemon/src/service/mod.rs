@@ -269,6 +269,19 @@ pub fn run(config_path: PathBuf, cfg: Config, signals: Signals) -> Result<(), Se
 }
 
 /// The always-on programs, as the config asks for them.
+/// What the tier gives, as status says it; for eBPF also where runqueue
+/// wait comes from (the kernel's run_delay on tp_btf, else wakeup times).
+fn tier_gives(tier: crate::accounting::Tier, wait_from_kernel: bool) -> String {
+    if wait_from_kernel {
+        format!(
+            "{}; runqueue wait from the kernel's sched_info.run_delay",
+            tier.gives()
+        )
+    } else {
+        tier.gives().into()
+    }
+}
+
 fn accounting_config(cfg: &Config) -> AccountingConfig {
     AccountingConfig {
         choice: cfg.sampling.accounting,
@@ -314,6 +327,9 @@ impl Service {
         };
         let hz = system::clock_ticks_per_second()?;
         let has_bpf = accounting.is_some();
+        let wait_from_kernel = accounting
+            .as_ref()
+            .is_some_and(|p| p.with(|acc| acc.runq_wait_from_kernel()));
         let pipeline = Pipeline::open(&cfg.sampling.proc_root, hz, accounting);
         let origin = pipeline.origin();
         let tier = crate::accounting::tier_of(origin);
@@ -345,7 +361,7 @@ impl Service {
                     fault_source,
                     accounting: accounting_mode,
                     tier: tier.name().into(),
-                    tier_gives: tier.gives().into(),
+                    tier_gives: tier_gives(tier, wait_from_kernel),
                     capture_backend: backends::resolve(cfg.capture.backend, has_bpf)
                         .name()
                         .into(),

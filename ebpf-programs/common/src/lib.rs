@@ -44,6 +44,10 @@ pub struct TaskCounters {
     /// full), so a task reusing the tid gets a new stamp and user space
     /// can tell the two apart instead of merging their counters.
     pub born_ns: u64,
+    /// The kernel's `sched_info.run_delay` at this task's last switch-out
+    /// (tp_btf programs on a kernel with CONFIG_SCHED_INFO; 0: not read
+    /// yet): the next switch-out charges the runqueue wait since.
+    pub run_delay_seen_ns: u64,
 }
 
 /// The state each CPU keeps between two sched_switch events.
@@ -69,6 +73,15 @@ pub struct CpuState {
     /// 1 when `running_sum_exec_ns` was read at this CPU's last switch.
     pub sum_exec_valid: u32,
     pub _pad: u32,
+    /// The running task's `sched_info.run_delay` at its switch-in (tp_btf
+    /// programs, CONFIG_SCHED_INFO; valid with `sum_exec_valid`): not yet
+    /// including the wait that ended there (sched_info_arrive runs after
+    /// the tracepoint).
+    pub running_run_delay_ns: u64,
+    /// Kernel address of the running task's task_struct (tp_btf programs):
+    /// the same task at its switch-out under another pid has exec'd from a
+    /// non-leader thread (de_thread's exchange_tids), nothing was missed.
+    pub running_task: u64,
 }
 
 /// Key of the EXITED map. The free time is part of the key so a tid freed,
@@ -423,6 +436,7 @@ pub mod names {
     pub const G_TASK_COMM: &str = "TASK_COMM_OFF";
     pub const G_TASK_EXIT_STATE: &str = "TASK_EXIT_STATE_OFF";
     pub const G_TASK_SUM_EXEC: &str = "TASK_SUM_EXEC_OFF";
+    pub const G_TASK_RUN_DELAY: &str = "TASK_RUN_DELAY_OFF";
 }
 
 #[cfg(feature = "user")]

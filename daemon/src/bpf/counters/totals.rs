@@ -77,6 +77,7 @@ fn max_fields(prev: &TaskCounters, new: &TaskCounters) -> TaskCounters {
         tgid: if new.tgid != 0 { new.tgid } else { prev.tgid },
         _pad: 0,
         born_ns: new.born_ns,
+        run_delay_seen_ns: new.run_delay_seen_ns,
     }
 }
 

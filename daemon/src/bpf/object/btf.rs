@@ -35,6 +35,9 @@ pub struct TaskStructOffsets {
     pub exit_state: u32,
     /// `se.sum_exec_runtime`: the CPU time the scheduler charged the task.
     pub sum_exec_runtime: u32,
+    /// `sched_info.run_delay`: the task's runqueue wait as schedstat
+    /// reports it; None without CONFIG_SCHED_INFO (no `sched_info` member).
+    pub run_delay: Option<u32>,
 }
 
 /// The raw tracepoints' prototypes this crate's programs read their
@@ -318,6 +321,9 @@ fn task_struct_offsets_in(data: &[u8]) -> Result<TaskStructOffsets, Lookup> {
         comm: field("comm")?,
         exit_state: field("exit_state")?,
         sum_exec_runtime: field("se")? + nested("sched_entity", "sum_exec_runtime")?,
+        run_delay: field("sched_info")
+            .and_then(|o| Ok(o + nested("sched_info", "run_delay")?))
+            .ok(),
     })
 }
 
@@ -410,6 +416,11 @@ mod tests {
     }
 
     fn kernel_like(switch_params_old_order: bool) -> Vec<u8> {
+        kernel_with(switch_params_old_order, true)
+    }
+
+    /// `sched_info`: with CONFIG_SCHED_INFO's task_struct member.
+    fn kernel_with(switch_params_old_order: bool, sched_info: bool) -> Vec<u8> {
         let mut b = Builder::new();
         let int = b.int("int", 4);
         let uint = b.int("unsigned int", 4);
@@ -426,19 +437,25 @@ mod tests {
             256,
             &[("load", u64_t, 0), ("sum_exec_runtime", u64_t, 72 * 8)],
         );
-        let task_fwd_id = b.next_id;
-        let task = b.strukt(
-            "task_struct",
-            4096,
-            &[
-                ("__state", uint, 0),
-                ("prio", int, 32 * 8),
-                ("exit_state", int, 100 * 8),
-                ("se", se, 128 * 8),
-                ("", anon, 1264 * 8),
-                ("comm", comm, 2000 * 8),
-            ],
+        // struct sched_info is in BTF whatever the config; the member is not.
+        let info = b.strukt(
+            "sched_info",
+            32,
+            &[("pcount", u64_t, 0), ("run_delay", u64_t, 8 * 8)],
         );
+        let task_fwd_id = b.next_id;
+        let mut members = vec![
+            ("__state", uint, 0),
+            ("prio", int, 32 * 8),
+            ("exit_state", int, 100 * 8),
+            ("se", se, 128 * 8),
+            ("", anon, 1264 * 8),
+            ("comm", comm, 2000 * 8),
+        ];
+        if sched_info {
+            members.push(("sched_info", info, 1500 * 8));
+        }
+        let task = b.strukt("task_struct", 4096, &members);
         assert_eq!(task, task_fwd_id);
         let task_ptr = b.ptr(task);
         let void_ptr = b.ptr(0);
@@ -471,8 +488,20 @@ mod tests {
                 comm: 2000,
                 exit_state: 100,
                 sum_exec_runtime: 128 + 72,
+                run_delay: Some(1500 + 8),
             }
         );
+    }
+
+    /// No CONFIG_SCHED_INFO: the programs still load, and runqueue wait
+    /// falls back to the wakeup programs.
+    #[test]
+    fn run_delay_is_optional() {
+        let offsets = task_struct_offsets_in(&kernel_with(false, false))
+            .ok()
+            .unwrap();
+        assert_eq!(offsets.run_delay, None);
+        assert_eq!(offsets.sum_exec_runtime, 128 + 72);
     }
 
     #[test]
@@ -551,6 +580,12 @@ mod tests {
         assert_eq!(
             offsets.sum_exec_runtime,
             bpftool_offset("se") + member_offset("sched_entity", "sum_exec_runtime")
+        );
+        // This host's kernel has CONFIG_SCHED_INFO (schedstat exists).
+        assert!(Path::new("/proc/self/schedstat").exists());
+        assert_eq!(
+            offsets.run_delay,
+            Some(bpftool_offset("sched_info") + member_offset("sched_info", "run_delay"))
         );
     }
 }

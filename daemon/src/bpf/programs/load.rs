@@ -74,11 +74,11 @@ impl Accounting {
             "sched_process_free",
             pin_to,
         )?;
-        let sched_programs = attach_sched(
+        let (sched_programs, wait_from_kernel) = attach_sched(
             &mut ebpf,
             cfg.runq_wait,
             layout,
-            settings.btf_offsets.is_some(),
+            settings.btf_offsets.map(|o| o.run_delay.is_some()),
             pin_to,
         )?;
         let fault_source = attach_fault_source(&mut ebpf, fault_source, cfg.fault_source, pin_to)?;
@@ -86,14 +86,19 @@ impl Accounting {
             pin_maps(&ebpf, dir)?;
         }
         log::info!(
-            "eBPF accounting {}: fault source {}; scheduler programs {}; wakeup times in {}; {} possible CPUs; BTF {}; capture transport {}",
+            "eBPF accounting {}: fault source {}; scheduler programs {}; runqueue wait {}; {} possible CPUs; BTF {}; capture transport {}",
             if pin_to.is_some() { "loaded" } else { "attached" },
             fault_source.describe(),
             match sched_programs {
                 SchedPrograms::Btf => "tp_btf".to_string(),
                 SchedPrograms::Classic => format!("classic tracepoints, {layout:?} layout"),
             },
-            if settings.wake_array { "an array (pid_max small)" } else { "a bounded hash" },
+            match (cfg.runq_wait, wait_from_kernel, settings.wake_array) {
+                (false, _, _) => "off",
+                (true, true, _) => "from the kernel's sched_info.run_delay",
+                (true, false, true) => "from wakeup times in an array (pid_max small)",
+                (true, false, false) => "from wakeup times in a bounded hash",
+            },
             settings.nr_cpus,
             if features.btf_vmlinux { "yes" } else { "no" },
             match cfg.capture {
@@ -120,6 +125,7 @@ impl Accounting {
             waking_layout,
             sched_programs,
             runq_wait: cfg.runq_wait,
+            wait_from_kernel: cfg.runq_wait && wait_from_kernel,
             capture_sizing: cfg.capture,
             transport: settings.transport,
             slot: TransportSlot {
@@ -153,22 +159,32 @@ fn choose_fault_source(
     })
 }
 
-/// Attaches sched_switch, and with `runq_wait` sched_wakeup and
-/// sched_wakeup_new: as tp_btf programs with `try_btf` where the kernel
-/// takes them, else as classic tracepoints in `layout` (with `pin_to`
-/// pinned there instead).
+/// The scheduler events to attach: sched_switch, and sched_wakeup and
+/// sched_wakeup_new where runqueue wait is on and the switch program
+/// cannot read the kernel's own (`wait_from_kernel`: tp_btf with
+/// `sched_info.run_delay`). A decision of its own: nothing else attached
+/// (a capture's sched_waking, say) depends on it.
+fn sched_events(runq_wait: bool, wait_from_kernel: bool) -> Vec<&'static str> {
+    let mut events = vec!["sched_switch"];
+    if runq_wait && !wait_from_kernel {
+        events.extend(["sched_wakeup", "sched_wakeup_new"]);
+    }
+    events
+}
+
+/// Attaches the scheduler programs (`sched_events`): as tp_btf programs
+/// where `btf_run_delay` is Some (whether their task_struct has
+/// `sched_info.run_delay`) and the kernel takes them, else as classic
+/// tracepoints in `layout` (with `pin_to` pinned there instead). Returns
+/// which, and whether runqueue wait comes from run_delay.
 fn attach_sched(
     ebpf: &mut Ebpf,
     runq_wait: bool,
     layout: TracepointLayout,
-    try_btf: bool,
+    btf_run_delay: Option<bool>,
     pin_to: Option<&Path>,
-) -> Result<SchedPrograms, BpfError> {
-    let mut events = vec!["sched_switch"];
-    if runq_wait {
-        events.extend(["sched_wakeup", "sched_wakeup_new"]);
-    }
-    let vmlinux_btf = if try_btf {
+) -> Result<(SchedPrograms, bool), BpfError> {
+    let vmlinux_btf = if btf_run_delay.is_some() {
         match Btf::from_sys_fs() {
             Ok(btf) => Some(btf),
             Err(e) => {
@@ -180,10 +196,17 @@ fn attach_sched(
         None
     };
     let mut sched_programs = SchedPrograms::Classic;
+    let run_delay = btf_run_delay == Some(true);
     if let Some(btf) = &vmlinux_btf {
+        if btf_run_delay == Some(false) {
+            log::info!(
+                "no task_struct.sched_info.run_delay in {VMLINUX_BTF} (CONFIG_SCHED_INFO off): \
+                 runqueue wait from the sched_wakeup programs' timestamps"
+            );
+        }
         // A kernel or policy that refuses them (verifier, LSM) costs
         // the cheaper attach, not the accounting.
-        match attach_btf_sched(ebpf, &events, btf) {
+        match attach_btf_sched(ebpf, &sched_events(runq_wait, run_delay), btf) {
             Ok(()) => sched_programs = SchedPrograms::Btf,
             // Surprising where the probes said yes, hence a warning.
             Err(e) => log::warn!(
@@ -195,12 +218,16 @@ fn attach_sched(
     drop(vmlinux_btf);
     crate::system::release_free_heap();
     if sched_programs == SchedPrograms::Classic {
-        for event in &events {
+        for event in sched_events(runq_wait, false) {
             let name = sched_program(SchedPrograms::Classic, layout, event);
             attach_tracepoint(ebpf, name, "sched", event, pin_to)?;
         }
     }
-    Ok(sched_programs)
+    // The classic programs get no task pointer, so never run_delay.
+    Ok((
+        sched_programs,
+        sched_programs == SchedPrograms::Btf && run_delay,
+    ))
 }
 
 /// Attaches (or with `pin_to` pins) the programs of `fault_source`, and

@@ -45,6 +45,9 @@ pub struct Accounting {
     waking_layout: TracepointLayout,
     sched_programs: SchedPrograms,
     runq_wait: bool,
+    /// Runqueue wait is the kernel's `sched_info.run_delay` (tp_btf), not
+    /// the wakeup programs' timestamps.
+    wait_from_kernel: bool,
     capture_sizing: Option<EventSizing>,
     /// Where capture records go (meaningful only with `capture_sizing`).
     transport: EventTransport,
@@ -68,6 +71,13 @@ impl Accounting {
     /// Is `runq_wait_ns` measured? When not, it is not zero but unknown.
     pub fn runq_wait(&self) -> bool {
         self.runq_wait
+    }
+
+    /// Is runqueue wait read from the kernel's own `sched_info.run_delay`
+    /// (tp_btf programs, CONFIG_SCHED_INFO), with no wakeup programs?
+    /// Else, when measured, the wakeup programs time it.
+    pub fn runq_wait_from_kernel(&self) -> bool {
+        self.wait_from_kernel
     }
 
     /// The classic always-on programs' layout (the scheduler programs

@@ -93,6 +93,7 @@ impl Accounting {
             waking_layout,
             sched_programs: SchedPrograms::Classic,
             runq_wait,
+            wait_from_kernel: false,
             capture_sizing,
             transport: EventTransport::RingBuf,
             slot: TransportSlot {

@@ -219,6 +219,8 @@ impl LoadSettings {
                 (names::G_TASK_COMM, o.comm),
                 (names::G_TASK_EXIT_STATE, o.exit_state),
                 (names::G_TASK_SUM_EXEC, o.sum_exec_runtime),
+                // 0: no run_delay, the wakeup programs measure the wait.
+                (names::G_TASK_RUN_DELAY, o.run_delay.unwrap_or(0)),
             ]);
         }
         globals.extend([
