@@ -147,7 +147,19 @@ fn faults_match_minflt_perf_source_forced() {
 /// a frequent waker (wall time read about 7 % over).
 #[test]
 fn oncpu_time_is_the_kernels_charge_beside_a_frequent_waker() {
-    kernel_charge::check(load(FaultSourceChoice::Off));
+    kernel_charge::check(load(FaultSourceChoice::Off), kernel_charge::FREQUENT_WAKER);
+}
+
+/// The same beside a storm of short timers (hrtimer interrupts).
+#[test]
+fn oncpu_time_is_the_kernels_charge_beside_a_timer_storm() {
+    kernel_charge::check(load(FaultSourceChoice::Off), kernel_charge::TIMER_STORM);
+}
+
+/// The same beside a loopback flood (NET_RX softirq time on its CPU).
+#[test]
+fn oncpu_time_is_the_kernels_charge_beside_a_loopback_flood() {
+    kernel_charge::check(load(FaultSourceChoice::Off), kernel_charge::LOOPBACK_FLOOD);
 }
 
 /// tp_btf: runqueue wait is the kernel's run_delay, to 1 %, and the

@@ -1,5 +1,6 @@
-//! On-CPU time as the kernel charges it: a spinner pinned beside a
-//! frequent waker on the same CPU, against its own sum_exec_runtime in
+//! On-CPU time as the kernel charges it: a spinner pinned beside a load
+//! on the same CPU (a frequent waker, a timer storm, a loopback flood),
+//! against its own sum_exec_runtime in
 //! /proc/<pid>/schedstat over the same window. Wall time between switches
 //! also counts the waker's timer interrupts (irq time, left out of
 //! sum_exec_runtime with CONFIG_IRQ_TIME_ACCOUNTING) and steal time
@@ -33,12 +34,38 @@ fn wait_blocked(pid: u32) {
     }
 }
 
-pub fn check(mut acc: Accounting) {
+/// A load sharing the spinner's CPU 1, started and ended by the test.
+pub struct Load {
+    pub what: &'static str,
+    pub args: &'static [&'static str],
+}
+
+pub const FREQUENT_WAKER: Load = Load {
+    what: "a 10 us waker",
+    args: &["pinned-waker", "1", "10"],
+};
+
+/// Eight timerfds at 50 us, staggered: some 160k hrtimer interrupts and
+/// wakeups a second on CPU 1.
+pub const TIMER_STORM: Load = Load {
+    what: "a timer storm",
+    args: &["pinned-timers", "1", "8", "50"],
+};
+
+/// UDP over loopback sent and received on CPU 1: NET_RX softirq time
+/// there (irq time that CONFIG_IRQ_TIME_ACCOUNTING leaves out of
+/// sum_exec_runtime, charged to whichever task was running).
+pub const LOOPBACK_FLOOD: Load = Load {
+    what: "a loopback UDP flood",
+    args: &["pinned-udp-flood", "1"],
+};
+
+pub fn check(mut acc: Accounting, load: Load) {
     let mut spinner = Workload::spawn(&["pinned-spin", "1", "2000"]);
-    let mut waker = Workload::spawn(&["pinned-waker", "1", "10"]);
+    let mut other = Workload::spawn(load.args);
     spinner.expect("ready");
-    waker.expect("ready");
-    waker.go();
+    other.expect("ready");
+    other.go();
     let pid = spinner.pid();
     wait_blocked(pid);
     let stat0 = proc_stat::ProcStat::read();
@@ -48,22 +75,32 @@ pub fn check(mut acc: Accounting) {
     wait_blocked(pid);
     let (kernel1, ours1) = (schedstat(pid).0, super::task(&mut acc, pid).oncpu_ns);
     let excluded_ns = stat0.excluded_ns_since(Some(1));
-    waker.finish();
+    // Ended (its process group, from Workload's drop too) before the
+    // assertions, so a failure leaves nothing running.
+    other.finish();
     let snap = acc.read().expect("reading maps");
     let (kernel_ns, ours_ns) = ((kernel1 - kernel0) as f64, (ours1 - ours0) as f64);
     eprintln!(
-        "spinner beside a 10 us waker on CPU 1: eBPF {ours_ns} ns, sum_exec_runtime \
+        "spinner beside {} on CPU 1: eBPF {ours_ns} ns, sum_exec_runtime \
          {kernel_ns} ns ({:+.2} %); CPU 1 irq+softirq+steal at most {excluded_ns} ns; \
          oncpu_wall_clock {}, switch_missed {}",
+        load.what,
         (ours_ns / kernel_ns - 1.0) * 100.0,
         snap.drops[drop_reason::ONCPU_WALL_CLOCK as usize],
         snap.drops[drop_reason::SWITCH_MISSED as usize],
     );
+    // The sum of the kernel's own charges, slice by slice: equal to the ns
+    // here. Wall time between switches (the classic programs) read
+    // +0.5 % beside the timer storm and +0.8 % beside the loopback flood
+    // on this host, and fails this.
     assert_within_pct(
-        "spinner on-CPU time vs schedstat sum_exec_runtime",
+        &format!(
+            "spinner beside {}: on-CPU time vs schedstat sum_exec_runtime",
+            load.what
+        ),
         ours_ns,
         kernel_ns,
-        1.0,
+        0.1,
     );
     spinner.finish();
 }
