@@ -23,6 +23,7 @@
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 mod capture_tier;
+mod exec;
 mod faults;
 #[cfg(feature = "miss-log")]
 mod miss_log;
@@ -435,6 +436,7 @@ fn on_switch(
         Some(p) => unsafe { &mut *p },
         None => return,
     };
+    sched_info::follow_exec(cpu, prev, &kernel);
 
     // On-CPU time of `prev` since its switch-in.
     let mut ran_ns = 0;
@@ -447,10 +449,10 @@ fn on_switch(
             // since some time after last_switch_ns; giving it the whole
             // interval conserves CPU time (only the split with the task
             // before it is approximate) where dropping it could lose a
-            // spinner's entire run. Counted so it is never silent. Also
-            // counted, though nothing was missed: exec by a non-leader
-            // thread, which takes the leader's pid while on the CPU
-            // (de_thread -> exchange_tids); see README "Reliability".
+            // spinner's entire run. Counted so it is never silent. Exec
+            // by a non-leader thread, which takes the leader's pid while
+            // on the CPU (de_thread -> exchange_tids), is no miss: see
+            // `sched_info::follow_exec` and `exec`.
             count_drop(drop_reason::SWITCH_MISSED);
             #[cfg(feature = "miss-log")]
             miss_log::record(

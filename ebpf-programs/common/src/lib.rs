@@ -214,6 +214,11 @@ pub mod fixed_layout {
     pub const FREE_COMM: u32 = 8;
     pub const FREE_PID_AFTER_CHAR_COMM: u32 = 24;
     pub const FREE_PID_AFTER_DATA_LOC_COMM: u32 = 12;
+    /// sched_process_exec: `pid` (the pid after exec) and `old_pid` (the
+    /// exec'ing thread's tid before it), after `__data_loc filename` at 8;
+    /// so since Linux 3.4.
+    pub const EXEC_PID: u32 = 12;
+    pub const EXEC_OLD_PID: u32 = 16;
 }
 
 /// sched_process_free's `pid` offset, told from the record itself by the
@@ -411,6 +416,7 @@ pub mod names {
     pub const PROG_PAGE_FAULT_USER: &str = "page_fault_user";
     pub const PROG_PERF_MINFLT: &str = "perf_minflt";
     pub const PROG_PERF_MAJFLT: &str = "perf_majflt";
+    pub const PROG_SCHED_PROCESS_EXEC: &str = "sched_process_exec";
 
     /// Globals (`.rodata`) the loader sets: tracepoint field offsets read
     /// from tracefs `format` files, because they differ between kernels

@@ -10,7 +10,7 @@ use aya::{
     programs::{perf_event::SoftwareEvent, BtfTracePoint, PerfEvent},
     Btf, Ebpf,
 };
-use vitals_common::names;
+use vitals_common::{fixed_layout, names};
 
 use super::{
     super::{
@@ -81,6 +81,9 @@ impl Accounting {
             settings.btf_offsets.map(|o| o.run_delay.is_some()),
             pin_to,
         )?;
+        if sched_programs == SchedPrograms::Classic && pin_to.is_none() {
+            attach_exec_follower(&mut ebpf, &tracefs);
+        }
         let fault_source = attach_fault_source(&mut ebpf, fault_source, cfg.fault_source, pin_to)?;
         if let Some(dir) = pin_to {
             pin_maps(&ebpf, dir)?;
@@ -228,6 +231,38 @@ fn attach_sched(
         sched_programs,
         sched_programs == SchedPrograms::Btf && run_delay,
     ))
+}
+
+/// The classic programs' sched_process_exec program, which follows a
+/// non-leader thread's exec (it takes the leader's pid on the CPU) so that
+/// it does not count as a missed switch (`ebpf-programs/src/exec.rs`; the
+/// tp_btf program tells by the task pointer). It reads the record at
+/// `fixed_layout`'s offsets, so only where the format has them. Not for
+/// pins: bpfloader's object has no such program. Best effort: without it,
+/// such an exec counts one switch_missed as before.
+fn attach_exec_follower(ebpf: &mut Ebpf, tracefs: &Tracefs) {
+    let fixed = tracefs
+        .format("sched", "sched_process_exec")
+        .and_then(|f| Ok((f.offset_of("pid", 4)?, f.offset_of("old_pid", 4)?)));
+    let attached = match fixed {
+        Ok(offsets) if offsets == (fixed_layout::EXEC_PID, fixed_layout::EXEC_OLD_PID) => {
+            attach_tracepoint(
+                ebpf,
+                names::PROG_SCHED_PROCESS_EXEC,
+                "sched",
+                "sched_process_exec",
+                None,
+            )
+            .map_err(|e| e.to_string())
+        }
+        Ok(offsets) => Err(format!(
+            "sched_process_exec has pid, old_pid at {offsets:?}, not at the fixed layout's"
+        )),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = attached {
+        log::warn!("{e}; an exec from a non-leader thread counts as a switch_missed");
+    }
 }
 
 /// Attaches (or with `pin_to` pins) the programs of `fault_source`, and
