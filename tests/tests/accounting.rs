@@ -198,17 +198,21 @@ fn classic_wakeup_wait_matches_bpftrace() {
     wakeup_check(load_classic(false));
 }
 
-/// Runqueue wait with wakeup times in the hash (hosts with a large pid_max).
+/// Runqueue wait with wakeup times in the hash (hosts with a large pid_max),
+/// on the classic programs: tp_btf reads run_delay and stamps no wakeups.
 #[test]
 fn wake_hash_path_measures_runqueue_wait() {
     spinners_check(|| {
         require_root();
-        Accounting::load(&AccountingConfig {
+        let acc = Accounting::load(&AccountingConfig {
             fault_source: FaultSourceChoice::Off,
             force_wake_hash: true,
+            force_classic_tracepoints: true,
             ..Default::default()
         })
-        .unwrap()
+        .unwrap();
+        assert!(!acc.runq_wait_from_kernel());
+        acc
     });
 }
 
