@@ -379,6 +379,9 @@ fn full_task_map_counts_drops_and_keeps_working() {
             max_tasks: 16,
             ..MapLimits::default()
         },
+        // The bound is the hash's: ids below pid_max have array slots,
+        // which cannot fill up.
+        force_task_hash: true,
         ..Default::default()
     })
     .unwrap();

@@ -423,6 +423,26 @@ pub mod names {
     pub const G_TASK_COMM: &str = "TASK_COMM_OFF";
     pub const G_TASK_EXIT_STATE: &str = "TASK_EXIT_STATE_OFF";
     pub const G_TASK_SUM_EXEC: &str = "TASK_SUM_EXEC_OFF";
+    /// The mmap-read arrays (`mapped`).
+    pub const TASKS_BY_TID: &str = "TASKS_BY_TID";
+    pub const FAULTS_BY_TGID: &str = "FAULTS_BY_TGID";
+}
+
+/// The arrays user space reads through mmap, not bpf() (see the programs'
+/// `mapped` module for why).
+pub mod mapped {
+    /// include/uapi/linux/bpf.h, Linux 5.5.
+    pub const BPF_F_MMAPABLE: u32 = 1 << 10;
+    /// CPU_STATE's rows (and DROPS' rows) in the object, what bpfloader
+    /// creates: any Android device's possible CPUs. aya's loader sizes
+    /// them to this machine's possible CPUs.
+    pub const DEFAULT_CPUS: u32 = 256;
+    /// TASKS_BY_TID / FAULTS_BY_TGID entries in the object: a phone's
+    /// usual pid_max. aya's loader sizes them from pid_max (at most
+    /// `MAX_TIDS`); larger ids go to the TASKS / PROCESS_FAULTS hashes.
+    pub const DEFAULT_TIDS: u32 = 32768;
+    /// Largest TASKS_BY_TID the loader makes (about 4.7 MiB of counters).
+    pub const MAX_TIDS: u32 = 1 << 16;
 }
 
 #[cfg(feature = "user")]

@@ -129,12 +129,14 @@ pub fn pinned_map_path(dir: &Path, map: &str) -> PathBuf {
 }
 
 /// The maps the always-on path reads.
-pub(super) const ACCOUNTING_MAPS: [&str; 5] = [
+pub(super) const ACCOUNTING_MAPS: [&str; 7] = [
     names::TASKS,
     names::PROCESS_FAULTS,
     names::EXITED,
     names::CPU_STATE,
     names::DROPS,
+    names::TASKS_BY_TID,
+    names::FAULTS_BY_TGID,
 ];
 
 /// The maps a capture reads or writes besides the ring buffer.

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use aya::{Ebpf, EbpfLoader};
-use vitals_common::{fixed_layout, names};
+use vitals_common::{drop_reason, fixed_layout, mapped, names};
 
 use super::super::{
     features::{self, possible_cpu_count, read_pid_max, VMLINUX_BTF},
@@ -24,6 +24,23 @@ use super::super::{
 /// Above this pid_max the wakeup array would cost more than 2 MiB; use the
 /// bounded hash instead (systemd hosts set pid_max to 4194304).
 pub const WAKE_ARRAY_MAX_PIDS: u32 = 1 << 18;
+
+/// Sizes of (TASKS_BY_TID and FAULTS_BY_TGID, TASKS, PROCESS_FAULTS): the
+/// arrays cover every id below pid_max where it is at most
+/// `mapped::MAX_TIDS`, and the hashes, which only ids past the arrays use,
+/// shrink to a token 16 entries then; otherwise the arrays take the ids
+/// below `MAX_TIDS` and the hashes keep the configured bounds.
+/// pid_max u32::MAX is unknown (Android's policy does not grant reading
+/// it): the arrays get a phone's usual pid_max, the hashes the rest.
+fn mapped_tids(pid_max: u32, max_tasks: u32, max_processes: u32) -> (u32, u32, u32) {
+    if pid_max <= mapped::MAX_TIDS {
+        (pid_max.max(1), 16, 16)
+    } else if pid_max == u32::MAX {
+        (mapped::DEFAULT_TIDS, max_tasks, max_processes)
+    } else {
+        (mapped::MAX_TIDS, max_tasks, max_processes)
+    }
+}
 
 /// Tracepoint field offsets from the tracefs format files, which the
 /// classic programs get as globals.
@@ -145,6 +162,11 @@ pub(super) struct LoadSettings {
     pub(super) wake_array: bool,
     wake_array_len: u32,
     wake_hash_len: u32,
+    /// TASKS_BY_TID / FAULTS_BY_TGID entries (`mapped_tids`), and the
+    /// fallback hashes' sizes beside them.
+    tid_array_len: u32,
+    tasks_hash_len: u32,
+    processes_hash_len: u32,
     ringbuf_ok: bool,
     pub(super) transport: EventTransport,
     /// The object rewritten without BPF_MAP_TYPE_RINGBUF, where the kernel
@@ -177,6 +199,11 @@ impl LoadSettings {
         } else {
             (1, cfg.limits.max_tasks)
         };
+        let (tid_array_len, tasks_hash_len, processes_hash_len) = if cfg.force_task_hash {
+            (1, cfg.limits.max_tasks, cfg.limits.max_processes)
+        } else {
+            mapped_tids(pid_max, cfg.limits.max_tasks, cfg.limits.max_processes)
+        };
         // Only the capture tier uses CAPTURE_EVENTS, but the map exists in
         // the object whatever runs, so probe even without a capture.
         let ringbuf_ok = features::ringbuf_map_supported(cfg.assume_no_ringbuf);
@@ -200,6 +227,9 @@ impl LoadSettings {
             wake_array,
             wake_array_len,
             wake_hash_len,
+            tid_array_len,
+            tasks_hash_len,
+            processes_hash_len,
             ringbuf_ok,
             transport,
             patched,
@@ -238,14 +268,20 @@ impl LoadSettings {
     }
 
     /// Every map's max_entries.
-    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 8] {
+    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 12] {
         let [events, stacks, fault_ctr] =
             capture_map_sizes(cfg.capture, self.transport, self.ringbuf_ok, self.page);
         [
-            (names::TASKS, cfg.limits.max_tasks),
+            (names::TASKS, self.tasks_hash_len),
             (names::WAKE_TS, self.wake_hash_len),
             (names::WAKE_TS_ARRAY, self.wake_array_len),
-            (names::PROCESS_FAULTS, cfg.limits.max_processes),
+            (names::PROCESS_FAULTS, self.processes_hash_len),
+            (names::TASKS_BY_TID, self.tid_array_len),
+            (names::FAULTS_BY_TGID, self.tid_array_len),
+            // One row per possible CPU (bpf_get_smp_processor_id() is
+            // below it).
+            (names::CPU_STATE, self.nr_cpus),
+            (names::DROPS, self.nr_cpus * drop_reason::COUNT),
             (names::EXITED, cfg.limits.max_exited),
             events,
             stacks,
