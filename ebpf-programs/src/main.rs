@@ -86,6 +86,12 @@ static WAKING_TARGET_CPU_OFF: u32 = 32;
 /// verifies a bpf_ringbuf_* call (see `emit`).
 #[no_mangle]
 static CAPTURE_TRANSPORT: u32 = 0;
+/// 1: freed tasks' records go to EXITED_RING (read through its mapping);
+/// 0: to the EXITED hash, on kernels without ring buffers (the loader
+/// rewrites EXITED_RING into an array there; frozen .rodata, so the
+/// verifier never walks the ringbuf branch). Default 1 for bpfloader.
+#[no_mangle]
+static EXIT_RING: u32 = 1;
 /// task_struct field offsets from the running kernel's BTF, for the
 /// `*_btf` programs (the loader sets them when it attaches those).
 #[no_mangle]
@@ -619,27 +625,28 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
     }
     let tid = pid as u32;
     forget_wakeup(tid);
-    let task = mapped::final_task(tid)
-        .or_else(|| TASKS.get_ptr(tid))
-        .map(|p| unsafe { *p });
+    // Pointers, not Option<value>s: the None's undefined payload would be
+    // spilled, which the verifier refuses (`!read_ok`).
+    let task = mapped::final_task(tid).or_else(|| TASKS.get_ptr(tid));
     // A process's fault counters are keyed by its tgid, the leader's tid,
     // which stays allocated until the leader is released after its other
     // threads: so an entry under this tid means this is that leader (also
     // when the leader itself found TASKS full).
-    let process_faults = mapped::final_process(tid)
-        .or_else(|| PROCESS_FAULTS.get_ptr(tid))
-        .map(|p| unsafe { *p });
+    let process_faults = mapped::final_process(tid).or_else(|| PROCESS_FAULTS.get_ptr(tid));
     if task.is_none() && process_faults.is_none() {
         // Never switched out nor faulted while we were attached.
         return 0;
     }
     let mut exited = ExitedTask {
-        counters: task.unwrap_or_default(),
+        counters: match task {
+            Some(p) => unsafe { *p },
+            None => TaskCounters::default(),
+        },
         comm: free_comm(&ctx, comm_word),
         ..ExitedTask::default()
     };
     if let Some(f) = process_faults {
-        exited.process_faults = f;
+        exited.process_faults = unsafe { *f };
         exited.counters.tgid = tid;
         mapped::forget_process(tid);
         let _ = PROCESS_FAULTS.remove(tid);
@@ -649,7 +656,12 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
         tid,
         _pad: 0,
     };
-    if EXITED.insert(key, exited, BPF_NOEXIST as u64).is_err() {
+    let stored = if setting(&EXIT_RING) != 0 {
+        mapped::ring_exited(key, &exited)
+    } else {
+        EXITED.insert(key, exited, BPF_NOEXIST as u64).is_ok()
+    };
+    if !stored {
         count_drop(drop_reason::EXITED_MAP_FULL);
     }
     mapped::forget_task(tid);

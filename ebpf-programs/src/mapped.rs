@@ -23,10 +23,12 @@
 use aya_ebpf::{
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::map,
-    maps::Array,
+    maps::{Array, RingBuf},
 };
 use core::ptr::{read_volatile, write_volatile};
-use vitals_common::{drop_reason, mapped, CpuState, FaultCounters, TaskCounters};
+use vitals_common::{
+    drop_reason, mapped, CpuState, ExitKey, ExitRecord, ExitedTask, FaultCounters, TaskCounters,
+};
 
 #[map(name = "CPU_STATE")]
 static CPU_STATE: Array<CpuState> =
@@ -45,6 +47,30 @@ static TASKS_BY_TID: Array<TaskCounters> =
 #[map(name = "FAULTS_BY_TGID")]
 static FAULTS_BY_TGID: Array<FaultCounters> =
     Array::with_max_entries(mapped::DEFAULT_TIDS, mapped::BPF_F_MMAPABLE);
+
+/// Freed tasks' final counters (`ExitRecord`), where the kernel has ring
+/// buffers (EXIT_RING): user space consumes them from the ring's mapping,
+/// where draining the EXITED hash took a lookup and a delete per record.
+#[map(name = "EXITED_RING")]
+static EXITED_RING: RingBuf = RingBuf::with_byte_size(mapped::DEFAULT_EXITED_RING_BYTES, 0);
+
+/// `task` into EXITED_RING; false when the ring is full. Reserved in the
+/// ring and filled in place: a second copy on the stack would not fit
+/// sched_process_free's 512 bytes.
+#[inline(always)]
+pub fn ring_exited(key: ExitKey, task: &ExitedTask) -> bool {
+    let Some(mut slot) = EXITED_RING.reserve::<ExitRecord>(0) else {
+        return false;
+    };
+    let p = slot.as_mut_ptr();
+    unsafe {
+        (*p).key = key;
+        (*p).task = *task;
+    }
+    // Wakeups are not needed: user space polls at each sample.
+    slot.submit(aya_ebpf::bindings::BPF_RB_NO_WAKEUP as u64);
+    true
+}
 
 /// This CPU's scheduler state.
 #[inline(always)]

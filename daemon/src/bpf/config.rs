@@ -158,6 +158,11 @@ pub struct AccountingConfig {
     /// ids past pid_max's array; for tests of the hashes' bounds.
     #[doc(hidden)]
     pub force_task_hash: bool,
+    /// Keep freed tasks' records in the EXITED hash even where the kernel
+    /// has ring buffers (EXITED_RING holds at least a page of records);
+    /// for tests of the hash's one-record bound.
+    #[doc(hidden)]
+    pub force_exited_hash: bool,
     /// Leave sched_process_free's pid offset unset, as bpfloader does, so
     /// the program tells it from the record; for tests of that path.
     pub free_pid_from_record: bool,
@@ -290,6 +295,7 @@ impl Default for AccountingConfig {
             force_classic_tracepoints: false,
             force_wake_hash: false,
             force_task_hash: false,
+            force_exited_hash: false,
             free_pid_from_record: false,
             capture: None,
             pins: PinMode::Load,

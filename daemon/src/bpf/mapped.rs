@@ -21,7 +21,7 @@ use std::{
     ptr::NonNull,
 };
 
-use aya::maps::{Map, MapData};
+use aya::maps::{Map, MapData, RingBuf};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -161,13 +161,37 @@ impl<T> Drop for MappedArray<T> {
     }
 }
 
+/// A ring buffer of its own over `map`'s fd (a dup: the object keeps its
+/// `MapData`), or None when `map` is no ring buffer (the object rewritten
+/// for a kernel without them).
+pub fn own_ring(map: &Map, name: &'static str) -> Result<Option<RingBuf<MapData>>, MappedError> {
+    let Map::RingBuf(data) = map else {
+        return Ok(None);
+    };
+    let fd = data
+        .fd()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| MappedError::Mmap {
+            name,
+            len: 0,
+            source,
+        })?;
+    let info = |source| MappedError::Info { name, source };
+    let dup = MapData::from_fd(fd).map_err(info)?;
+    RingBuf::try_from(Map::RingBuf(dup)).map(Some).map_err(info)
+}
+
 /// The mappings of one `Accounting`, made at its first read.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Mappings {
     pub cpu_state: Option<MappedArray<vitals_common::CpuState>>,
     pub drops: Option<MappedArray<u64>>,
     pub tasks: Option<MappedArray<vitals_common::TaskCounters>>,
     pub process_faults: Option<MappedArray<vitals_common::FaultCounters>>,
+    /// EXITED_RING, where the kernel has ring buffers (else an array the
+    /// programs never write, and None here).
+    pub exited_ring: Option<aya::maps::RingBuf<MapData>>,
     /// Entries the fallback hashes (TASKS, PROCESS_FAULTS) held at the
     /// last read: while small they are walked key by key
     /// (BPF_MAP_GET_NEXT_KEY does not raise bpf_prog_active), else batched.

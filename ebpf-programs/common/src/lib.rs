@@ -426,6 +426,10 @@ pub mod names {
     /// The mmap-read arrays (`mapped`).
     pub const TASKS_BY_TID: &str = "TASKS_BY_TID";
     pub const FAULTS_BY_TGID: &str = "FAULTS_BY_TGID";
+    /// Freed tasks' records through a ring buffer (`ExitRecord`).
+    pub const EXITED_RING: &str = "EXITED_RING";
+    /// 1: sched_process_free writes EXITED_RING; 0: the EXITED hash.
+    pub const G_EXIT_RING: &str = "EXIT_RING";
 }
 
 /// The arrays user space reads through mmap, not bpf() (see the programs'
@@ -443,6 +447,18 @@ pub mod mapped {
     pub const DEFAULT_TIDS: u32 = 32768;
     /// Largest TASKS_BY_TID the loader makes (about 4.7 MiB of counters).
     pub const MAX_TIDS: u32 = 1 << 16;
+    /// EXITED_RING's bytes in the object (bpfloader's): 3855 records, as
+    /// many as the EXITED hash's 4096 entries near enough.
+    pub const DEFAULT_EXITED_RING_BYTES: u32 = 512 << 10;
+}
+
+/// One freed task in EXITED_RING: what the EXITED hash holds as key and
+/// value, drained through the ring's mmap instead of bpf() lookups.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitRecord {
+    pub key: ExitKey,
+    pub task: ExitedTask,
 }
 
 #[cfg(feature = "user")]
@@ -453,6 +469,7 @@ mod pod {
     unsafe impl aya::Pod for super::CpuState {}
     unsafe impl aya::Pod for super::ExitedTask {}
     unsafe impl aya::Pod for super::ExitKey {}
+    unsafe impl aya::Pod for super::ExitRecord {}
     unsafe impl aya::Pod for super::CaptureControl {}
 }
 

@@ -4,9 +4,14 @@
 
 use std::collections::HashMap;
 
-use vitals_common::{drop_reason, names, CpuState, FaultCounters, TaskCounters};
+use vitals_common::{
+    drop_reason, names, CpuState, ExitKey, ExitRecord, ExitedTask, FaultCounters, TaskCounters,
+};
 
-use super::super::{mapped::MappedArray, Accounting, BpfError};
+use super::super::{
+    mapped::{own_ring, MappedArray},
+    Accounting, BpfError,
+};
 
 impl Accounting {
     /// Maps the arrays at the first read (the maps live as long as `self`).
@@ -18,12 +23,32 @@ impl Accounting {
         let drops = MappedArray::open(self.map(names::DROPS)?, names::DROPS)?;
         let tasks = MappedArray::open(self.map(names::TASKS_BY_TID)?, names::TASKS_BY_TID)?;
         let faults = MappedArray::open(self.map(names::FAULTS_BY_TGID)?, names::FAULTS_BY_TGID)?;
+        let ring = own_ring(self.map(names::EXITED_RING)?, names::EXITED_RING)?;
         let m = self.mappings_mut();
+        m.exited_ring = ring;
         m.cpu_state = Some(cpu_state);
         m.drops = Some(drops);
         m.tasks = Some(tasks);
         m.process_faults = Some(faults);
         Ok(())
+    }
+
+    /// Freed tasks' records in EXITED_RING, consumed (the ring's consumer
+    /// position moves past them): loads and one store on the mapping.
+    pub(super) fn drain_exited_ring(&mut self, out: &mut Vec<(ExitKey, ExitedTask)>) {
+        let Some(ring) = self.mappings_mut().exited_ring.as_mut() else {
+            return;
+        };
+        while let Some(item) = ring.next() {
+            if item.len() < std::mem::size_of::<ExitRecord>() {
+                log::warn!("short {} record: {} bytes", names::EXITED_RING, item.len());
+                continue;
+            }
+            // SAFETY: ExitRecord is plain old data and the record holds
+            // one; ring records are only 8-byte aligned, hence unaligned.
+            let r = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const ExitRecord) };
+            out.push((r.key, r.task));
+        }
     }
 
     /// Every CPU's scheduler state, one CPU_STATE row each (rows past the

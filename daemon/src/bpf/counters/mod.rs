@@ -62,8 +62,12 @@ impl Accounting {
     pub fn read(&mut self) -> Result<BpfSnapshot, BpfError> {
         let mut snap = BpfSnapshot::default();
 
+        self.map_arrays()?;
         // Freed tasks first: a task freed between this drain and the TASKS
         // walk below is then seen live now and exited next time, never lost.
+        // The ring where the kernel has one; the EXITED hash (then empty
+        // where the ring is used: one GET_NEXT_KEY) otherwise.
+        self.drain_exited_ring(&mut snap.exited);
         {
             let map = self.map_mut(names::EXITED)?;
             let mut exited: AyaHashMap<&mut MapData, ExitKey, ExitedTask> =
@@ -90,7 +94,6 @@ impl Accounting {
         // longer shows it in flight: the slice would be in neither. So the
         // per-CPU switch stamps are read before and after, and the read is
         // taken again (a few times at most) when a switch came in between.
-        self.map_arrays()?;
         let mut per_cpu = self.cpu_states();
         for attempt in 0..4 {
             snap.tasks = self.read_tasks()?;

@@ -42,6 +42,18 @@ fn mapped_tids(pid_max: u32, max_tasks: u32, max_processes: u32) -> (u32, u32, u
     }
 }
 
+/// EXITED_RING's size for `max_exited` records: a power-of-two number of
+/// pages (the kernel's requirement), each record with the ring's 8-byte
+/// header.
+fn exited_ring_bytes(max_exited: u32, page: u32) -> u32 {
+    let record = (std::mem::size_of::<vitals_common::ExitRecord>() as u32 + 8).next_multiple_of(8);
+    max_exited
+        .saturating_mul(record)
+        .max(page)
+        .checked_next_power_of_two()
+        .unwrap_or(1 << 31)
+}
+
 /// Tracepoint field offsets from the tracefs format files, which the
 /// classic programs get as globals.
 pub(super) struct FieldOffsets {
@@ -167,6 +179,8 @@ pub(super) struct LoadSettings {
     tid_array_len: u32,
     tasks_hash_len: u32,
     processes_hash_len: u32,
+    /// Freed tasks' records in EXITED_RING, not the EXITED hash.
+    exit_ring: bool,
     ringbuf_ok: bool,
     pub(super) transport: EventTransport,
     /// The object rewritten without BPF_MAP_TYPE_RINGBUF, where the kernel
@@ -230,6 +244,7 @@ impl LoadSettings {
             tid_array_len,
             tasks_hash_len,
             processes_hash_len,
+            exit_ring: ringbuf_ok && !cfg.force_exited_hash,
             ringbuf_ok,
             transport,
             patched,
@@ -254,6 +269,7 @@ impl LoadSettings {
         globals.extend([
             (names::G_CAPTURE_TRANSPORT, self.transport.rodata()),
             (names::G_WAKE_ARRAY, u32::from(self.wake_array)),
+            (names::G_EXIT_RING, u32::from(self.exit_ring)),
             (names::G_TRACK_WAIT, u32::from(cfg.runq_wait)),
         ]);
         let free_pid_unset = |name: &str| name == names::G_FREE_PID && cfg.free_pid_from_record;
@@ -268,7 +284,7 @@ impl LoadSettings {
     }
 
     /// Every map's max_entries.
-    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 12] {
+    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 13] {
         let [events, stacks, fault_ctr] =
             capture_map_sizes(cfg.capture, self.transport, self.ringbuf_ok, self.page);
         [
@@ -282,7 +298,25 @@ impl LoadSettings {
             // below it).
             (names::CPU_STATE, self.nr_cpus),
             (names::DROPS, self.nr_cpus * drop_reason::COUNT),
-            (names::EXITED, cfg.limits.max_exited),
+            // Freed tasks go to the ring where there is one, else the hash;
+            // the other gets its minimum (a ring buffer: one page; the
+            // rewritten array: one entry).
+            (
+                names::EXITED,
+                if self.exit_ring {
+                    1
+                } else {
+                    cfg.limits.max_exited
+                },
+            ),
+            (
+                names::EXITED_RING,
+                match (self.exit_ring, self.ringbuf_ok) {
+                    (true, _) => exited_ring_bytes(cfg.limits.max_exited, self.page),
+                    (false, true) => self.page,
+                    (false, false) => 1,
+                },
+            ),
             events,
             stacks,
             fault_ctr,
