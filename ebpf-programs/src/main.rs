@@ -86,10 +86,8 @@ static WAKING_TARGET_CPU_OFF: u32 = 32;
 /// verifies a bpf_ringbuf_* call (see `emit`).
 #[no_mangle]
 static CAPTURE_TRANSPORT: u32 = 0;
-/// 1: freed tasks' records go to EXITED_RING (read through its mapping);
-/// 0: to the EXITED hash, on kernels without ring buffers (the loader
-/// rewrites EXITED_RING into an array there; frozen .rodata, so the
-/// verifier never walks the ringbuf branch). Default 1 for bpfloader.
+/// 1: freed tasks' records go to EXITED_RING; 0: the EXITED hash, without
+/// ring buffers (`mapped::store_exited`). Default 1 for bpfloader.
 #[no_mangle]
 static EXIT_RING: u32 = 1;
 /// task_struct field offsets from the running kernel's BTF, for the
@@ -625,8 +623,7 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
     }
     let tid = pid as u32;
     forget_wakeup(tid);
-    // Pointers, not Option<value>s: the None's undefined payload would be
-    // spilled, which the verifier refuses (`!read_ok`).
+    // Pointers: an Option<value>'s undefined None payload fails `!read_ok`.
     let task = mapped::final_task(tid).or_else(|| TASKS.get_ptr(tid));
     // A process's fault counters are keyed by its tgid, the leader's tid,
     // which stays allocated until the leader is released after its other
@@ -656,12 +653,7 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
         tid,
         _pad: 0,
     };
-    let stored = if setting(&EXIT_RING) != 0 {
-        mapped::ring_exited(key, &exited)
-    } else {
-        EXITED.insert(key, exited, BPF_NOEXIST as u64).is_ok()
-    };
-    if !stored {
+    if !mapped::store_exited(key, &exited) {
         count_drop(drop_reason::EXITED_MAP_FULL);
     }
     mapped::forget_task(tid);

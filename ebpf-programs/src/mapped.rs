@@ -54,11 +54,26 @@ static FAULTS_BY_TGID: Array<FaultCounters> =
 #[map(name = "EXITED_RING")]
 static EXITED_RING: RingBuf = RingBuf::with_byte_size(mapped::DEFAULT_EXITED_RING_BYTES, 0);
 
+/// A freed task's record into EXITED_RING (EXIT_RING 1) or the EXITED
+/// hash (0: the kernel has no ring buffers and the loader rewrote
+/// EXITED_RING into an array; frozen .rodata, so the verifier never walks
+/// the ringbuf branch there). False when full.
+#[inline(always)]
+pub fn store_exited(key: ExitKey, task: &ExitedTask) -> bool {
+    if crate::setting(&crate::EXIT_RING) != 0 {
+        ring_exited(key, task)
+    } else {
+        crate::EXITED
+            .insert(&key, task, aya_ebpf::bindings::BPF_NOEXIST as u64)
+            .is_ok()
+    }
+}
+
 /// `task` into EXITED_RING; false when the ring is full. Reserved in the
 /// ring and filled in place: a second copy on the stack would not fit
 /// sched_process_free's 512 bytes.
 #[inline(always)]
-pub fn ring_exited(key: ExitKey, task: &ExitedTask) -> bool {
+fn ring_exited(key: ExitKey, task: &ExitedTask) -> bool {
     let Some(mut slot) = EXITED_RING.reserve::<ExitRecord>(0) else {
         return false;
     };

@@ -379,3 +379,32 @@ fn choose_btf_offsets(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tid_arrays_cover_pid_max_where_it_is_small_and_the_hashes_the_rest() {
+        assert_eq!(mapped_tids(32768, 16384, 8192), (32768, 16, 16));
+        assert_eq!(
+            mapped_tids(4_194_304, 16384, 8192),
+            (mapped::MAX_TIDS, 16384, 8192)
+        );
+        // Unknown pid_max (Android's policy): a phone's usual one.
+        assert_eq!(
+            mapped_tids(u32::MAX, 16384, 8192),
+            (mapped::DEFAULT_TIDS, 16384, 8192)
+        );
+    }
+
+    #[test]
+    fn exited_ring_holds_max_exited_records_in_a_power_of_two_of_pages() {
+        let record = std::mem::size_of::<vitals_common::ExitRecord>() as u32 + 8;
+        for (max_exited, page) in [(1, 4096), (4096, 4096), (100, 16384)] {
+            let bytes = exited_ring_bytes(max_exited, page);
+            assert!(bytes.is_power_of_two() && bytes >= page, "{bytes}");
+            assert!(bytes / record >= max_exited, "{bytes} for {max_exited}");
+        }
+    }
+}
