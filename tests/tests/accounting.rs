@@ -570,6 +570,8 @@ fn batched_map_reads_match_iteration() {
         .filter(|&t| t != w.pid())
         .collect();
     assert_eq!(tids.len(), THREADS, "threads alive");
+    // A hash is batched once a read has found it large (`read_hash`).
+    acc.read().expect("first read");
     let batched = acc.read().expect("batched read");
     assert_eq!(acc.map_read(), MapRead::Batch, "fell back to iteration");
     acc.set_map_read(MapRead::Iterate);
