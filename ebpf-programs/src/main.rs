@@ -25,6 +25,7 @@
 mod capture_tier;
 mod exec;
 mod faults;
+mod mapped;
 #[cfg(feature = "miss-log")]
 mod miss_log;
 mod sched_info;
@@ -33,7 +34,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map, tracepoint},
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap},
     programs::{BtfTracePointContext, TracePointContext},
     EbpfContext,
 };
@@ -87,6 +88,10 @@ static WAKING_TARGET_CPU_OFF: u32 = 32;
 /// verifies a bpf_ringbuf_* call (see `emit`).
 #[no_mangle]
 static CAPTURE_TRANSPORT: u32 = 0;
+/// 1: freed tasks' records go to EXITED_RING; 0: the EXITED hash, without
+/// ring buffers (`mapped::store_exited`). Default 1 for bpfloader.
+#[no_mangle]
+static EXIT_RING: u32 = 1;
 /// task_struct field offsets from the running kernel's BTF, for the
 /// `*_btf` programs (the loader sets them when it attaches those).
 #[no_mangle]
@@ -169,24 +174,18 @@ static WAKE_TS_ARRAY: Array<u64> = Array::with_max_entries(1, 0);
 #[map(name = "EXITED")]
 static EXITED: HashMap<ExitKey, ExitedTask> = HashMap::with_max_entries(4096, 0);
 
-#[map(name = "CPU_STATE")]
-static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
-
-/// Per-CPU drop counters, indexed by `drop_reason`.
-#[map(name = "DROPS")]
-static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(drop_reason::COUNT, 0);
-
-#[inline(always)]
-fn count_drop(reason: u32) {
-    if let Some(p) = DROPS.get_ptr_mut(reason) {
-        unsafe { *p += 1 };
-    }
-}
+// CPU_STATE (per-CPU scheduler state) and DROPS (per-CPU drop counters,
+// by `drop_reason`) are arrays user space reads through mmap: `mapped`.
+use mapped::count_drop;
 
 /// `tid`'s counters, inserting zeroed ones on first sight. Called from
 /// `tid`'s own context only (see TASKS), never for tid 0.
 #[inline(always)]
 fn task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
+    // Below pid_max (as the loader sized it): the mmap-read array.
+    if let Some(t) = mapped::task_slot(tid) {
+        return Some(t);
+    }
     if let Some(p) = TASKS.get_ptr_mut(tid) {
         return Some(unsafe { &mut *p });
     }
@@ -209,6 +208,9 @@ fn task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
 
 #[inline(always)]
 fn process_slot(tgid: u32) -> Option<*mut FaultCounters> {
+    if let Some(p) = mapped::process_slot(tgid) {
+        return Some(p);
+    }
     if let Some(p) = PROCESS_FAULTS.get_ptr_mut(tgid) {
         return Some(p);
     }
@@ -432,8 +434,8 @@ fn on_switch(
     kernel: Option<sched_info::KernelFigures>,
 ) {
     let now = unsafe { bpf_ktime_get_ns() };
-    let cpu = match CPU_STATE.get_ptr_mut(0) {
-        Some(p) => unsafe { &mut *p },
+    let cpu = match mapped::cpu_state() {
+        Some(p) => p,
         None => return,
     };
     sched_info::follow_exec(cpu, prev, &kernel);
@@ -587,24 +589,29 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
     }
     let tid = pid as u32;
     forget_wakeup(tid);
-    let task = TASKS.get_ptr(tid).map(|p| unsafe { *p });
+    // Pointers: an Option<value>'s undefined None payload fails `!read_ok`.
+    let task = mapped::final_task(tid).or_else(|| TASKS.get_ptr(tid));
     // A process's fault counters are keyed by its tgid, the leader's tid,
     // which stays allocated until the leader is released after its other
     // threads: so an entry under this tid means this is that leader (also
     // when the leader itself found TASKS full).
-    let process_faults = PROCESS_FAULTS.get_ptr(tid).map(|p| unsafe { *p });
+    let process_faults = mapped::final_process(tid).or_else(|| PROCESS_FAULTS.get_ptr(tid));
     if task.is_none() && process_faults.is_none() {
         // Never switched out nor faulted while we were attached.
         return 0;
     }
     let mut exited = ExitedTask {
-        counters: task.unwrap_or_default(),
+        counters: match task {
+            Some(p) => unsafe { *p },
+            None => TaskCounters::default(),
+        },
         comm: free_comm(&ctx, comm_word),
         ..ExitedTask::default()
     };
     if let Some(f) = process_faults {
-        exited.process_faults = f;
+        exited.process_faults = unsafe { *f };
         exited.counters.tgid = tid;
+        mapped::forget_process(tid);
         let _ = PROCESS_FAULTS.remove(tid);
     }
     let key = ExitKey {
@@ -612,9 +619,10 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
         tid,
         _pad: 0,
     };
-    if EXITED.insert(key, exited, BPF_NOEXIST as u64).is_err() {
+    if !mapped::store_exited(key, &exited) {
         count_drop(drop_reason::EXITED_MAP_FULL);
     }
+    mapped::forget_task(tid);
     let _ = TASKS.remove(tid);
     0
 }

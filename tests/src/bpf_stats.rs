@@ -83,6 +83,8 @@ pub fn programs_of(pid: i32) -> Vec<ProgRuns> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MapInfo {
     pub id: u32,
+    /// The kernel's copy of the name (at most 15 bytes).
+    pub name: String,
     /// enum bpf_map_type (27 ring buffer, 7 stack trace, ...).
     pub map_type: u32,
     pub max_entries: u64,
@@ -95,6 +97,10 @@ pub const BPF_MAP_TYPE_RINGBUF: u32 = 27;
 
 /// Every BPF map `pid` holds an fd of, once per map.
 pub fn maps_of(pid: i32) -> Vec<MapInfo> {
+    let names: HashMap<u32, String> = aya::maps::loaded_maps()
+        .filter_map(Result::ok)
+        .map(|m| (m.id(), m.name_as_str().unwrap_or("").to_owned()))
+        .collect();
     let mut out: Vec<MapInfo> = Vec::new();
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("listing the fds");
     for fd in fds.filter_map(Result::ok) {
@@ -112,6 +118,7 @@ pub fn maps_of(pid: i32) -> Vec<MapInfo> {
         if out.iter().all(|m| m.id != id) {
             out.push(MapInfo {
                 id,
+                name: names.get(&id).cloned().unwrap_or_default(),
                 map_type: f["map_type"] as u32,
                 max_entries: f["max_entries"],
                 memlock: f.get("memlock").copied().unwrap_or(0),

@@ -407,6 +407,9 @@ fn full_task_map_counts_drops_and_keeps_working() {
             max_tasks: 16,
             ..MapLimits::default()
         },
+        // The bound is the hash's: ids below pid_max have array slots,
+        // which cannot fill up.
+        force_task_hash: true,
         ..Default::default()
     })
     .unwrap();
@@ -575,12 +578,19 @@ fn running_task_inflight_time_matches_schedstat() {
 /// BPF_MAP_LOOKUP_BATCH and aya's per-key iteration read the same maps:
 /// 400 sleeping threads (more than one batch of 256) have identical
 /// counters both ways, and the key sets differ only by tasks that came or
-/// went between the two reads.
+/// went between the two reads. The counters are kept in the TASKS hash
+/// (`force_task_hash`), as for tids past pid_max's array.
 #[test]
 fn batched_map_reads_match_iteration() {
     use vitalsd::bpf::MapRead;
     const THREADS: usize = 400;
-    let mut acc = load(FaultSourceChoice::Auto);
+    require_root();
+    let mut acc = Accounting::load(&AccountingConfig {
+        fault_source: FaultSourceChoice::Auto,
+        force_task_hash: true,
+        ..Default::default()
+    })
+    .expect("loading the accounting programs");
     assert_eq!(acc.map_read(), MapRead::Batch);
     let mut w = Workload::spawn(&["threads", &THREADS.to_string(), "3000"]);
     // Every thread has spun its millisecond and sleeps for 3 s.
@@ -591,6 +601,8 @@ fn batched_map_reads_match_iteration() {
         .filter(|&t| t != w.pid())
         .collect();
     assert_eq!(tids.len(), THREADS, "threads alive");
+    // A hash is batched once a read has found it large (`read_hash`).
+    acc.read().expect("first read");
     let batched = acc.read().expect("batched read");
     assert_eq!(acc.map_read(), MapRead::Batch, "fell back to iteration");
     acc.set_map_read(MapRead::Iterate);

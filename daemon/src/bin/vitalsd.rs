@@ -115,7 +115,9 @@ struct RecordArgs {
     /// proc: /proc only.
     #[arg(long, default_value = "auto")]
     accounting: AccountingChoice,
-    /// Bound of the per-thread maps (entries).
+    /// Bound of the per-thread hash (entries), which holds threads whose
+    /// tid is past the array sized from pid_max (all of them where pid_max
+    /// is over 65536).
     #[arg(long, default_value_t = MapLimits::default().max_tasks)]
     max_tasks: u32,
     /// Bound of the per-process fault map (entries).
@@ -145,6 +147,10 @@ struct RecordArgs {
     keep_privileges: bool,
     #[arg(long, default_value = "/proc", hide = true)]
     proc_root: PathBuf,
+    /// Every thread in the per-thread hash, none in the tid-indexed array
+    /// (for tests of the hash's bound).
+    #[arg(long, hide = true)]
+    task_hash_only: bool,
     /// Capture every sched_switch and sched_waking (Perfetto per-CPU
     /// timeline and thread states).
     #[arg(long)]
@@ -372,6 +378,7 @@ fn record_options(args: RecordArgs) -> (AccountingConfig, RecordOptions) {
         pins,
         keep_privileges,
         proc_root,
+        task_hash_only,
         sched,
         faults,
         fault_period,
@@ -393,6 +400,7 @@ fn record_options(args: RecordArgs) -> (AccountingConfig, RecordOptions) {
         },
         runq_wait: !no_runq_wait,
         force_classic_tracepoints: classic_tracepoints,
+        force_task_hash: task_hash_only,
         pins: pins.map(PinMode::AttachFrom).unwrap_or_default(),
         capture: capture.events.any().then(|| EventSizing {
             ring_bytes: capture_buffer_kb.saturating_mul(1024),

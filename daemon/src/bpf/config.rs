@@ -153,6 +153,16 @@ pub struct AccountingConfig {
     /// Keep wakeup times in the bounded hash even where pid_max would
     /// allow the array; for tests of that path.
     pub force_wake_hash: bool,
+    /// Keep task and process counters in the TASKS / PROCESS_FAULTS
+    /// hashes only (TASKS_BY_TID / FAULTS_BY_TGID get one slot), as for
+    /// ids past pid_max's array; for tests of the hashes' bounds.
+    #[doc(hidden)]
+    pub force_task_hash: bool,
+    /// Keep freed tasks' records in the EXITED hash even where the kernel
+    /// has ring buffers (EXITED_RING holds at least a page of records);
+    /// for tests of the hash's one-record bound.
+    #[doc(hidden)]
+    pub force_exited_hash: bool,
     /// Leave sched_process_free's pid offset unset, as bpfloader does, so
     /// the program tells it from the record; for tests of that path.
     pub free_pid_from_record: bool,
@@ -284,6 +294,8 @@ impl Default for AccountingConfig {
             force_portable_layout: false,
             force_classic_tracepoints: false,
             force_wake_hash: false,
+            force_task_hash: false,
+            force_exited_hash: false,
             free_pid_from_record: false,
             capture: None,
             pins: PinMode::Load,

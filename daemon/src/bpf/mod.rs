@@ -16,6 +16,8 @@
 //!   tracefs, for the load;
 //! - `programs`: the handle, `Accounting`: loading and attaching with aya,
 //!   attaching bpfloader's pins, the links, the capture tier's kernel end;
+//! - `mapped`: the arrays read through mmap, not bpf() (no blind
+//!   windows from our own reads);
 //! - `counters`: reading the maps (`Accounting::read`) and folding what
 //!   was read (`counters::totals`);
 //! - `config` (what the caller asks for), `denied` (`open`: eBPF, or
@@ -30,6 +32,7 @@ mod config;
 pub mod counters;
 pub mod denied;
 mod features;
+pub mod mapped;
 pub mod object;
 mod programs;
 pub mod tracefs;
@@ -117,6 +120,8 @@ pub enum BpfError {
         #[source]
         source: counters::batch::BatchError,
     },
+    #[error(transparent)]
+    Mapped(#[from] mapped::MappedError),
 }
 
 pub(crate) fn map_err(name: &'static str) -> impl Fn(MapError) -> BpfError {

@@ -64,19 +64,21 @@ fn record_sched(
     spin.expect("ready", Duration::from_secs(20))?;
     let out = dir.join("record-sched.pftrace");
     let mut cmd = Command::new(vitalsd);
-    // vitalsd on CPU 1, the spinner on CPU 0. bpfloader's programs are
-    // classic tracepoints, which trace_call_bpf() skips while
-    // bpf_prog_active is raised on their CPU, and a map syscall raises it
+    // vitalsd on the spinner's CPU 0. bpfloader's programs are classic
+    // tracepoints, which trace_call_bpf() skips while bpf_prog_active is
+    // raised on their CPU; a map syscall that copies a value raises it
     // and (from 5.11, migrate_disable() no longer disabling preemption)
-    // can be preempted: while vitalsd's reader sat preempted inside one on
-    // the spinner's CPU, every switch there went unrecorded (a CI run saw
-    // 499 of 800 ms of slices). That blind spot is the classic programs'
-    // (README, "Kernel support"); this check is of the loader's pins.
+    // can be preempted. When vitalsd's reader used such lookups, it sat
+    // preempted inside one on the spinner's CPU and every switch there
+    // went unrecorded (a CI run saw 499 of 800 ms of slices), so this
+    // check had moved vitalsd to CPU 1. The reader now takes the counters
+    // through mmap (daemon/src/bpf/mapped.rs): on the same CPU the slices
+    // must still add up.
     // SAFETY: sched_setaffinity only, between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(1, &mut set);
+            libc::CPU_SET(0, &mut set);
             if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
                 return Err(std::io::Error::last_os_error());
             }

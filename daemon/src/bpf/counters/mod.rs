@@ -1,20 +1,21 @@
 //! The counters: reading the accounting maps and folding what was read.
 //! `Accounting::read` takes a `BpfSnapshot`
-//! (drains EXITED, walks the hashes TASKS and PROCESS_FAULTS, sums the
-//! per-CPU arrays CPU_STATE and DROPS over possible CPUs), the hashes
-//! batched where the kernel has BPF_MAP_LOOKUP_BATCH and iterated
-//! otherwise (`MapRead`); `batch` is BPF_MAP_LOOKUP_BATCH, `totals` folds
-//! successive snapshots into cumulative counters per process.
+//! (drains EXITED; reads the mmap-read arrays TASKS_BY_TID,
+//! FAULTS_BY_TGID, CPU_STATE and DROPS, `mapped_read`; walks the fallback
+//! hashes TASKS and PROCESS_FAULTS of ids past those arrays), the hashes
+//! batched where the kernel has BPF_MAP_LOOKUP_BATCH and they hold many
+//! entries, iterated otherwise (`MapRead`); `batch` is
+//! BPF_MAP_LOOKUP_BATCH, `totals` folds successive snapshots into
+//! cumulative counters per process.
 
 pub mod batch;
+mod mapped_read;
 pub mod totals;
 
 use std::{collections::HashMap, os::fd::AsFd};
 
-use aya::maps::{HashMap as AyaHashMap, MapData, MapError, PerCpuArray};
-use vitals_common::{
-    drop_reason, names, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters,
-};
+use aya::maps::{HashMap as AyaHashMap, MapData, MapError};
+use vitals_common::{drop_reason, names, ExitKey, ExitedTask, FaultCounters, TaskCounters};
 
 use super::{
     map_err,
@@ -61,8 +62,12 @@ impl Accounting {
     pub fn read(&mut self) -> Result<BpfSnapshot, BpfError> {
         let mut snap = BpfSnapshot::default();
 
+        self.map_arrays()?;
         // Freed tasks first: a task freed between this drain and the TASKS
         // walk below is then seen live now and exited next time, never lost.
+        // The ring where the kernel has one; the EXITED hash (then empty
+        // where the ring is used: one GET_NEXT_KEY) otherwise.
+        self.drain_exited_ring(&mut snap.exited);
         {
             let map = self.map_mut(names::EXITED)?;
             let mut exited: AyaHashMap<&mut MapData, ExitKey, ExitedTask> =
@@ -89,11 +94,11 @@ impl Accounting {
         // longer shows it in flight: the slice would be in neither. So the
         // per-CPU switch stamps are read before and after, and the read is
         // taken again (a few times at most) when a switch came in between.
-        let mut per_cpu = self.cpu_states()?;
+        let mut per_cpu = self.cpu_states();
         for attempt in 0..4 {
-            snap.tasks = self.read_hash(names::TASKS)?;
-            snap.process_faults = self.read_hash(names::PROCESS_FAULTS)?;
-            let after = self.cpu_states()?;
+            snap.tasks = self.read_tasks()?;
+            snap.process_faults = self.read_process_faults()?;
+            let after = self.cpu_states();
             let settled = per_cpu
                 .iter()
                 .zip(&after)
@@ -120,32 +125,22 @@ impl Accounting {
             }
         }
 
-        {
-            let drops: PerCpuArray<&MapData, u64> =
-                PerCpuArray::try_from(self.map(names::DROPS)?).map_err(map_err(names::DROPS))?;
-            for reason in 0..drop_reason::COUNT {
-                let per_cpu = drops.get(&reason, 0).map_err(map_err(names::DROPS))?;
-                snap.drops[reason as usize] = per_cpu.iter().sum();
-            }
-        }
+        snap.drops = self.drops();
         Ok(snap)
     }
 
-    /// Every CPU's scheduler state (CPU_STATE's one per-CPU slot).
-    fn cpu_states(&self) -> Result<Vec<CpuState>, BpfError> {
-        let cpu_state: PerCpuArray<&MapData, CpuState> =
-            PerCpuArray::try_from(self.map(names::CPU_STATE)?)
-                .map_err(map_err(names::CPU_STATE))?;
-        let per_cpu = cpu_state.get(&0, 0).map_err(map_err(names::CPU_STATE))?;
-        Ok(per_cpu.iter().copied().collect())
-    }
-
-    /// One BPF_MAP_TYPE_HASH with u32 keys.
+    /// One BPF_MAP_TYPE_HASH with u32 keys: iterated while it held at most
+    /// `SMALL_HASH` entries at the last read (`last_len`), which for the
+    /// fallback hashes is the rule (ids past the arrays are rare): an empty
+    /// hash then costs one BPF_MAP_GET_NEXT_KEY, which, unlike a lookup,
+    /// does not raise bpf_prog_active. Batched when larger, where the
+    /// kernel has it.
     fn read_hash<V: aya::Pod + Default>(
         &mut self,
         name: &'static str,
+        last_len: usize,
     ) -> Result<HashMap<u32, V>, BpfError> {
-        if self.map_read() == MapRead::Batch {
+        if self.map_read() == MapRead::Batch && last_len > SMALL_HASH {
             if let aya::maps::Map::HashMap(data) = self.map(name)? {
                 let mut out = HashMap::new();
                 let batched = batch::hash_u32::<V>(data.fd().as_fd(), |key, value| {
@@ -165,6 +160,9 @@ impl Accounting {
         iterate_hash(self.map(name)?, name)
     }
 }
+
+/// Entries up to which a hash is walked key by key (see `read_hash`).
+const SMALL_HASH: usize = 64;
 
 /// Every entry of a hash keyed by u32, by aya's iterator. Keys freed
 /// between get_next_key and the lookup are skipped: that race is normal for

@@ -1,36 +1,44 @@
 //! The object rewritten for kernels before 5.8: a copy of the embedded
-//! object in which CAPTURE_EVENTS is no BPF_MAP_TYPE_RINGBUF, so every
-//! kernel can create its maps. Pure byte work on the ELF image.
+//! object in which CAPTURE_EVENTS and EXITED_RING are no
+//! BPF_MAP_TYPE_RINGBUF, so every kernel can create its maps. Pure byte
+//! work on the ELF image.
 
 use vitals_common::names;
 
 use super::super::BpfError;
 
-/// A copy of the eBPF object in which the CAPTURE_EVENTS map definition
-/// (aya-ebpf's legacy `bpf_map_def` in the `maps` section: type, key size,
-/// value size, max entries, ...) says BPF_MAP_TYPE_ARRAY with 4-byte keys
-/// and values, which every kernel can create.
+/// A copy of the eBPF object in which the CAPTURE_EVENTS and EXITED_RING
+/// map definitions (aya-ebpf's legacy `bpf_map_def` in the `maps`
+/// section: type, key size, value size, max entries, ...) say
+/// BPF_MAP_TYPE_ARRAY with 4-byte keys and values, which every kernel can
+/// create.
 pub(crate) fn object_without_ringbuf(obj: &[u8]) -> Result<AlignedObject, BpfError> {
+    let mut out = AlignedObject::new(obj);
+    for name in [names::CAPTURE_EVENTS, names::EXITED_RING] {
+        as_array(obj, &mut out, name)?;
+    }
+    Ok(out)
+}
+
+/// Rewrites map `name`'s definition in `out` (a copy of `obj`).
+fn as_array(obj: &[u8], out: &mut AlignedObject, name: &'static str) -> Result<(), BpfError> {
     use object::{Object, ObjectSection, ObjectSymbol};
     const BPF_MAP_TYPE_ARRAY: u32 = 2;
-    let file = object::File::parse(obj).map_err(|_| BpfError::Missing(names::CAPTURE_EVENTS))?;
+    let file = object::File::parse(obj).map_err(|_| BpfError::Missing(name))?;
     let sym = file
         .symbols()
-        .find(|s| s.name() == Ok(names::CAPTURE_EVENTS))
-        .ok_or(BpfError::Missing(names::CAPTURE_EVENTS))?;
+        .find(|s| s.name() == Ok(name))
+        .ok_or(BpfError::Missing(name))?;
     let section = sym
         .section_index()
         .and_then(|i| file.section_by_index(i).ok())
-        .ok_or(BpfError::Missing(names::CAPTURE_EVENTS))?;
-    let (file_off, _) = section
-        .file_range()
-        .ok_or(BpfError::Missing(names::CAPTURE_EVENTS))?;
+        .ok_or(BpfError::Missing(name))?;
+    let (file_off, _) = section.file_range().ok_or(BpfError::Missing(name))?;
     let at = (file_off + sym.address() - section.address()) as usize;
-    let mut out = AlignedObject::new(obj);
     for (i, v) in [BPF_MAP_TYPE_ARRAY, 4, 4, 1].into_iter().enumerate() {
         out.bytes_mut()[at + 4 * i..at + 4 * i + 4].copy_from_slice(&v.to_le_bytes());
     }
-    Ok(out)
+    Ok(())
 }
 
 /// An ELF image in 8-byte-aligned memory, as aya's parser wants it (what

@@ -138,6 +138,7 @@ impl Accounting {
             pinned_waking: None,
             waking_link: None,
             map_read: MapRead::Batch,
+            mapped: Default::default(),
         })
     }
 }

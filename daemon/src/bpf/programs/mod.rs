@@ -24,6 +24,7 @@ pub(crate) use self::capture_tier::{IdleTransport, TransportSlot};
 use self::pins::PinnedProgram;
 pub use self::settings::WAKE_ARRAY_MAX_PIDS;
 use super::{
+    mapped::Mappings,
     object::{EventTransport, MapRead, SchedPrograms, TracepointLayout},
     program_err, BpfError, EventSizing, FaultSource, Features, MapLimits,
 };
@@ -60,6 +61,8 @@ pub struct Accounting {
     /// How the hashes are read; `Batch` falls back to `Iterate` for
     /// good on a kernel without batch lookups.
     map_read: MapRead,
+    /// The arrays read through mmap, mapped at the first read.
+    mapped: Mappings,
 }
 
 impl Accounting {
@@ -125,6 +128,15 @@ impl Accounting {
             .as_mut()
             .and_then(|e| e.map_mut(name))
             .ok_or(BpfError::Missing(name))
+    }
+
+    /// The mmap-read arrays (`bpf::mapped`).
+    pub(crate) fn mappings(&self) -> &Mappings {
+        &self.mapped
+    }
+
+    pub(crate) fn mappings_mut(&mut self) -> &mut Mappings {
+        &mut self.mapped
     }
 
     /// How the hashes are read now.

@@ -103,6 +103,7 @@ impl Accounting {
             pinned_waking,
             waking_link: None,
             map_read: MapRead::Batch,
+            mapped: Default::default(),
         })
     }
 }

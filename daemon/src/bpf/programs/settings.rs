@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use aya::{Ebpf, EbpfLoader};
-use vitals_common::{fixed_layout, names};
+use vitals_common::{drop_reason, fixed_layout, mapped, names};
 
 use super::super::{
     features::{self, possible_cpu_count, read_pid_max, VMLINUX_BTF},
@@ -24,6 +24,35 @@ use super::super::{
 /// Above this pid_max the wakeup array would cost more than 2 MiB; use the
 /// bounded hash instead (systemd hosts set pid_max to 4194304).
 pub const WAKE_ARRAY_MAX_PIDS: u32 = 1 << 18;
+
+/// Sizes of (TASKS_BY_TID and FAULTS_BY_TGID, TASKS, PROCESS_FAULTS): the
+/// arrays cover every id below pid_max where it is at most
+/// `mapped::MAX_TIDS`, and the hashes, which only ids past the arrays use,
+/// shrink to a token 16 entries then; otherwise the arrays take the ids
+/// below `MAX_TIDS` and the hashes keep the configured bounds.
+/// pid_max u32::MAX is unknown (Android's policy does not grant reading
+/// it): the arrays get a phone's usual pid_max, the hashes the rest.
+fn mapped_tids(pid_max: u32, max_tasks: u32, max_processes: u32) -> (u32, u32, u32) {
+    if pid_max <= mapped::MAX_TIDS {
+        (pid_max.max(1), 16, 16)
+    } else if pid_max == u32::MAX {
+        (mapped::DEFAULT_TIDS, max_tasks, max_processes)
+    } else {
+        (mapped::MAX_TIDS, max_tasks, max_processes)
+    }
+}
+
+/// EXITED_RING's size for `max_exited` records: a power-of-two number of
+/// pages (the kernel's requirement), each record with the ring's 8-byte
+/// header.
+fn exited_ring_bytes(max_exited: u32, page: u32) -> u32 {
+    let record = (std::mem::size_of::<vitals_common::ExitRecord>() as u32 + 8).next_multiple_of(8);
+    max_exited
+        .saturating_mul(record)
+        .max(page)
+        .checked_next_power_of_two()
+        .unwrap_or(1 << 31)
+}
 
 /// Tracepoint field offsets from the tracefs format files, which the
 /// classic programs get as globals.
@@ -145,6 +174,13 @@ pub(super) struct LoadSettings {
     pub(super) wake_array: bool,
     wake_array_len: u32,
     wake_hash_len: u32,
+    /// TASKS_BY_TID / FAULTS_BY_TGID entries (`mapped_tids`), and the
+    /// fallback hashes' sizes beside them.
+    tid_array_len: u32,
+    tasks_hash_len: u32,
+    processes_hash_len: u32,
+    /// Freed tasks' records in EXITED_RING, not the EXITED hash.
+    exit_ring: bool,
     ringbuf_ok: bool,
     pub(super) transport: EventTransport,
     /// The object rewritten without BPF_MAP_TYPE_RINGBUF, where the kernel
@@ -177,6 +213,11 @@ impl LoadSettings {
         } else {
             (1, cfg.limits.max_tasks)
         };
+        let (tid_array_len, tasks_hash_len, processes_hash_len) = if cfg.force_task_hash {
+            (1, cfg.limits.max_tasks, cfg.limits.max_processes)
+        } else {
+            mapped_tids(pid_max, cfg.limits.max_tasks, cfg.limits.max_processes)
+        };
         // Only the capture tier uses CAPTURE_EVENTS, but the map exists in
         // the object whatever runs, so probe even without a capture.
         let ringbuf_ok = features::ringbuf_map_supported(cfg.assume_no_ringbuf);
@@ -200,6 +241,10 @@ impl LoadSettings {
             wake_array,
             wake_array_len,
             wake_hash_len,
+            tid_array_len,
+            tasks_hash_len,
+            processes_hash_len,
+            exit_ring: ringbuf_ok && !cfg.force_exited_hash,
             ringbuf_ok,
             transport,
             patched,
@@ -226,6 +271,7 @@ impl LoadSettings {
         globals.extend([
             (names::G_CAPTURE_TRANSPORT, self.transport.rodata()),
             (names::G_WAKE_ARRAY, u32::from(self.wake_array)),
+            (names::G_EXIT_RING, u32::from(self.exit_ring)),
             (names::G_TRACK_WAIT, u32::from(cfg.runq_wait)),
         ]);
         let free_pid_unset = |name: &str| name == names::G_FREE_PID && cfg.free_pid_from_record;
@@ -240,15 +286,39 @@ impl LoadSettings {
     }
 
     /// Every map's max_entries.
-    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 8] {
+    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 13] {
         let [events, stacks, fault_ctr] =
             capture_map_sizes(cfg.capture, self.transport, self.ringbuf_ok, self.page);
         [
-            (names::TASKS, cfg.limits.max_tasks),
+            (names::TASKS, self.tasks_hash_len),
             (names::WAKE_TS, self.wake_hash_len),
             (names::WAKE_TS_ARRAY, self.wake_array_len),
-            (names::PROCESS_FAULTS, cfg.limits.max_processes),
-            (names::EXITED, cfg.limits.max_exited),
+            (names::PROCESS_FAULTS, self.processes_hash_len),
+            (names::TASKS_BY_TID, self.tid_array_len),
+            (names::FAULTS_BY_TGID, self.tid_array_len),
+            // One row per possible CPU (bpf_get_smp_processor_id() is
+            // below it).
+            (names::CPU_STATE, self.nr_cpus),
+            (names::DROPS, self.nr_cpus * drop_reason::COUNT),
+            // Freed tasks go to the ring where there is one, else the hash;
+            // the other gets its minimum (a ring buffer: one page; the
+            // rewritten array: one entry).
+            (
+                names::EXITED,
+                if self.exit_ring {
+                    1
+                } else {
+                    cfg.limits.max_exited
+                },
+            ),
+            (
+                names::EXITED_RING,
+                match (self.exit_ring, self.ringbuf_ok) {
+                    (true, _) => exited_ring_bytes(cfg.limits.max_exited, self.page),
+                    (false, true) => self.page,
+                    (false, false) => 1,
+                },
+            ),
             events,
             stacks,
             fault_ctr,
@@ -308,6 +378,35 @@ fn choose_btf_offsets(
         Err(e) => {
             log_missing(Feature::KernelBtf, e);
             None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tid_arrays_cover_pid_max_where_it_is_small_and_the_hashes_the_rest() {
+        assert_eq!(mapped_tids(32768, 16384, 8192), (32768, 16, 16));
+        assert_eq!(
+            mapped_tids(4_194_304, 16384, 8192),
+            (mapped::MAX_TIDS, 16384, 8192)
+        );
+        // Unknown pid_max (Android's policy): a phone's usual one.
+        assert_eq!(
+            mapped_tids(u32::MAX, 16384, 8192),
+            (mapped::DEFAULT_TIDS, 16384, 8192)
+        );
+    }
+
+    #[test]
+    fn exited_ring_holds_max_exited_records_in_a_power_of_two_of_pages() {
+        let record = std::mem::size_of::<vitals_common::ExitRecord>() as u32 + 8;
+        for (max_exited, page) in [(1, 4096), (4096, 4096), (100, 16384)] {
+            let bytes = exited_ring_bytes(max_exited, page);
+            assert!(bytes.is_power_of_two() && bytes >= page, "{bytes}");
+            assert!(bytes / record >= max_exited, "{bytes} for {max_exited}");
         }
     }
 }

@@ -1,0 +1,200 @@
+//! The BPF_F_MMAPABLE arrays (Linux 5.5) the always-on read takes through
+//! mmap instead of bpf(): CPU_STATE, DROPS, TASKS_BY_TID, FAULTS_BY_TGID
+//! (the programs' `mapped` module says what each holds). A bpf() lookup
+//! raises `bpf_prog_active` on the reader's CPU (bpf_disable_instrumentation,
+//! kernel/bpf/syscall.c) and, since Linux 5.11, can be preempted there:
+//! until the reader runs again the classic tracepoint programs on that CPU
+//! are skipped. A load from the mapping raises nothing.
+//!
+//! aya 0.14 creates these maps with the flag but has no mmap access, hence
+//! `libc::mmap` on the map's fd (kernel/bpf/arraymap.c array_map_mmap: the
+//! values start at offset 0, each `round_up(value_size, 8)` bytes).
+//!
+//! The programs write these values while we read them. Aligned u64 loads
+//! and stores are single-copy atomic on the 64-bit targets, so a field is
+//! never torn; a whole value is taken by copying it until two copies in a
+//! row agree (`read_stable`).
+
+use std::{
+    marker::PhantomData,
+    os::fd::{AsFd, AsRawFd},
+    ptr::NonNull,
+};
+
+use aya::maps::{Map, MapData, RingBuf};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum MappedError {
+    #[error("map {name} is not an array")]
+    NotArray { name: &'static str },
+    #[error("map {name}: value size {found} bytes, expected {expected}")]
+    ValueSize {
+        name: &'static str,
+        found: u32,
+        expected: usize,
+    },
+    #[error("map {name} was created without BPF_F_MMAPABLE (flags {flags:#x})")]
+    NotMmapable { name: &'static str, flags: u32 },
+    #[error("map {name}: {source}")]
+    Info {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("mmap of map {name} ({len} bytes): {source}")]
+    Mmap {
+        name: &'static str,
+        len: usize,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Attempts at a consistent copy of one value before taking the last one.
+const STABLE_TRIES: usize = 8;
+
+/// A read-only mapping of a BPF_F_MMAPABLE array of `T`.
+#[derive(Debug)]
+pub struct MappedArray<T> {
+    base: NonNull<u8>,
+    len_bytes: usize,
+    entries: u32,
+    stride: usize,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: the mapping is read-only shared memory owned by this value; it
+// is only read through volatile loads.
+unsafe impl<T> Send for MappedArray<T> {}
+unsafe impl<T> Sync for MappedArray<T> {}
+
+impl<T: Copy + PartialEq> MappedArray<T> {
+    /// Maps array `name` read-only.
+    pub fn open(map: &Map, name: &'static str) -> Result<Self, MappedError> {
+        let Map::Array(data) = map else {
+            return Err(MappedError::NotArray { name });
+        };
+        Self::open_data(data, name)
+    }
+
+    fn open_data(data: &MapData, name: &'static str) -> Result<Self, MappedError> {
+        let info = data
+            .info()
+            .map_err(|source| MappedError::Info { name, source })?;
+        if info.value_size() as usize != std::mem::size_of::<T>() {
+            return Err(MappedError::ValueSize {
+                name,
+                found: info.value_size(),
+                expected: std::mem::size_of::<T>(),
+            });
+        }
+        let flags = info.map_flags();
+        if flags & vitals_common::mapped::BPF_F_MMAPABLE == 0 {
+            return Err(MappedError::NotMmapable { name, flags });
+        }
+        let stride = std::mem::size_of::<T>().next_multiple_of(8);
+        let entries = info.max_entries();
+        let len_bytes = (stride * entries as usize).max(1);
+        // SAFETY: a fresh shared read-only mapping of the map's fd; the
+        // kernel checks the length against the array's size.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len_bytes,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                data.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(MappedError::Mmap {
+                name,
+                len: len_bytes,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(Self {
+            base: NonNull::new(ptr.cast()).expect("mmap returned null"),
+            len_bytes,
+            entries,
+            stride,
+            _t: PhantomData,
+        })
+    }
+
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// One copy of value `index` (< `entries`).
+    fn copy(&self, index: u32) -> T {
+        assert!(index < self.entries, "index {index} past {}", self.entries);
+        // SAFETY: inside the mapping; values are 8-byte aligned (page-
+        // aligned base, stride a multiple of 8); T is plain old data.
+        unsafe {
+            std::ptr::read_volatile(self.base.as_ptr().add(index as usize * self.stride) as *const T)
+        }
+    }
+
+    /// Value `index`, copied until two copies in a row agree (a program
+    /// was not writing it in between); the last copy after
+    /// `STABLE_TRIES`, whose fields are each whole.
+    pub fn read_stable(&self, index: u32) -> T {
+        let mut last = self.copy(index);
+        for _ in 0..STABLE_TRIES {
+            let again = self.copy(index);
+            if again == last {
+                break;
+            }
+            last = again;
+        }
+        last
+    }
+}
+
+impl<T> Drop for MappedArray<T> {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `open`, unmapped once.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len_bytes) };
+    }
+}
+
+/// A ring buffer of its own over `map`'s fd (a dup: the object keeps its
+/// `MapData`), or None when `map` is no ring buffer (the object rewritten
+/// for a kernel without them).
+pub fn own_ring(map: &Map, name: &'static str) -> Result<Option<RingBuf<MapData>>, MappedError> {
+    let Map::RingBuf(data) = map else {
+        return Ok(None);
+    };
+    let fd = data
+        .fd()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| MappedError::Mmap {
+            name,
+            len: 0,
+            source,
+        })?;
+    let info = |source| MappedError::Info { name, source };
+    let dup = MapData::from_fd(fd).map_err(info)?;
+    RingBuf::try_from(Map::RingBuf(dup)).map(Some).map_err(info)
+}
+
+/// The mappings of one `Accounting`, made at its first read.
+#[derive(Default)]
+pub struct Mappings {
+    pub cpu_state: Option<MappedArray<vitals_common::CpuState>>,
+    pub drops: Option<MappedArray<u64>>,
+    pub tasks: Option<MappedArray<vitals_common::TaskCounters>>,
+    pub process_faults: Option<MappedArray<vitals_common::FaultCounters>>,
+    /// EXITED_RING, where the kernel has ring buffers (else an array the
+    /// programs never write, and None here).
+    pub exited_ring: Option<aya::maps::RingBuf<MapData>>,
+    /// Entries the fallback hashes (TASKS, PROCESS_FAULTS) held at the
+    /// last read: while small they are walked key by key
+    /// (BPF_MAP_GET_NEXT_KEY does not raise bpf_prog_active), else batched.
+    pub tasks_hash_len: usize,
+    pub faults_hash_len: usize,
+}
