@@ -8,7 +8,7 @@ use std::{collections::HashMap, path::Path};
 
 use aya::{
     programs::{perf_event::SoftwareEvent, BtfTracePoint, PerfEvent},
-    Btf, Ebpf,
+    Btf, Ebpf, Endianness,
 };
 use vitals_common::names;
 
@@ -17,6 +17,7 @@ use super::{
         attach_err,
         features::{self, VMLINUX_BTF},
         object::{
+            btf::KernelBtf,
             feature_table::{log_missing, Feature},
             pinned_map_path, sched_program, MapRead, SchedPrograms, TracepointLayout,
         },
@@ -78,7 +79,7 @@ impl Accounting {
             &mut ebpf,
             cfg.runq_wait,
             layout,
-            settings.btf_offsets.is_some(),
+            settings.btf_offsets.as_ref(),
             pin_to,
         )?;
         let fault_source = attach_fault_source(&mut ebpf, fault_source, cfg.fault_source, pin_to)?;
@@ -154,31 +155,34 @@ fn choose_fault_source(
 }
 
 /// Attaches sched_switch, and with `runq_wait` sched_wakeup and
-/// sched_wakeup_new: as tp_btf programs with `try_btf` where the kernel
+/// sched_wakeup_new: as tp_btf programs with `kernel_btf` where the kernel
 /// takes them, else as classic tracepoints in `layout` (with `pin_to`
 /// pinned there instead).
 fn attach_sched(
     ebpf: &mut Ebpf,
     runq_wait: bool,
     layout: TracepointLayout,
-    try_btf: bool,
+    kernel_btf: Option<&KernelBtf>,
     pin_to: Option<&Path>,
 ) -> Result<SchedPrograms, BpfError> {
     let mut events = vec!["sched_switch"];
     if runq_wait {
         events.extend(["sched_wakeup", "sched_wakeup_new"]);
     }
-    let vmlinux_btf = if try_btf {
-        match Btf::from_sys_fs() {
-            Ok(btf) => Some(btf),
-            Err(e) => {
-                log_missing(Feature::KernelBtf, format!("parsing {VMLINUX_BTF}: {e}"));
+    // aya needs only the attach targets' ids from vmlinux BTF, which our
+    // own one-pass lookup found: give it those, not all of vmlinux to parse.
+    let vmlinux_btf =
+        match kernel_btf.map(|k| Btf::parse(&k.attach_targets_btf(), Endianness::default())) {
+            Some(Ok(btf)) => Some(btf),
+            Some(Err(e)) => {
+                log_missing(
+                    Feature::KernelBtf,
+                    format!("{VMLINUX_BTF}'s attach targets: {e}"),
+                );
                 None
             }
-        }
-    } else {
-        None
-    };
+            None => None,
+        };
     let mut sched_programs = SchedPrograms::Classic;
     if let Some(btf) = &vmlinux_btf {
         // A kernel or policy that refuses them (verifier, LSM) costs

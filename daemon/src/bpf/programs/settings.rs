@@ -150,9 +150,9 @@ pub(super) struct LoadSettings {
     /// The object rewritten without BPF_MAP_TYPE_RINGBUF, where the kernel
     /// has none; None: the embedded object as it is.
     patched: Option<AlignedObject>,
-    /// `struct task_struct` offsets for the tp_btf programs; None: attach
-    /// the classic tracepoints.
-    pub(super) btf_offsets: Option<btf::TaskStructOffsets>,
+    /// `struct task_struct` offsets and attach targets for the tp_btf
+    /// programs; None: attach the classic tracepoints.
+    pub(super) btf_offsets: Option<btf::KernelBtf>,
     pub(super) page: u32,
 }
 
@@ -211,7 +211,7 @@ impl LoadSettings {
     /// The globals the load freezes in .rodata, as (name, value).
     fn globals(&self, cfg: &AccountingConfig, offsets: &FieldOffsets) -> Vec<(&'static str, u32)> {
         let mut globals = Vec::new();
-        if let Some(o) = self.btf_offsets {
+        if let Some(o) = self.btf_offsets.map(|b| b.task) {
             globals.extend([
                 (names::G_TASK_PID, o.pid),
                 (names::G_TASK_TGID, o.tgid),
@@ -272,13 +272,9 @@ impl LoadSettings {
             .patched
             .as_ref()
             .map_or(EBPF_OBJECT, AlignedObject::bytes);
-        let ebpf = loader.load(object).map_err(BpfError::Load)?;
-        // EbpfLoader::new() parsed vmlinux BTF (aya 0.14 always does, and
-        // hides it); free that before attach_sched parses it again for the
-        // tp_btf loads, so start-up holds one parse at a time, not two.
-        drop(loader);
-        crate::system::release_free_heap();
-        Ok(ebpf)
+        // No vmlinux BTF parse here: our object has no CO-RE relocations,
+        // and the patched aya (third_party/aya) parses it only for those.
+        loader.load(object).map_err(BpfError::Load)
     }
 }
 
@@ -289,7 +285,7 @@ fn choose_btf_offsets(
     cfg: &AccountingConfig,
     features: &Features,
     pinning: bool,
-) -> Option<btf::TaskStructOffsets> {
+) -> Option<btf::KernelBtf> {
     if cfg.force_classic_tracepoints || pinning {
         return None;
     }
@@ -297,7 +293,7 @@ fn choose_btf_offsets(
         log_missing(Feature::KernelBtf, format!("no {VMLINUX_BTF}"));
         return None;
     }
-    match btf::task_struct_offsets(Path::new(VMLINUX_BTF)) {
+    match btf::kernel_btf(Path::new(VMLINUX_BTF)) {
         Ok(o) => Some(o),
         Err(e @ btf::BtfError::Prototype { .. }) => {
             log_missing(Feature::BtfSchedSwitch, e);
