@@ -20,6 +20,9 @@ use super::super::{
     tracefs::Tracefs,
     AccountingConfig, BpfError, Features,
 };
+use crate::bpf::config::{
+    exited_map_entries, process_faults_entries, tasks_entries, MachineBounds,
+};
 
 /// Above this pid_max the wakeup array would cost more than 2 MiB; use the
 /// bounded hash instead (systemd hosts set pid_max to 4194304).
@@ -141,6 +144,8 @@ const SWITCH_CAPTURE_FIELDS: usize = 3;
 pub(super) struct LoadSettings {
     /// Possible CPUs (for the log line; per-CPU maps are sized by aya).
     pub(super) nr_cpus: u32,
+    /// What the per-task and per-process maps are bounded by.
+    machine: MachineBounds,
     /// Wakeup times in the array indexed by tid, not the bounded hash.
     pub(super) wake_array: bool,
     wake_array_len: u32,
@@ -171,6 +176,10 @@ impl LoadSettings {
             log::warn!("{e}; keeping wakeup times in the bounded hash");
             u32::MAX
         });
+        let machine = MachineBounds {
+            pid_max,
+            possible_cpus: nr_cpus,
+        };
         let wake_array = pid_max <= WAKE_ARRAY_MAX_PIDS && !cfg.force_wake_hash;
         let (wake_array_len, wake_hash_len) = if wake_array {
             (pid_max, 1)
@@ -197,6 +206,7 @@ impl LoadSettings {
         };
         Ok(Self {
             nr_cpus,
+            machine,
             wake_array,
             wake_array_len,
             wake_hash_len,
@@ -242,11 +252,17 @@ impl LoadSettings {
         let [events, stacks, fault_ctr] =
             capture_map_sizes(cfg.capture, self.transport, self.ringbuf_ok, self.page);
         [
-            (names::TASKS, cfg.limits.max_tasks),
+            (names::TASKS, tasks_entries(&cfg.limits, &self.machine)),
             (names::WAKE_TS, self.wake_hash_len),
             (names::WAKE_TS_ARRAY, self.wake_array_len),
-            (names::PROCESS_FAULTS, cfg.limits.max_processes),
-            (names::EXITED, cfg.limits.max_exited),
+            (
+                names::PROCESS_FAULTS,
+                process_faults_entries(&cfg.limits, &self.machine),
+            ),
+            (
+                names::EXITED,
+                exited_map_entries(&cfg.limits, &self.machine),
+            ),
             events,
             stacks,
             fault_ctr,
