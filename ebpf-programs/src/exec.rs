@@ -16,7 +16,7 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext, EbpfContext};
 use vitals_common::fixed_layout;
 
-use crate::CPU_STATE;
+use crate::mapped::cpu_state;
 
 /// Fires in exec_binprm, in the exec'ing task's context, after de_thread.
 /// The program runs with preemption disabled, on the CPU the task is
@@ -39,8 +39,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     if pid == old_pid {
         return 0;
     }
-    if let Some(cpu) = CPU_STATE.get_ptr_mut(0) {
-        let cpu = unsafe { &mut *cpu };
+    if let Some(cpu) = cpu_state() {
         if cpu.valid != 0 && cpu.running_tid == old_pid {
             cpu.running_tid = pid;
         }

@@ -41,8 +41,7 @@ use aya_ebpf::{
 use capture_tier::{capture_control, ctx_comm, emit_switch};
 use vitals_common::{
     capture, comm_prefix, drop_reason, fixed_layout, free_comm_field, free_pid_offset,
-    reported_prev_state, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters,
-    PREV_STATE_BLOCKED_MASK,
+    reported_prev_state, ExitKey, ExitedTask, FaultCounters, TaskCounters, PREV_STATE_BLOCKED_MASK,
 };
 
 // ---- load-time settings (.rodata, set by the loader; the verifier treats

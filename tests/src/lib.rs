@@ -3,6 +3,7 @@
 //! decoder, and trace_processor (see [`trace_processor`]).
 
 pub mod bpf_stats;
+pub mod bpffs;
 pub mod daemon;
 pub mod kernel_clock;
 pub mod perfetto_service;

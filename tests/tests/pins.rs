@@ -4,29 +4,7 @@
 
 use std::process::Command;
 
-use vitals_tests::*;
-
-struct Bpffs(tempfile::TempDir);
-
-impl Bpffs {
-    fn mount() -> Self {
-        require_root();
-        let d = tempfile::tempdir().unwrap();
-        let st = Command::new("mount")
-            .args(["-t", "bpf", "bpf"])
-            .arg(d.path())
-            .status()
-            .unwrap();
-        assert!(st.success(), "mounting a bpffs");
-        Self(d)
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
-    }
-}
+use vitals_tests::{bpffs::pin, *};
 
 /// `vitalsd record --pins PINS` around the workloads' runs: they start
 /// once vitalsd logs `marker` (its programs are attached) and vitalsd is
@@ -124,22 +102,6 @@ fn oncpu_ms(table: &str, pid: u32) -> f64 {
         .and_then(|l| l.split_whitespace().nth(2))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("pid {pid} not in:\n{table}"))
-}
-
-/// `vitalsd pin` into a fresh bpffs.
-fn pin() -> Bpffs {
-    let fs = Bpffs::mount();
-    let out = Command::new(vitalsd_bin())
-        .args(["pin", "--dir"])
-        .arg(fs.0.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    fs
 }
 
 #[test]

@@ -433,7 +433,7 @@ fn bpf_map_mapped_kb(pid: i32) -> u64 {
     kb
 }
 
-/// The capture ring buffer (8 MiB by default) is mapped into the daemon
+/// The capture ring buffer (256 KiB a CPU by default) is mapped into the daemon
 /// only while a capture runs: mapped for the daemon's life it was 16 MiB
 /// of the idle daemon's RSS (issue #14). Records still flow through it,
 /// capture after capture, each mapping anew. What the idle daemon maps is
@@ -450,6 +450,14 @@ fn the_capture_ring_is_mapped_only_while_a_capture_runs() {
         idle_kb < 8 << 10,
         "the idle daemon maps {idle_kb} KiB of BPF maps"
     );
+    let ring_kb = {
+        use vitals_tests::bpf_stats::{maps_of, BPF_MAP_TYPE_RINGBUF};
+        let maps = maps_of(d.pid());
+        let ring = maps
+            .iter()
+            .find(|m| m.map_type == BPF_MAP_TYPE_RINGBUF && m.name == "CAPTURE_EVENTS");
+        ring.expect("a capture ring buffer").max_entries as u64 / 1024
+    };
     for round in 0..2 {
         let v = d.call(&Request::Capture {
             duration_s: 2.0,
@@ -469,7 +477,7 @@ fn the_capture_ring_is_mapped_only_while_a_capture_runs() {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert!(
-            most_kb >= idle_kb + (8 << 10),
+            most_kb >= idle_kb + ring_kb,
             "capture {round}: the ring buffer was never mapped ({most_kb} KiB at most)"
         );
         assert_eq!(
@@ -512,7 +520,23 @@ fn capture_memory_is_sized_by_the_config() {
         )
     };
     let ((ring, ring_memlock), (stacks, _)) = sizes("");
-    assert_eq!((ring, stacks), (8 << 20, 4096), "the defaults");
+    // By default the ring scales with the possible CPUs (the kernel's
+    // list), 256 KiB each in a power of two.
+    let cpus = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    let cpus = vitalsd::system::parse_cpu_list(cpus.trim()).unwrap().len() as u32;
+    assert_eq!(
+        (ring, stacks),
+        (
+            u64::from(vitalsd::bpf::capture_ring_bytes(cpus)),
+            u64::from(vitalsd::bpf::DEFAULT_STACK_ENTRIES)
+        ),
+        "the defaults on {cpus} CPUs"
+    );
+    assert_eq!(
+        ring,
+        (256 << 10) * u64::from(cpus.next_power_of_two()),
+        "{cpus} CPUs"
+    );
     assert!(
         ring_memlock >= ring,
         "{ring_memlock} bytes charged for the ring"

@@ -3,8 +3,11 @@
 //! leave running instead, `top -b -d 1` and `pidstat -u -r 1`, and with a
 //! second vitalsd run whose Perfetto producer is off (the first one is
 //! connected to a traced of its own with no session: the producer's idle
-//! cost is the difference), all over the same window: CPU (utime+stime from /proc/<pid>/stat) as % of one
-//! core, and RSS (VmRSS at the end, VmHWM peak). Then, in a separate phase
+//! cost is the difference), and with a third attaching the programs and
+//! maps `vitalsd pin` pinned (the pins path of Android user builds), all
+//! over the same window: CPU (utime+stime from /proc/<pid>/stat) as % of one
+//! core, and RSS (VmRSS at the end, VmHWM peak, and their ratio: start-up's
+//! cost above the steady state). Then, in a separate phase
 //! because the stats themselves cost, the kernel-side time of vitalsd's
 //! eBPF programs (kernel.bpf_stats_enabled), which its process CPU excludes.
 
@@ -170,6 +173,9 @@ pub fn run(seconds: u64, baseline: Option<std::path::PathBuf>) -> Result<()> {
         }
         None => None,
     };
+    // The pins path (Android user builds: bpfloader's pins, no BTF parse):
+    // a third vitalsd attaching what `vitalsd pin` pinned on a bpffs.
+    let pins = PinsPath::start(&dir, &traced.env())?;
     // Let start-up (load, first scans) settle before measuring.
     std::thread::sleep(Duration::from_secs(2));
     let n = (seconds + 5).to_string();
@@ -193,6 +199,8 @@ pub fn run(seconds: u64, baseline: Option<std::path::PathBuf>) -> Result<()> {
     if let Some(b) = &before_change {
         tools.push(("baseline build", b.id()));
     }
+    let pins_row = tools.len();
+    tools.push(("  pins path", pins.vitalsd.id()));
     let start: Vec<Cost> = tools.iter().map(|(_, p)| cost(*p)).collect::<Result<_>>()?;
     let t0 = Instant::now();
     println!("measuring {seconds} s of always-on sampling at 1 s...");
@@ -251,6 +259,14 @@ pub fn run(seconds: u64, baseline: Option<std::path::PathBuf>) -> Result<()> {
             rss[0] / rss[4].max(1e-9)
         );
     }
+    // VmHWM against the end's VmRSS: what start-up (the load, BTF
+    // lookups, the first scans) costs above the steady state.
+    let peak = |i: usize| end[i].hwm_kb as f64 / end[i].rss_kb.max(1) as f64;
+    println!(
+        "start-up peak / steady RSS: vitalsd run {:.2}x (tp_btf programs where the kernel's BTF allows), pins path {:.2}x (target <= 1.5x)",
+        peak(0),
+        peak(pins_row)
+    );
     println!(
         "vitalsd's BPF maps in kernel memory (fdinfo memlock, in no RSS): {:.1} MiB",
         bpf_map_kernel_kb(vitalsd.id())? as f64 / 1024.0
@@ -262,6 +278,7 @@ pub fn run(seconds: u64, baseline: Option<std::path::PathBuf>) -> Result<()> {
     );
 
     let kernel = kernel_side(&ours);
+    drop(pins);
     for d in [
         Some(&mut vitalsd),
         Some(&mut without),
@@ -297,6 +314,55 @@ fn kernel_side(ours: &HashSet<u64>) -> Result<()> {
         secs
     );
     Ok(())
+}
+
+/// `vitalsd run` attaching the programs and maps `vitalsd pin` pinned on
+/// a bpffs of its own; dropping it ends that daemon and unmounts the bpffs
+/// (which releases the pins).
+struct PinsPath {
+    vitalsd: Child,
+    bpffs: std::path::PathBuf,
+}
+
+impl PinsPath {
+    fn start(dir: &Path, env: &[(&'static str, std::path::PathBuf)]) -> Result<Self> {
+        let bpffs = dir.join("bpffs");
+        std::fs::create_dir_all(&bpffs)?;
+        let mounted = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&bpffs)
+            .status()
+            .context("mounting a bpffs for the pins path")?;
+        anyhow::ensure!(mounted.success(), "mount -t bpf: {mounted}");
+        let unmount = |e: anyhow::Error| {
+            let _ = Command::new("umount").arg(&bpffs).status();
+            e
+        };
+        let pinned = Command::new(workspace_root().join("target/release/vitalsd"))
+            .args(["pin", "--dir"])
+            .arg(&bpffs)
+            .stdout(Stdio::null())
+            .status()
+            .context("vitalsd pin")
+            .map_err(unmount)?;
+        if !pinned.success() {
+            return Err(unmount(anyhow::anyhow!("vitalsd pin: {pinned}")));
+        }
+        let extra = format!(
+            "[producer]\nenabled = false\n[sampling]\npin_dir = \"{}\"",
+            bpffs.display()
+        );
+        let vitalsd = start_vitalsd(&dir.join("pins"), &extra, env).map_err(unmount)?;
+        Ok(Self { vitalsd, bpffs })
+    }
+}
+
+impl Drop for PinsPath {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.vitalsd.id() as i32, libc::SIGTERM) };
+        let _ = self.vitalsd.wait();
+        let _ = Command::new("umount").arg(&self.bpffs).status();
+    }
 }
 
 fn tempfile_dir() -> Result<std::path::PathBuf> {

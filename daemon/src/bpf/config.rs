@@ -134,6 +134,65 @@ pub fn exited_entries(exits_per_second: u32, interval: Duration) -> u32 {
     want.clamp(f64::from(MIN_EXITED), f64::from(MAX_EXITED)) as u32
 }
 
+/// What the machine bounds the maps by, read when the programs load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MachineBounds {
+    /// /proc/sys/kernel/pid_max: every tid and tgid is below it (32768 on
+    /// most phones), so no per-task or per-process map can use more entries.
+    pub pid_max: u32,
+    /// Possible CPUs: what per-CPU maps are allocated for, and how many
+    /// CPUs can write capture records at once.
+    pub possible_cpus: u32,
+}
+
+// One function per map, so that a map's sizing reads in one place. Each
+// bound is a preallocated map's max_entries: the kernel charges it in full
+// at creation (fdinfo `memlock`), used or not.
+
+/// TASKS: one entry a live thread, `max_tasks` of them, never more than
+/// there can be tids. A thread that finds it full is counted
+/// (`drop_reason::TASKS_MAP_FULL`).
+pub fn tasks_entries(limits: &MapLimits, machine: &MachineBounds) -> u32 {
+    limits.max_tasks.min(machine.pid_max).max(1)
+}
+
+/// PROCESS_FAULTS: one entry a live process, never more than there can
+/// be tgids.
+pub fn process_faults_entries(limits: &MapLimits, machine: &MachineBounds) -> u32 {
+    limits.max_processes.min(machine.pid_max).max(1)
+}
+
+/// EXITED: the exits of two sampling intervals (`exited_entries`), never
+/// more than there can be tids.
+pub fn exited_map_entries(limits: &MapLimits, machine: &MachineBounds) -> u32 {
+    limits.max_exited.min(machine.pid_max).max(1)
+}
+
+/// Capture ring buffer bytes a possible CPU adds to the default: a CPU
+/// switching flat out (`perf bench sched pipe`) writes ~20 MB/s of
+/// records, so this is ~13 ms of that, over twice the drain thread's 5 ms
+/// poll (`events::EventOptions::poll`). Records that find the ring full
+/// are dropped and counted (`capture_ringbuf_lost_events`).
+pub const RING_BYTES_PER_CPU: u32 = 256 << 10;
+/// Largest default ring: what every machine got before it scaled with
+/// CPUs (a bigger one is `[capture] buffer_bytes`).
+pub const MAX_DEFAULT_RING_BYTES: u32 = 8 << 20;
+
+/// CAPTURE_EVENTS' default bytes for `possible_cpus`: [`RING_BYTES_PER_CPU`]
+/// each, a power of two (the ring buffer needs one), at most
+/// [`MAX_DEFAULT_RING_BYTES`].
+pub fn capture_ring_bytes(possible_cpus: u32) -> u32 {
+    RING_BYTES_PER_CPU
+        .saturating_mul(possible_cpus.max(1))
+        .min(MAX_DEFAULT_RING_BYTES)
+        .next_power_of_two()
+}
+
+/// Default entries of the sampled-fault stack map (~1 KiB each): the
+/// distinct user stacks of one capture's sampled faults. A stack that
+/// finds it full is counted (`lost_stacks`), its sample kept without it.
+pub const DEFAULT_STACK_ENTRIES: u32 = 1024;
+
 #[derive(Debug, Clone)]
 pub struct AccountingConfig {
     /// eBPF, /proc only, or eBPF falling back to /proc only when BPF is
@@ -237,11 +296,15 @@ pub struct EventMemory {
 }
 
 impl Default for EventMemory {
+    /// What `vitalsd run` reserves for captures unless `[capture]` says:
+    /// the ring scaled to this machine's possible CPUs
+    /// ([`capture_ring_bytes`]) and [`DEFAULT_STACK_ENTRIES`] stacks.
     fn default() -> Self {
-        let d = EventSizing::default();
+        let cpus = crate::system::possible_cpus(std::path::Path::new("/sys"))
+            .map_or(1, |c| c.len() as u32);
         Self {
-            buffer_bytes: d.ring_bytes,
-            stack_entries: d.stack_entries,
+            buffer_bytes: capture_ring_bytes(cpus),
+            stack_entries: DEFAULT_STACK_ENTRIES,
         }
     }
 }
@@ -319,10 +382,55 @@ mod tests {
     }
 
     #[test]
+    fn maps_are_bounded_by_pid_max() {
+        let limits = MapLimits::default();
+        let phone = MachineBounds {
+            pid_max: 32768,
+            possible_cpus: 8,
+        };
+        assert_eq!(tasks_entries(&limits, &phone), 16384);
+        assert_eq!(process_faults_entries(&limits, &phone), 8192);
+        assert_eq!(exited_map_entries(&limits, &phone), 4096);
+        let tiny = MachineBounds {
+            pid_max: 1000,
+            possible_cpus: 1,
+        };
+        assert_eq!(tasks_entries(&limits, &tiny), 1000);
+        assert_eq!(process_faults_entries(&limits, &tiny), 1000);
+        let busy = MapLimits {
+            max_exited: exited_entries(2048, Duration::from_secs(10)),
+            ..limits
+        };
+        assert_eq!(exited_map_entries(&busy, &tiny), 1000);
+    }
+
+    #[test]
+    fn the_default_capture_ring_scales_with_cpus() {
+        assert_eq!(capture_ring_bytes(1), 256 << 10);
+        assert_eq!(capture_ring_bytes(2), 512 << 10);
+        assert_eq!(capture_ring_bytes(3), 1 << 20);
+        assert_eq!(capture_ring_bytes(8), 2 << 20);
+        assert_eq!(capture_ring_bytes(32), 8 << 20);
+        assert_eq!(capture_ring_bytes(4096), MAX_DEFAULT_RING_BYTES);
+        for cpus in 0..300 {
+            let bytes = capture_ring_bytes(cpus);
+            assert!(bytes.is_power_of_two());
+            assert!(
+                EventMemory::BUFFER_BYTES.contains(&bytes),
+                "{cpus}: {bytes}"
+            );
+        }
+    }
+
+    #[test]
     fn capture_memory_is_a_bounded_power_of_two() {
         let ok = EventMemory::default();
         assert_eq!(ok.check(), Ok(()));
-        assert_eq!(ok.sizing(), EventSizing::default());
+        let cpus = crate::system::possible_cpus(std::path::Path::new("/sys"))
+            .unwrap()
+            .len() as u32;
+        assert_eq!(ok.sizing().ring_bytes, capture_ring_bytes(cpus));
+        assert_eq!(ok.sizing().stack_entries, DEFAULT_STACK_ENTRIES);
         for bytes in [0, 3 << 20, 32 << 10, 512 << 20] {
             let (key, why) = EventMemory {
                 buffer_bytes: bytes,

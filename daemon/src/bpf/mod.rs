@@ -43,9 +43,9 @@ use aya::{maps::MapError, programs::ProgramError, EbpfError};
 use thiserror::Error;
 
 pub use self::config::{
-    exited_entries, AccountingChoice, AccountingConfig, EventMemory, EventSizing,
-    EventTransportChoice, FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
-    MAX_EXITED, MIN_EXITED,
+    capture_ring_bytes, exited_entries, AccountingChoice, AccountingConfig, EventMemory,
+    EventSizing, EventTransportChoice, FaultSourceChoice, MachineBounds, MapLimits, PinMode,
+    DEFAULT_EXITS_PER_SECOND, DEFAULT_STACK_ENTRIES, MAX_EXITED, MIN_EXITED,
 };
 pub use self::counters::{totals, BpfSnapshot};
 pub use self::denied::{open, Opened, ProcOnly};

@@ -2,11 +2,21 @@
 //! (/sys/kernel/btf/vmlinux): a few `struct task_struct` field offsets and
 //! the argument lists of the raw tracepoints they attach to.
 //!
-//! One pass over the type section, no type table built: the daemon stays
-//! small at start-up (vmlinux BTF holds over 100k types), and the format
-//! (Documentation/bpf/btf.rst) is stable and tiny to walk.
+//! Read in passes over the file (`types`), never whole nor as a type
+//! graph: the daemon's start-up peak is what a phone's low-memory killer
+//! sees, and vmlinux BTF is 5+ MiB of over 100k types; the format is stable
+//! and tiny to walk. The tp_btf programs' attach targets are handed to aya
+//! as a sparse blob of their own (`KernelBtf::attach_targets_btf`).
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashMap,
+    io::{Read, Seek},
+    path::{Path, PathBuf},
+};
+
+mod types;
+
+use types::{Types, BTF_MAGIC, KIND_PTR, KIND_STRUCT, KIND_TYPEDEF};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BtfError {
@@ -60,211 +70,76 @@ const EXPECTED_PROTOS: [(&str, &[&str]); 3] = [
     ("btf_trace_sched_wakeup_new", &["void", "task_struct"]),
 ];
 
-const BTF_MAGIC: u16 = 0xeb9f;
-const KIND_INT: u32 = 1;
-const KIND_PTR: u32 = 2;
-const KIND_ARRAY: u32 = 3;
-const KIND_STRUCT: u32 = 4;
-const KIND_UNION: u32 = 5;
-const KIND_ENUM: u32 = 6;
-const KIND_TYPEDEF: u32 = 8;
-const KIND_VOLATILE: u32 = 9;
-const KIND_CONST: u32 = 10;
-const KIND_RESTRICT: u32 = 11;
-const KIND_FUNC_PROTO: u32 = 13;
-const KIND_VAR: u32 = 14;
-const KIND_DATASEC: u32 = 15;
-const KIND_DECL_TAG: u32 = 17;
-const KIND_TYPE_TAG: u32 = 18;
-const KIND_ENUM64: u32 = 19;
-
-/// A parsed view of a BTF blob: where each type record starts.
-struct Types<'a> {
-    data: &'a [u8],
-    strings: &'a [u8],
-    /// Byte offset of type id `i + 1`'s record in `data`.
-    starts: Vec<u32>,
+/// What the `*_btf` programs need from the kernel's BTF.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelBtf {
+    pub task: TaskStructOffsets,
+    /// The type id of each `btf_trace_<event>` typedef of
+    /// [`EXPECTED_PROTOS`], in that order: a tp_btf program's attach
+    /// target (BPF_PROG_LOAD's attach_btf_id).
+    attach_targets: [u32; EXPECTED_PROTOS.len()],
 }
 
-#[derive(Clone, Copy)]
-struct TypeRecord {
-    name_off: u32,
-    kind: u32,
-    vlen: u32,
-    kind_flag: bool,
-    /// `size` or `type`, by kind.
-    size_or_type: u32,
-    /// Offset of the kind-specific data after the 12-byte header.
-    extra: usize,
-}
-
-fn u32_at(data: &[u8], off: usize) -> Option<u32> {
-    data.get(off..off + 4)
-        .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
-}
-
-impl<'a> Types<'a> {
-    fn parse(data: &'a [u8]) -> Result<Self, String> {
-        let magic = data
-            .get(0..2)
-            .map(|b| u16::from_ne_bytes(b.try_into().unwrap()))
-            .ok_or("shorter than a BTF header")?;
-        if magic != BTF_MAGIC {
-            return Err(format!("bad magic {magic:#x} (other endianness?)"));
+impl KernelBtf {
+    /// A BTF blob for aya's `BtfTracePoint::load`, which looks the attach
+    /// target up by name in a parsed `aya::Btf` (and needs nothing else of
+    /// it): the `btf_trace_<event>` typedefs at their ids in the kernel's
+    /// BTF, every type before them a 12-byte placeholder (a `void *`).
+    /// About 12 bytes a type up to the last typedef (10306 here, ~120 KiB;
+    /// aya's parse of it ~0.4 MiB), where parsing all of vmlinux cost
+    /// ~20 MiB of peak RSS.
+    pub fn attach_targets_btf(&self) -> Vec<u8> {
+        let mut strings = vec![0u8];
+        let mut names = HashMap::new();
+        for ((typedef, _), id) in EXPECTED_PROTOS.iter().zip(self.attach_targets) {
+            names.insert(id, strings.len() as u32);
+            strings.extend_from_slice(typedef.as_bytes());
+            strings.push(0);
         }
-        let field = |i: usize| u32_at(data, 4 + 4 * i).ok_or("truncated BTF header");
-        let (hdr_len, type_off, type_len, str_off, str_len) =
-            (field(0)?, field(1)?, field(2)?, field(3)?, field(4)?);
-        let range = |off: u32, len: u32| {
-            let start = hdr_len as usize + off as usize;
-            data.get(start..start + len as usize)
-                .ok_or_else(|| format!("section at {start}+{len} past the end"))
-        };
-        let types = range(type_off, type_len)?;
-        let strings = range(str_off, str_len)?;
-        let mut starts = Vec::new();
-        let mut off = 0usize;
-        while off < types.len() {
-            starts.push(off as u32);
-            let rec = record(types, off).ok_or_else(|| format!("truncated type at {off}"))?;
-            off =
-                rec.extra + extra_len(&rec).ok_or_else(|| format!("unknown kind {}", rec.kind))?;
-        }
-        Ok(Self {
-            data: types,
-            strings,
-            starts,
-        })
-    }
-
-    fn get(&self, id: u32) -> Option<TypeRecord> {
-        let start = *self.starts.get(id.checked_sub(1)? as usize)?;
-        record(self.data, start as usize)
-    }
-
-    fn name(&self, name_off: u32) -> &'a str {
-        let rest = self.strings.get(name_off as usize..).unwrap_or(&[]);
-        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-        std::str::from_utf8(&rest[..end]).unwrap_or("")
-    }
-
-    fn find(&self, kind: u32, name: &str) -> Option<TypeRecord> {
-        (1..=self.starts.len() as u32)
-            .filter_map(|id| self.get(id))
-            .find(|r| r.kind == kind && self.name(r.name_off) == name)
-    }
-
-    /// Member `name`'s byte offset in a struct or union, looking through
-    /// anonymous struct/union members.
-    fn member_offset(&self, rec: &TypeRecord, name: &str) -> Option<u32> {
-        if rec.kind != KIND_STRUCT && rec.kind != KIND_UNION {
-            return None;
-        }
-        for i in 0..rec.vlen as usize {
-            let m = rec.extra + 12 * i;
-            let (m_name, m_type, m_off) = (
-                u32_at(self.data, m)?,
-                u32_at(self.data, m + 4)?,
-                u32_at(self.data, m + 8)?,
-            );
-            // With kind_flag the top 8 bits are a bitfield size.
-            let bits = if rec.kind_flag {
-                m_off & 0xff_ffff
-            } else {
-                m_off
+        let last = self.attach_targets.iter().copied().max().unwrap_or(0);
+        let mut types = Vec::with_capacity(12 * last as usize);
+        for id in 1..=last {
+            let words = match names.get(&id) {
+                Some(&name_off) => [name_off, KIND_TYPEDEF << 24, 0],
+                None => [0, KIND_PTR << 24, 0],
             };
-            if m_name == 0 {
-                let inner = self.get(self.skip_modifiers(m_type))?;
-                if let Some(off) = self.member_offset(&inner, name) {
-                    return Some(bits / 8 + off);
-                }
-            } else if self.name(m_name) == name {
-                return (bits % 8 == 0).then_some(bits / 8);
+            for w in words {
+                types.extend_from_slice(&w.to_ne_bytes());
             }
         }
-        None
+        let mut out = Vec::with_capacity(24 + types.len() + strings.len());
+        out.extend_from_slice(&BTF_MAGIC.to_ne_bytes());
+        out.extend([1u8, 0]);
+        let (types_len, strings_len) = (types.len() as u32, strings.len() as u32);
+        for w in [24u32, 0, types_len, types_len, strings_len] {
+            out.extend_from_slice(&w.to_ne_bytes());
+        }
+        out.extend(types);
+        out.extend(strings);
+        out
     }
 
-    fn skip_modifiers(&self, mut id: u32) -> u32 {
-        while let Some(r) = self.get(id) {
-            match r.kind {
-                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
-                    id = r.size_or_type
-                }
-                _ => break,
-            }
-        }
-        id
-    }
-
-    /// A short name for a parameter type: `void` for void and `void *`, the
-    /// pointee's name for other pointers, the type's own name otherwise.
-    fn param_name(&self, id: u32) -> &'a str {
-        let id = self.skip_modifiers(id);
-        let Some(r) = self.get(id) else {
-            return "void";
-        };
-        if r.kind == KIND_PTR {
-            let pointee = self.skip_modifiers(r.size_or_type);
-            return match self.get(pointee) {
-                Some(p) => self.name(p.name_off),
-                None => "void",
-            };
-        }
-        self.name(r.name_off)
-    }
-
-    /// Parameter type names of typedef `name` = pointer to function proto.
-    fn proto_params(&self, name: &str) -> Option<Vec<&'a str>> {
-        let td = self.find(KIND_TYPEDEF, name)?;
-        let ptr = self.get(self.skip_modifiers(td.size_or_type))?;
-        if ptr.kind != KIND_PTR {
-            return None;
-        }
-        let proto = self.get(self.skip_modifiers(ptr.size_or_type))?;
-        if proto.kind != KIND_FUNC_PROTO {
-            return None;
-        }
-        (0..proto.vlen as usize)
-            .map(|i| u32_at(self.data, proto.extra + 8 * i + 4).map(|t| self.param_name(t)))
-            .collect()
+    /// The attach target id of raw tracepoint `event` (`sched_switch`).
+    #[cfg(test)]
+    fn attach_target(&self, event: &str) -> Option<u32> {
+        EXPECTED_PROTOS
+            .iter()
+            .position(|(typedef, _)| typedef.strip_prefix("btf_trace_") == Some(event))
+            .map(|i| self.attach_targets[i])
     }
 }
 
-fn record(data: &[u8], off: usize) -> Option<TypeRecord> {
-    let info = u32_at(data, off + 4)?;
-    Some(TypeRecord {
-        name_off: u32_at(data, off)?,
-        kind: (info >> 24) & 0x1f,
-        vlen: info & 0xffff,
-        kind_flag: info >> 31 != 0,
-        size_or_type: u32_at(data, off + 8)?,
-        extra: off + 12,
-    })
-}
-
-/// Bytes of kind-specific data after the header; None for unknown kinds.
-fn extra_len(r: &TypeRecord) -> Option<usize> {
-    let vlen = r.vlen as usize;
-    Some(match r.kind {
-        KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
-        KIND_ARRAY => 12,
-        KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
-        KIND_ENUM | KIND_FUNC_PROTO => 8 * vlen,
-        // PTR, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT, FUNC, FLOAT, TYPE_TAG
-        2 | 7..=12 | 16 | KIND_TYPE_TAG => 0,
-        _ => return None,
-    })
-}
-
-/// The task_struct offsets, if the kernel's raw sched tracepoints have the
-/// argument lists the `*_btf` programs were written for.
-pub fn task_struct_offsets(path: &Path) -> Result<TaskStructOffsets, BtfError> {
-    let data = std::fs::read(path).map_err(|source| BtfError::Read {
+/// Reads what the `*_btf` programs need from the BTF file at `path`, if
+/// the kernel's raw sched tracepoints have the argument lists they were
+/// written for.
+pub fn kernel_btf(path: &Path) -> Result<KernelBtf, BtfError> {
+    let read_err = |source| BtfError::Read {
         path: path.into(),
         source,
-    })?;
-    task_struct_offsets_in(&data).map_err(|e| match e {
+    };
+    let mut file = std::fs::File::open(path).map_err(read_err)?;
+    kernel_btf_in(&mut file).map_err(|e| match e {
+        Lookup::Io(source) => read_err(source),
         Lookup::Malformed(what) => BtfError::Malformed {
             path: path.into(),
             what,
@@ -280,14 +155,54 @@ pub fn task_struct_offsets(path: &Path) -> Result<TaskStructOffsets, BtfError> {
     })
 }
 
+#[derive(Debug)]
 enum Lookup {
+    Io(std::io::Error),
     Malformed(String),
     Missing(String),
     Prototype(String),
 }
 
+/// Passes over the type section before a lookup gives up: each pass reads
+/// the data of the types the last one found it needs (a struct, then its
+/// anonymous members, then theirs).
+const MAX_PASSES: usize = 16;
+
+fn kernel_btf_in<R: Read + Seek>(file: &mut R) -> Result<KernelBtf, Lookup> {
+    let mut types = Types::read(file)?;
+    for _ in 0..MAX_PASSES {
+        let found = lookup(&types);
+        if types.needed.borrow().is_empty() {
+            return found;
+        }
+        types.scan(file, false)?;
+    }
+    Err(Lookup::Malformed(format!(
+        "types nested more than {MAX_PASSES} deep"
+    )))
+}
+
+fn lookup(types: &Types) -> Result<KernelBtf, Lookup> {
+    let task = task_struct_offsets_from(types)?;
+    let mut attach_targets = [0; EXPECTED_PROTOS.len()];
+    for (id, (typedef, _)) in attach_targets.iter_mut().zip(EXPECTED_PROTOS) {
+        *id = types
+            .find(KIND_TYPEDEF, typedef)
+            .ok_or_else(|| Lookup::Prototype(format!("typedef {typedef}")))?
+            .id;
+    }
+    Ok(KernelBtf {
+        task,
+        attach_targets,
+    })
+}
+
+#[cfg(test)]
 fn task_struct_offsets_in(data: &[u8]) -> Result<TaskStructOffsets, Lookup> {
-    let types = Types::parse(data).map_err(Lookup::Malformed)?;
+    kernel_btf_in(&mut std::io::Cursor::new(data)).map(|k| k.task)
+}
+
+fn task_struct_offsets_from(types: &Types) -> Result<TaskStructOffsets, Lookup> {
     for (typedef, expected) in EXPECTED_PROTOS {
         match types.proto_params(typedef) {
             Some(params) if params == expected => {}
@@ -329,7 +244,9 @@ fn task_struct_offsets_in(data: &[u8]) -> Result<TaskStructOffsets, Lookup> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use aya_obj::btf::BtfKind;
+
+    use super::{types::*, *};
 
     /// Builds a BTF blob type by type, the way pahole lays one out.
     #[derive(Default)]
@@ -505,6 +422,28 @@ mod tests {
     }
 
     #[test]
+    fn aya_finds_the_attach_targets_at_their_ids() {
+        let blob = kernel_like(false);
+        let kernel = kernel_btf_in(&mut std::io::Cursor::new(&blob)).unwrap();
+        // The independent source: aya's own parse of the whole blob.
+        let full = aya::Btf::parse(&blob, Default::default()).unwrap();
+        let sparse = aya::Btf::parse(&kernel.attach_targets_btf(), Default::default()).unwrap();
+        for event in ["sched_switch", "sched_wakeup", "sched_wakeup_new"] {
+            let typedef = format!("btf_trace_{event}");
+            let id = full
+                .id_by_type_name_kind(&typedef, BtfKind::Typedef)
+                .unwrap();
+            assert_eq!(kernel.attach_target(event), Some(id));
+            assert_eq!(
+                sparse
+                    .id_by_type_name_kind(&typedef, BtfKind::Typedef)
+                    .unwrap(),
+                id
+            );
+        }
+    }
+
+    #[test]
     fn refuses_an_older_sched_switch_prototype() {
         match task_struct_offsets_in(&kernel_like(true)) {
             Err(Lookup::Prototype(what)) => {
@@ -534,7 +473,8 @@ mod tests {
         // `cargo xtask setup` installs bpftool; this machine's kernel has
         // BTF (CONFIG_DEBUG_INFO_BTF), as every machine the tests run on.
         let path = Path::new("/sys/kernel/btf/vmlinux");
-        let offsets = task_struct_offsets(path).unwrap();
+        let kernel = kernel_btf(path).unwrap();
+        let offsets = kernel.task;
         let dump = std::process::Command::new("bpftool")
             .args([
                 "btf",
@@ -587,5 +527,23 @@ mod tests {
             offsets.run_delay,
             Some(bpftool_offset("sched_info") + member_offset("sched_info", "run_delay"))
         );
+        // The attach targets: bpftool's `[id] TYPEDEF 'btf_trace_<event>'`,
+        // and aya finds each at that id in the blob it is given.
+        let aya_btf = aya::Btf::parse(&kernel.attach_targets_btf(), Default::default()).unwrap();
+        for event in ["sched_switch", "sched_wakeup", "sched_wakeup_new"] {
+            let bpftool_id: u32 = text
+                .lines()
+                .find(|l| l.contains(&format!("] TYPEDEF 'btf_trace_{event}' ")))
+                .and_then(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("bpftool shows no btf_trace_{event}"));
+            assert_eq!(kernel.attach_target(event), Some(bpftool_id), "{event}");
+            assert_eq!(
+                aya_btf
+                    .id_by_type_name_kind(&format!("btf_trace_{event}"), BtfKind::Typedef)
+                    .unwrap(),
+                bpftool_id,
+                "{event}"
+            );
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::{collections::HashMap, path::Path};
 
 use aya::{
     programs::{perf_event::SoftwareEvent, BtfTracePoint, PerfEvent},
-    Btf, Ebpf,
+    Btf, Ebpf, Endianness,
 };
 use vitals_common::{fixed_layout, names};
 
@@ -17,6 +17,7 @@ use super::{
         attach_err,
         features::{self, VMLINUX_BTF},
         object::{
+            btf::KernelBtf,
             feature_table::{log_missing, Feature},
             pinned_map_path, sched_program, MapRead, SchedPrograms, TracepointLayout,
         },
@@ -78,7 +79,7 @@ impl Accounting {
             &mut ebpf,
             cfg.runq_wait,
             layout,
-            settings.btf_offsets.map(|o| o.run_delay.is_some()),
+            settings.btf_offsets.as_ref(),
             pin_to,
         )?;
         if sched_programs == SchedPrograms::Classic && pin_to.is_none() {
@@ -177,28 +178,33 @@ fn sched_events(runq_wait: bool, wait_from_kernel: bool) -> Vec<&'static str> {
 }
 
 /// Attaches the scheduler programs (`sched_events`): as tp_btf programs
-/// where `btf_run_delay` is Some (whether their task_struct has
-/// `sched_info.run_delay`) and the kernel takes them, else as classic
+/// with `kernel_btf` (aya gets only its attach targets) where the
+/// kernel takes them, else as classic
 /// tracepoints in `layout` (with `pin_to` pinned there instead). Returns
 /// which, and whether runqueue wait comes from run_delay.
 fn attach_sched(
     ebpf: &mut Ebpf,
     runq_wait: bool,
     layout: TracepointLayout,
-    btf_run_delay: Option<bool>,
+    kernel_btf: Option<&KernelBtf>,
     pin_to: Option<&Path>,
 ) -> Result<(SchedPrograms, bool), BpfError> {
-    let vmlinux_btf = if btf_run_delay.is_some() {
-        match Btf::from_sys_fs() {
-            Ok(btf) => Some(btf),
-            Err(e) => {
-                log_missing(Feature::KernelBtf, format!("parsing {VMLINUX_BTF}: {e}"));
+    // Some(whether their task_struct has sched_info.run_delay) with BTF.
+    let btf_run_delay = kernel_btf.map(|k| k.task.run_delay.is_some());
+    // aya needs only the attach targets' ids from vmlinux BTF, which our
+    // own one-pass lookup found: give it those, not all of vmlinux to parse.
+    let vmlinux_btf =
+        match kernel_btf.map(|k| Btf::parse(&k.attach_targets_btf(), Endianness::default())) {
+            Some(Ok(btf)) => Some(btf),
+            Some(Err(e)) => {
+                log_missing(
+                    Feature::KernelBtf,
+                    format!("{VMLINUX_BTF}'s attach targets: {e}"),
+                );
                 None
             }
-        }
-    } else {
-        None
-    };
+            None => None,
+        };
     let mut sched_programs = SchedPrograms::Classic;
     let run_delay = btf_run_delay == Some(true);
     if let Some(btf) = &vmlinux_btf {

@@ -20,6 +20,9 @@ use super::super::{
     tracefs::Tracefs,
     AccountingConfig, BpfError, Features,
 };
+use crate::bpf::config::{
+    exited_map_entries, process_faults_entries, tasks_entries, MachineBounds,
+};
 
 /// Above this pid_max the wakeup array would cost more than 2 MiB; use the
 /// bounded hash instead (systemd hosts set pid_max to 4194304).
@@ -170,6 +173,8 @@ const SWITCH_CAPTURE_FIELDS: usize = 3;
 pub(super) struct LoadSettings {
     /// Possible CPUs (for the log line; per-CPU maps are sized by aya).
     pub(super) nr_cpus: u32,
+    /// What the per-task and per-process maps are bounded by.
+    machine: MachineBounds,
     /// Wakeup times in the array indexed by tid, not the bounded hash.
     pub(super) wake_array: bool,
     wake_array_len: u32,
@@ -186,9 +191,9 @@ pub(super) struct LoadSettings {
     /// The object rewritten without BPF_MAP_TYPE_RINGBUF, where the kernel
     /// has none; None: the embedded object as it is.
     patched: Option<AlignedObject>,
-    /// `struct task_struct` offsets for the tp_btf programs; None: attach
-    /// the classic tracepoints.
-    pub(super) btf_offsets: Option<btf::TaskStructOffsets>,
+    /// `struct task_struct` offsets and attach targets for the tp_btf
+    /// programs; None: attach the classic tracepoints.
+    pub(super) btf_offsets: Option<btf::KernelBtf>,
     pub(super) page: u32,
 }
 
@@ -207,16 +212,23 @@ impl LoadSettings {
             log::warn!("{e}; keeping wakeup times in the bounded hash");
             u32::MAX
         });
+        let machine = MachineBounds {
+            pid_max,
+            possible_cpus: nr_cpus,
+        };
         let wake_array = pid_max <= WAKE_ARRAY_MAX_PIDS && !cfg.force_wake_hash;
         let (wake_array_len, wake_hash_len) = if wake_array {
             (pid_max, 1)
         } else {
             (1, cfg.limits.max_tasks)
         };
+        // The hashes never need more entries than there can be ids.
+        let max_tasks = tasks_entries(&cfg.limits, &machine);
+        let max_processes = process_faults_entries(&cfg.limits, &machine);
         let (tid_array_len, tasks_hash_len, processes_hash_len) = if cfg.force_task_hash {
-            (1, cfg.limits.max_tasks, cfg.limits.max_processes)
+            (1, max_tasks, max_processes)
         } else {
-            mapped_tids(pid_max, cfg.limits.max_tasks, cfg.limits.max_processes)
+            mapped_tids(pid_max, max_tasks, max_processes)
         };
         // Only the capture tier uses CAPTURE_EVENTS, but the map exists in
         // the object whatever runs, so probe even without a capture.
@@ -238,6 +250,7 @@ impl LoadSettings {
         };
         Ok(Self {
             nr_cpus,
+            machine,
             wake_array,
             wake_array_len,
             wake_hash_len,
@@ -256,7 +269,7 @@ impl LoadSettings {
     /// The globals the load freezes in .rodata, as (name, value).
     fn globals(&self, cfg: &AccountingConfig, offsets: &FieldOffsets) -> Vec<(&'static str, u32)> {
         let mut globals = Vec::new();
-        if let Some(o) = self.btf_offsets {
+        if let Some(o) = self.btf_offsets.map(|b| b.task) {
             globals.extend([
                 (names::G_TASK_PID, o.pid),
                 (names::G_TASK_TGID, o.tgid),
@@ -308,7 +321,7 @@ impl LoadSettings {
                 if self.exit_ring {
                     1
                 } else {
-                    cfg.limits.max_exited
+                    exited_map_entries(&cfg.limits, &self.machine)
                 },
             ),
             (
@@ -344,13 +357,9 @@ impl LoadSettings {
             .patched
             .as_ref()
             .map_or(EBPF_OBJECT, AlignedObject::bytes);
-        let ebpf = loader.load(object).map_err(BpfError::Load)?;
-        // EbpfLoader::new() parsed vmlinux BTF (aya 0.14 always does, and
-        // hides it); free that before attach_sched parses it again for the
-        // tp_btf loads, so start-up holds one parse at a time, not two.
-        drop(loader);
-        crate::system::release_free_heap();
-        Ok(ebpf)
+        // No vmlinux BTF parse here: our object has no CO-RE relocations,
+        // and the patched aya (third_party/aya) parses it only for those.
+        loader.load(object).map_err(BpfError::Load)
     }
 }
 
@@ -361,7 +370,7 @@ fn choose_btf_offsets(
     cfg: &AccountingConfig,
     features: &Features,
     pinning: bool,
-) -> Option<btf::TaskStructOffsets> {
+) -> Option<btf::KernelBtf> {
     if cfg.force_classic_tracepoints || pinning {
         return None;
     }
@@ -369,7 +378,7 @@ fn choose_btf_offsets(
         log_missing(Feature::KernelBtf, format!("no {VMLINUX_BTF}"));
         return None;
     }
-    match btf::task_struct_offsets(Path::new(VMLINUX_BTF)) {
+    match btf::kernel_btf(Path::new(VMLINUX_BTF)) {
         Ok(o) => Some(o),
         Err(e @ btf::BtfError::Prototype { .. }) => {
             log_missing(Feature::BtfSchedSwitch, e);
