@@ -27,10 +27,12 @@ use std::{
 use blazesym::symbolize::{source, Input, Symbolized, Symbolizer};
 use vitals_proto::protos::TracePacket;
 
-use crate::perfetto::fault_samples::{FaultSamples, SampleFrame, SampleMapping};
+use crate::perfetto::fault_samples::{
+    synthetic_frame, FaultSamples, SampleFrame, SampleMapping, OFFCPU_ROOT, WAKER_ROOT,
+};
 
 use super::{
-    decode::FaultRec,
+    decode::{FaultRec, SampleKind},
     mapped_files::{fd_path, open_mapped_file, parse_maps, FileId, MapEntry, Unsymbolised},
 };
 
@@ -41,6 +43,16 @@ const RESOLVE_BUDGET: Duration = Duration::from_secs(2);
 /// reason; after that (or at the capture's last flush) it is written with
 /// that reason.
 const RESOLVE_ATTEMPTS: u32 = 3;
+
+/// An off-CPU sample stands for this much blocked time: a block is written
+/// as one sample per millisecond (at least one), spread over the block, as a
+/// 1 kHz sampler of the blocked thread would see it, so the perf-sample
+/// flamegraph (which counts samples) is weighted by blocked time.
+pub const OFFCPU_SAMPLE_NS: u64 = 1_000_000;
+
+/// Samples one block is written as at most (10 s of blocked time); a
+/// longer block weighs this much, counted in `FaultStats::offcpu_capped`.
+pub const OFFCPU_MAX_SAMPLES: u64 = 10_000;
 
 /// Which image of a process its addresses belong to: fields 22
 /// (starttime), 26 (startcode), 27 (endcode) and 28 (startstack) of
@@ -69,6 +81,10 @@ pub struct FaultStats {
     /// Frame symbolisations that failed for a passing reason and were
     /// tried again at a later flush.
     pub frames_retried: u64,
+    /// Long blocks written (each as off-CPU samples and one waker sample).
+    pub offcpu_blocks: u64,
+    /// Long blocks over `OFFCPU_MAX_SAMPLES` ms, weighed as that many.
+    pub offcpu_capped: u64,
 }
 
 /// One process's resolved frames, for the image they were resolved in.
@@ -148,11 +164,26 @@ impl FaultStacks {
                 self.stats.samples_without_stack += 1;
             }
             // Perfetto wants the outermost frame first.
-            let frames = ips.iter().rev().filter_map(frame);
-            let p = self
-                .samples
-                .sample_packet(f.ts, f.cpu, f.tgid, f.tid, frames);
-            packets.push(p);
+            let frames: Vec<&SampleFrame> = ips.iter().rev().filter_map(frame).collect();
+            let (root, repeat) = match f.kind {
+                SampleKind::Fault => (None, 1),
+                SampleKind::Offcpu { blocked_ns } => {
+                    self.stats.offcpu_blocks += 1;
+                    let n = (blocked_ns / OFFCPU_SAMPLE_NS).max(1);
+                    if n > OFFCPU_MAX_SAMPLES {
+                        self.stats.offcpu_capped += 1;
+                    }
+                    (Some(OFFCPU_ROOT), n.min(OFFCPU_MAX_SAMPLES))
+                }
+                SampleKind::Waker => (Some(WAKER_ROOT), 1),
+            };
+            let root = root.map(synthetic_frame);
+            for i in 0..repeat {
+                let all = root.iter().chain(frames.iter().copied());
+                let ts = f.ts + i * OFFCPU_SAMPLE_NS;
+                let p = self.samples.sample_packet(ts, f.cpu, f.tgid, f.tid, all);
+                packets.push(p);
+            }
             self.stats.samples_written += 1;
         }
         self.samples.attach_interned(&mut packets);
@@ -424,6 +455,7 @@ mod tests {
         let mut fs = FaultStacks::new(Path::new("/proc"));
         for ts in [10, 20] {
             fs.push(FaultRec {
+                kind: SampleKind::Fault,
                 ts,
                 cpu: 0,
                 tgid: me,
@@ -432,6 +464,7 @@ mod tests {
             });
         }
         fs.push(FaultRec {
+            kind: SampleKind::Fault,
             ts: 30,
             cpu: 1,
             tgid: me,
@@ -462,6 +495,54 @@ mod tests {
         assert!(!interned.mapping_paths.is_empty());
     }
 
+    #[test]
+    fn a_long_block_weighs_its_blocked_ms_under_an_off_cpu_root() {
+        let me = std::process::id();
+        let ip = a_long_block_weighs_its_blocked_ms_under_an_off_cpu_root as *const () as u64;
+        let mut fs = FaultStacks::new(Path::new("/proc"));
+        let rec = |kind, ts| FaultRec {
+            kind,
+            ts,
+            cpu: 0,
+            tgid: me,
+            tid: me,
+            stack_id: 7,
+        };
+        fs.push(rec(
+            SampleKind::Offcpu {
+                blocked_ns: 3_500_000,
+            },
+            100,
+        ));
+        fs.push(rec(SampleKind::Waker, 3_500_100));
+        fs.push(rec(
+            SampleKind::Offcpu {
+                blocked_ns: 20_000_000_000,
+            },
+            0,
+        ));
+        let packets = fs.take_packets(false, |id| (id == 7).then(|| vec![ip]));
+        assert_eq!(packets.len(), 3 + 1 + OFFCPU_MAX_SAMPLES as usize);
+        assert_eq!((fs.stats.offcpu_blocks, fs.stats.offcpu_capped), (2, 1));
+        let ts: Vec<u64> = packets[..4].iter().map(|p| p.timestamp.unwrap()).collect();
+        assert_eq!(ts, [100, 1_000_100, 2_000_100, 3_500_100]);
+        // Two callstacks, [off-cpu] > f and [waker] > f, their roots
+        // the synthetic frames.
+        let i = packets[0].interned_data.as_ref().expect("interned data");
+        let name = |iid: u64| {
+            let f = i.frames.iter().find(|f| f.iid == Some(iid)).unwrap();
+            let n = i
+                .function_names
+                .iter()
+                .find(|n| n.iid == f.function_name_id);
+            String::from_utf8(n.unwrap().str.clone().unwrap()).unwrap()
+        };
+        let roots: Vec<String> = i.callstacks.iter().map(|c| name(c.frame_ids[0])).collect();
+        assert_eq!(roots, [OFFCPU_ROOT, WAKER_ROOT]);
+        let leaf = name(i.callstacks[0].frame_ids[1]);
+        assert!(leaf.contains("a_long_block_weighs"), "{leaf}");
+    }
+
     /// A fake /proc holding this process's stat, a maps (a directory until
     /// `maps` is given: reading it fails, as a passing failure would) and
     /// a root/ that is the real /, so its mapped files open.
@@ -488,6 +569,7 @@ mod tests {
     fn sample_at(fs: &mut FaultStacks, ts: u64) {
         let me = std::process::id();
         fs.push(FaultRec {
+            kind: SampleKind::Fault,
             ts,
             cpu: 0,
             tgid: me,

@@ -197,7 +197,7 @@ fn attach(
         // Symbolising another process's stack reads its /proc/<pid>/maps,
         // which ptrace_may_access() guards: keep CAP_SYS_PTRACE for that.
         let mut keep = privileges::STEADY_STATE_CAPS.to_vec();
-        if opts.capture.events.faults {
+        if opts.capture.events.faults || opts.capture.offcpu.is_some() {
             keep.push(caps::Capability::CAP_SYS_PTRACE);
         }
         let left = privileges::drop_to(&keep)?;

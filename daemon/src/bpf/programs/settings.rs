@@ -238,8 +238,8 @@ impl LoadSettings {
     }
 
     /// Every map's max_entries.
-    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 8] {
-        let [events, stacks, fault_ctr] =
+    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 9] {
+        let [events, stacks, fault_ctr, offcpu_start] =
             capture_map_sizes(cfg.capture, self.transport, self.ringbuf_ok, self.page);
         [
             (names::TASKS, cfg.limits.max_tasks),
@@ -250,6 +250,7 @@ impl LoadSettings {
             events,
             stacks,
             fault_ctr,
+            offcpu_start,
         ]
     }
 

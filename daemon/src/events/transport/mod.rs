@@ -24,6 +24,7 @@ use vitals_common::{capture, names, CaptureControl};
 use crate::{
     bpf::{map_err, Accounting, BpfError, IdleTransport},
     event_set::EventSet,
+    events::OffcpuWatch,
 };
 
 /// The user-space end of the capture transport: lent to a capture by
@@ -78,6 +79,7 @@ pub fn start(
     acc: &mut Accounting,
     events: EventSet,
     fault_period: u32,
+    offcpu: Option<OffcpuWatch>,
 ) -> Result<EventOutput, BpfError> {
     if acc.capture_sizing().is_none() {
         return Err(BpfError::CaptureNotConfigured);
@@ -107,8 +109,11 @@ pub fn start(
     set_flag(
         acc,
         CaptureControl {
-            flags: events.flags(),
+            flags: events.flags() | offcpu.map_or(0, |_| capture::FLAG_OFFCPU),
             fault_period: fault_period.max(1),
+            offcpu_min_ns: offcpu.map_or(0, |w| w.min_block_ns),
+            offcpu_tgid: offcpu.and_then(|w| w.tgid).unwrap_or(0),
+            _pad: 0,
         },
     )?;
     Ok(ring)
