@@ -211,6 +211,8 @@ fn offcpu_capture_shows_who_woke_the_blocked_thread_and_from_where() {
         "one long block per round: {mine:?}\n{table}"
     );
     let sleep_ns = SLEEP_MS * 1_000_000;
+    let kptr_restrict = std::fs::read_to_string("/proc/sys/kernel/kptr_restrict").unwrap();
+    let kptr_restrict = kptr_restrict.trim();
     let mut blocked: Vec<i64> = Vec::new();
     for b in &mine {
         assert_eq!(b.waker_tid, releaser, "{b:?}");
@@ -225,6 +227,14 @@ fn offcpu_capture_shows_who_woke_the_blocked_thread_and_from_where() {
                 && b.waker_stack.contains("[waker]"),
             "{b:?}"
         );
+        // The kernel's side of both (kallsyms readable without
+        // CAP_SYSLOG only at kptr_restrict 0): the pipe's read and write.
+        if kptr_restrict == "0" {
+            assert!(b.blocked_stack.contains("pipe_read"), "{b:?}");
+            assert!(b.waker_stack.contains("pipe_write"), "{b:?}");
+        } else {
+            assert!(b.blocked_stack.contains("kptr_restrict"), "{b:?}");
+        }
         // The same sleep as trace_processor decodes it from the switch and
         // waking records: both ends read in the same program run as ours,
         // microseconds apart; 1 ms leaves room for an interrupt between.

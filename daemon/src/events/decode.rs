@@ -40,14 +40,27 @@ pub enum Record {
 pub enum SampleKind {
     /// A sampled user page fault.
     Fault,
-    /// A watched thread's stack at its switch-out, blocked `blocked_ns`.
-    Offcpu { blocked_ns: u64 },
+    /// A watched thread's stack at its switch-out, blocked `blocked_ns`;
+    /// its kernel stack's id beside the user one (`FaultRec::stack_id`).
+    Offcpu { blocked_ns: u64, kernel_stack: i64 },
     /// The stack of the thread that woke a long block, at sched_waking.
-    Waker,
+    Waker { kernel_stack: i64 },
+}
+
+impl SampleKind {
+    /// The kernel stack's id, where the sample has one (negative: none).
+    pub fn kernel_stack(self) -> i64 {
+        match self {
+            SampleKind::Fault => -1,
+            SampleKind::Offcpu { kernel_stack, .. } | SampleKind::Waker { kernel_stack } => {
+                kernel_stack
+            }
+        }
+    }
 }
 
 /// One stack sample from the capture transport: a fault sample, or one of
-/// the two stacks of a long block.
+/// the two stacks of a long block. `stack_id` is the user stack's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FaultRec {
     pub kind: SampleKind,

@@ -14,6 +14,7 @@
 pub mod decode;
 pub mod drain;
 pub mod fault_stacks;
+mod kernel_stacks;
 mod mapped_files;
 pub mod transport;
 
@@ -310,7 +311,10 @@ impl EventRecorder {
             self.tgids.insert(e.waker_tid as i32, e.waker_tgid as i32);
         }
         self.faults.push(FaultRec {
-            kind: SampleKind::Offcpu { blocked_ns },
+            kind: SampleKind::Offcpu {
+                blocked_ns,
+                kernel_stack: e.blocked_kernel_stack,
+            },
             ts: e.blocked_ts,
             cpu: e.hdr.cpu,
             tgid: e.tgid,
@@ -318,7 +322,9 @@ impl EventRecorder {
             stack_id: e.blocked_user_stack,
         });
         self.faults.push(FaultRec {
-            kind: SampleKind::Waker,
+            kind: SampleKind::Waker {
+                kernel_stack: e.waker_kernel_stack,
+            },
             ts: e.hdr.ts,
             cpu: e.hdr.cpu,
             tgid: e.waker_tgid,

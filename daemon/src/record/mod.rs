@@ -200,6 +200,12 @@ fn attach(
         if opts.capture.events.faults || opts.capture.offcpu.is_some() {
             keep.push(caps::Capability::CAP_SYS_PTRACE);
         }
+        // Kernel frames of off-CPU stacks: /proc/kallsyms shows addresses
+        // (kallsyms_show_value) only with CAP_SYSLOG at kptr_restrict 0
+        // or 1, unless perf_event_paranoid <= 1; never at 2.
+        if opts.capture.offcpu.is_some() {
+            keep.push(caps::Capability::CAP_SYSLOG);
+        }
         let left = privileges::drop_to(&keep)?;
         Some(privileges::describe(&left))
     } else {
