@@ -75,6 +75,7 @@ fn read_image(proc_root: &Path, pid: u32) -> Option<Image> {
 /// Counts for the capture summary.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FaultStats {
+    /// Fault samples (not off-CPU or waker ones) written.
     pub samples_written: u64,
     pub samples_without_stack: u64,
     pub frames_symbolised: u64,
@@ -161,7 +162,7 @@ impl FaultStacks {
                 self.pending.push(f);
                 continue;
             }
-            if ips.is_empty() {
+            if ips.is_empty() && f.kind == SampleKind::Fault {
                 self.stats.samples_without_stack += 1;
             }
             // Perfetto wants the outermost frame first: user, then kernel.
@@ -193,7 +194,9 @@ impl FaultStacks {
                 let p = self.samples.sample_packet(ts, f.cpu, f.tgid, f.tid, all);
                 packets.push(p);
             }
-            self.stats.samples_written += 1;
+            if f.kind == SampleKind::Fault {
+                self.stats.samples_written += 1;
+            }
         }
         self.samples.attach_interned(&mut packets);
         packets

@@ -140,7 +140,7 @@ pub struct EventStats {
 impl EventStats {
     pub fn render(&self) -> String {
         format!(
-            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); ring buffer lost: {} sched, {} fault records; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
+            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); {} long blocks ({} weighed as 10 s); ring buffer lost: {} sched, {} fault, {} long-block records; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
             self.switch_events,
             self.waking_events,
             self.bundles,
@@ -151,8 +151,11 @@ impl EventStats {
             self.fault.frames_symbolised,
             self.fault.frames_unsymbolised,
             self.fault.frames_retried,
+            self.fault.offcpu_blocks,
+            self.fault.offcpu_capped,
             self.lost_sched,
             self.lost_faults,
+            self.lost_offcpu,
             self.lost_stacks,
             self.transport.map_or("none", EventTransport::name),
             self.perf_reported_lost,
