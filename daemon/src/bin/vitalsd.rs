@@ -622,4 +622,30 @@ mod tests {
         };
         assert_eq!(events(&["--faults"]), faults);
     }
+
+    /// `--offcpu` and `--offcpu-pid` switch the long blocks on, with the
+    /// sched timeline they are part of; the threshold defaults to 16 ms.
+    #[test]
+    fn offcpu_flags_imply_sched_and_set_the_watch() {
+        let capture = |flags: &[&str]| {
+            let cli = Cli::try_parse_from([&["vitalsd", "record"][..], flags].concat()).unwrap();
+            let Command::Record(args) = cli.command else {
+                panic!("not record");
+            };
+            record_options(args).1.capture
+        };
+        assert_eq!(capture(&["--sched"]).offcpu, None);
+        let all = capture(&["--offcpu"]);
+        assert!(all.events.sched);
+        assert_eq!(all.offcpu, Some(OffcpuWatch::default()));
+        let one = capture(&["--offcpu-pid", "42", "--offcpu-min-ms", "100"]);
+        assert!(one.events.sched && !one.events.faults);
+        assert_eq!(
+            one.offcpu,
+            Some(OffcpuWatch {
+                min_block_ns: 100_000_000,
+                tgid: Some(42),
+            })
+        );
+    }
 }

@@ -484,6 +484,7 @@ mod pod {
     unsafe impl aya::Pod for super::ExitedTask {}
     unsafe impl aya::Pod for super::ExitKey {}
     unsafe impl aya::Pod for super::CaptureControl {}
+    unsafe impl aya::Pod for super::OffcpuStart {}
 }
 
 impl FaultCounters {

@@ -17,9 +17,10 @@ pub mod ringbuf;
 use std::os::fd::AsFd;
 
 use aya::maps::{
-    perf::PerfEventArrayBuffer, Array, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap,
+    perf::PerfEventArrayBuffer, Array, HashMap, MapData, MapError, PerCpuArray, RingBuf,
+    StackTraceMap,
 };
-use vitals_common::{capture, names, CaptureControl};
+use vitals_common::{capture, names, CaptureControl, OffcpuStart};
 
 use crate::{
     bpf::{map_err, Accounting, BpfError, IdleTransport},
@@ -94,6 +95,17 @@ pub fn start(
         let ids: Vec<u32> = stacks.stack_ids().filter_map(Result::ok).collect();
         for id in ids {
             let _ = stacks.remove(&id);
+        }
+    }
+    // Blocks an earlier capture left waiting for their waking (pinned maps
+    // outlive a recording) started before this capture, with ids of the
+    // stacks just cleared: forgotten too.
+    if let Ok(map) = acc.map_mut(names::OFFCPU_START) {
+        if let Ok(mut starts) = HashMap::<_, u32, OffcpuStart>::try_from(map) {
+            let tids: Vec<u32> = starts.keys().filter_map(Result::ok).collect();
+            for tid in tids {
+                let _ = starts.remove(&tid);
+            }
         }
     }
     let slot = acc.transport_slot();
