@@ -361,12 +361,12 @@ fn threads(n: u64, ms: u64) {
     }
 }
 
-/// One byte through `read(2)`/`write(2)` with the `syscall` instruction in
-/// this very function, so the user IP the kernel saved at its entry (the
-/// first frame of a user stack taken while it blocks or wakes another) is
-/// in the caller of this inlined helper, whatever libc's unwind info: a
-/// libc wrapper without a frame would hide its caller from a frame-pointer
-/// walk.
+/// One byte through `read(2)`/`write(2)`, the `syscall` instruction
+/// inlined into the calling function, so the user IP the kernel saved at
+/// the syscall's entry (the first frame of a user stack taken while the
+/// thread blocks or wakes another) is in that function. Through libc's
+/// wrapper the first frame would be the wrapper, and a frame-pointer walk
+/// from it skips its caller (the wrapper sets up no frame).
 #[inline(always)]
 unsafe fn raw_io(nr: i64, fd: i32, buf: *mut u8) -> i64 {
     let ret: i64;
