@@ -201,6 +201,12 @@ pub const SOURCE_SCAN_EXEMPT: &[(&str, &str)] = &[
         "Linux-only default of the traced producer socket (Android: /dev/socket/traced_producer)",
     ),
     (
+        "/proc/kallsyms",
+        "events::kernel_stacks, `vitalsd record --offcpu` only: the service's captures do not \
+         record long blocks, so vitalsd on Android never opens it (kptr_restrict 2 hides its \
+         addresses there anyway); list it with a policy entry when they do",
+    ),
+    (
         "/run/vitalsd/vitalsd.sock",
         "Linux default socket (cfg!(not(target_os = \"android\")))",
     ),

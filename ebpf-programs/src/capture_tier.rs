@@ -49,7 +49,7 @@ static CAPTURE_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(capture::l
 
 /// User stacks of sampled faults.
 #[map(name = "CAPTURE_STACKS")]
-static CAPTURE_STACKS: StackTrace = StackTrace::with_max_entries(1, 0);
+pub(crate) static CAPTURE_STACKS: StackTrace = StackTrace::with_max_entries(1, 0);
 
 /// tgid -> faults since its last sample (one sample every `fault_period`).
 #[map(name = "CAPTURE_FAULT_CTR")]
@@ -73,7 +73,7 @@ fn capture_lost(reason: u32) {
 }
 
 #[inline(always)]
-fn header(kind: u32) -> EventHeader {
+pub(crate) fn header(kind: u32) -> EventHeader {
     EventHeader {
         kind,
         cpu: unsafe { bpf_get_smp_processor_id() },
@@ -85,7 +85,7 @@ fn header(kind: u32) -> EventHeader {
 /// program's context (bpf_perf_event_output needs it). Either way a record
 /// that does not fit is counted in CAPTURE_LOST[lost] on this CPU.
 #[inline(always)]
-fn emit<T: 'static>(ctx: *mut c_void, ev: T, lost: u32) {
+pub(crate) fn emit<T: 'static>(ctx: *mut c_void, ev: T, lost: u32) {
     if setting(&CAPTURE_TRANSPORT) == capture::TRANSPORT_PERF_ARRAY {
         // aya-ebpf's PerfEventByteArray::output drops the helper's return
         // value; call it directly to see -ENOSPC (perf buffer full).
@@ -184,6 +184,7 @@ pub fn sched_waking(ctx: TracePointContext) -> u32 {
         };
         if let (Ok(pid), Ok(prio), Ok(cpu), Ok(comm)) = f {
             emit_waking(ctx.as_ptr(), pid, prio, cpu, comm);
+            crate::offcpu_capture::on_waking(&ctx, pid);
         }
     }
     0
@@ -204,6 +205,7 @@ pub fn sched_waking_fixed(ctx: TracePointContext) -> u32 {
         emit_waking(ctx.as_ptr(), pid, prio, cpu, unsafe {
             core::mem::transmute::<[u64; 2], [u8; 16]>(comm)
         });
+        crate::offcpu_capture::on_waking(&ctx, pid);
     }
     0
 }

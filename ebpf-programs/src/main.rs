@@ -28,6 +28,7 @@ mod faults;
 mod mapped;
 #[cfg(feature = "miss-log")]
 mod miss_log;
+mod offcpu_capture;
 mod sched_info;
 
 use aya_ebpf::{
@@ -299,6 +300,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
                 // learns it from the thread's switch-outs or /proc.
                 0,
             );
+            offcpu_capture::on_switch_out(&ctx, prev as u32, state);
         }
     }
     0
@@ -336,6 +338,7 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
             // See sched_switch: unknown here.
             0,
         );
+        offcpu_capture::on_switch_out(&ctx, prev, state);
     }
     0
 }
@@ -420,6 +423,8 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> u32 {
             // agree.
             next_tgid,
         );
+        let state = reported_prev_state(preempt as u8 != 0, prev_state as u32, exit_state);
+        offcpu_capture::on_switch_out(&ctx, prev, state);
     }
     0
 }

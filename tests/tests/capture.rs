@@ -418,7 +418,11 @@ fn without_ringbuf_the_object_loads_and_captures_through_the_perf_array() {
     }
 }
 
-/// Loads with `cfg`, captures a 500-round ping-pong and checks the counts.
+/// Loads with `cfg`, captures a 500-round ping-pong and checks the counts;
+/// with off-CPU on for every thread and no threshold, each of the
+/// ping-pong's blocks is a long block, so every program layout and
+/// transport is seen to record them too: at least one a round (the thread
+/// a wakeup preempts leaves runnable and never blocks that round).
 fn lib_capture(
     cfg: vitalsd::bpf::AccountingConfig,
 ) -> (
@@ -429,7 +433,7 @@ fn lib_capture(
     use vitalsd::{
         bpf::Accounting,
         event_set::EventSet,
-        events::{EventOptions, EventRecorder},
+        events::{EventOptions, EventRecorder, OffcpuWatch},
         perfetto::TraceWriter,
     };
     require_root();
@@ -439,6 +443,10 @@ fn lib_capture(
             sched: true,
             faults: false,
         },
+        offcpu: Some(OffcpuWatch {
+            min_block_ns: 0,
+            tgid: None,
+        }),
         ..EventOptions::default()
     };
     let cap = EventRecorder::start(&mut acc, &opts, Path::new("/proc")).unwrap();
@@ -451,6 +459,8 @@ fn lib_capture(
     assert!(stats.switch_events >= 1000, "{stats:?}");
     assert!(stats.waking_events >= 500, "{stats:?}");
     assert_eq!(stats.lost_sched, 0, "{stats:?}");
+    assert!(stats.fault.offcpu_blocks >= 500, "{stats:?}");
+    assert_eq!(stats.lost_offcpu, 0, "{stats:?}");
     assert_eq!(stats.transport, Some(acc.capture_transport()));
     (acc.sched_programs(), acc.layout(), acc.capture_transport())
 }

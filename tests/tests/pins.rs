@@ -315,3 +315,62 @@ fn aosp_loader_pins_count_a_spinner_and_a_page_toucher_as_proc_does() {
     spin.finish();
     touch.finish();
 }
+
+/// Pinned capture maps outlive a recording: a thread still blocked when
+/// one `--offcpu` capture ends must not come back, in the next capture
+/// through the same pins, as a block that started before it (with stack
+/// ids of the previous capture's stack map, which a capture clears at its
+/// start). The workload's main thread blocks on its stdin after `done` in
+/// the first capture and is woken (stdin closed) in the second.
+#[test]
+fn an_offcpu_capture_forgets_the_blocks_a_previous_one_left_in_the_pins() {
+    let tp = vitals_tests::trace_processor::trace_processor();
+    let fs = pin();
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Workload::spawn(&["block-release", "1", "20"]);
+    let tids = w.read_numbers("tids");
+    w.expect("ready");
+    let pid = w.pid().to_string();
+    let args = |out: &str| -> Vec<String> {
+        let out = dir.path().join(out).to_str().unwrap().to_owned();
+        [
+            "--pins",
+            fs.0.path().to_str().unwrap(),
+            "--duration",
+            "2s",
+            "--top",
+            "0",
+            "--offcpu-pid",
+            &pid,
+            "--out",
+            &out,
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let first = args("first.pftrace");
+    let first: Vec<&str> = first.iter().map(String::as_str).collect();
+    let rec = Recording::start(&first, "capture started");
+    w.go();
+    w.expect("done");
+    rec.wait();
+    let second = args("second.pftrace");
+    let second: Vec<&str> = second.iter().map(String::as_str).collect();
+    let rec = Recording::start(&second, "capture started");
+    // Wakes the main thread, blocked since the first capture.
+    w.finish();
+    rec.wait();
+    let rows = tp.query(
+        &dir.path().join("second.pftrace"),
+        // The capture's own first sched_switch: trace_bounds would start
+        // at the stale block itself.
+        "select s.ts, s.dur, t.tid, (select min(ts) from sched_slice) as start \
+         from slice s join thread_track tt on s.track_id = tt.id join thread t using(utid) \
+         where s.category = 'offcpu' and s.name like 'blocked %'",
+    );
+    eprintln!("blocks of the second capture: {rows:?} (waiter and releaser: {tids:?})");
+    for r in &rows {
+        let (ts, start) = (r["ts"].as_i64().unwrap(), r["start"].as_i64().unwrap());
+        assert!(ts >= start, "a block from before the capture: {r:?}");
+    }
+}

@@ -36,12 +36,15 @@ use vitalsd::control::Request;
 // A test target's root looks for modules beside it, hence the paths.
 #[path = "trace_processor/model.rs"]
 mod model;
+#[path = "trace_processor/offcpu.rs"]
+mod offcpu;
 #[path = "trace_processor/process_model.rs"]
 mod process_model;
 #[path = "trace_processor/timeline.rs"]
 mod timeline;
 
 use model::*;
+use offcpu::*;
 use process_model::*;
 use timeline::*;
 
@@ -162,6 +165,106 @@ fn fault_capture_samples_resolve_to_the_faulting_function() {
     // 4000 faults at 1 in 4: about 1000 samples.
     check_fault_samples(&t, pid, 500);
     check_counters_equal_table(&t, &table, pid);
+}
+
+/// `record --offcpu-pid` (issue #24 part 2): a thread blocked in
+/// `vitals_wait_for_release` on a pipe that a second thread writes from
+/// `vitals_release_after_sleep` after sleeping SLEEP_MS, ROUNDS times.
+/// The README's query finds every block with its waker, the blocked stack
+/// in the waiting function and the waker's in the releasing one; the
+/// blocked time is trace_processor's own S state of the thread (decoded
+/// from the capture's sched records) and the sleep.
+#[test]
+fn offcpu_capture_shows_who_woke_the_blocked_thread_and_from_where() {
+    const ROUNDS: usize = 5;
+    const SLEEP_MS: i64 = 50;
+    let tp = trace_processor();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("offcpu.pftrace");
+    let mut w = Workload::spawn(&["block-release", &ROUNDS.to_string(), &SLEEP_MS.to_string()]);
+    let tids = w.read_numbers("tids");
+    let (waiter, releaser) = (tids[0], tids[1]);
+    w.expect("ready");
+    let wpid = w.pid();
+    let pid = wpid.to_string();
+    let rec = Recording::start(
+        &record_args(&trace, &["--duration", "3s", "--offcpu-pid", &pid]),
+        "capture started",
+    );
+    w.go();
+    w.expect("done");
+    // Alive until the recorder has symbolised.
+    let table = rec.wait();
+    w.finish();
+
+    let t = Imported::new(&tp, &trace);
+    print_ui_view(&t, "record --offcpu-pid", Some(wpid));
+    assert_import_errors(&t, "record --offcpu-pid", &[]);
+    let all = blocks(&t);
+    for b in &all {
+        eprintln!("{b:?}");
+    }
+    let mine: Vec<&Block> = all.iter().filter(|b| b.tid == waiter).collect();
+    assert_eq!(
+        mine.len(),
+        ROUNDS,
+        "one long block per round: {mine:?}\n{table}"
+    );
+    let sleep_ns = SLEEP_MS * 1_000_000;
+    let kptr_restrict = std::fs::read_to_string("/proc/sys/kernel/kptr_restrict").unwrap();
+    let kptr_restrict = kptr_restrict.trim();
+    let mut blocked: Vec<i64> = Vec::new();
+    for b in &mine {
+        assert_eq!(b.waker_tid, releaser, "{b:?}");
+        assert_eq!(b.waker, "vitals-release", "{b:?}");
+        assert!(
+            b.blocked_stack.contains("vitals_wait_for_release")
+                && b.blocked_stack.contains("[off-cpu]"),
+            "{b:?}"
+        );
+        assert!(
+            b.waker_stack.contains("vitals_release_after_sleep")
+                && b.waker_stack.contains("[waker]"),
+            "{b:?}"
+        );
+        // The kernel's side of both (kallsyms readable without
+        // CAP_SYSLOG only at kptr_restrict 0): the pipe's read and write.
+        if kptr_restrict == "0" {
+            assert!(b.blocked_stack.contains("pipe_read"), "{b:?}");
+            assert!(b.waker_stack.contains("pipe_write"), "{b:?}");
+        } else {
+            assert!(b.blocked_stack.contains("kptr_restrict"), "{b:?}");
+        }
+        // The same sleep as trace_processor decodes it from the switch and
+        // waking records: both ends read in the same program run as ours,
+        // microseconds apart; 1 ms leaves room for an interrupt between.
+        let (ts, dur, state) = thread_state_at(&t, waiter, b.ts);
+        assert_eq!(state, "S", "{b:?}");
+        assert!((ts - b.ts).abs() < 1_000_000, "{b:?} vs S at {ts}");
+        assert!(
+            (ts + dur - (b.ts + b.blocked_ns)).abs() < 1_000_000,
+            "{b:?} vs S at {ts} for {dur}"
+        );
+        blocked.push(b.blocked_ns);
+    }
+    // The waiter blocks right after the releaser starts sleeping, and is
+    // woken when the sleep (plus its 50 us timer slack) ends and the
+    // releaser runs: the median block is the sleep, give or take the
+    // waiter's own run between two reads and the wakeup latency of a
+    // shared 2-CPU machine.
+    blocked.sort_unstable();
+    let median = blocked[ROUNDS / 2];
+    assert!(
+        median > sleep_ns - 2_000_000 && median < sleep_ns + 5_000_000,
+        "median block {median} ns, sleep {sleep_ns} ns: {blocked:?}"
+    );
+    // The flamegraph's weight: one [off-cpu] sample per blocked ms.
+    let kinds = sample_kinds(&t, &[waiter]);
+    let weight: i64 = mine.iter().map(|b| b.blocked_ns / 1_000_000).sum();
+    assert_eq!(kinds.get("off-cpu"), Some(&weight), "{kinds:?}");
+    assert_eq!(kinds.get("fault"), None, "{kinds:?}");
+    let kinds = sample_kinds(&t, &[releaser]);
+    assert!(kinds.get("waker") >= Some(&(ROUNDS as i64)), "{kinds:?}");
 }
 
 /// A capture of the service (`vitalsd run`), stored, and exported with

@@ -15,7 +15,7 @@ use vitalsd::{
     },
     config::{parse_duration, Config},
     event_set::EventSet,
-    events::EventOptions,
+    events::{EventOptions, OffcpuWatch},
     heapprofd::{
         self, ContinuousDump, HeapProfileRequest, Heaps, RateLimiter, RateLimits, RequestLimits,
         RunnerConfig, SessionReport, SessionRunner, TargetStatus,
@@ -162,6 +162,16 @@ struct RecordArgs {
     /// Sample one fault in N per process (with --faults).
     #[arg(long, default_value_t = EventOptions::default().fault_period)]
     fault_period: u32,
+    /// Record every long block (off-CPU, with the blocked stack and the
+    /// waker's) of every thread; implies --sched.
+    #[arg(long)]
+    offcpu: bool,
+    /// Record the long blocks of this process only; implies --offcpu.
+    #[arg(long)]
+    offcpu_pid: Option<u32>,
+    /// A block this long or longer is recorded (with --offcpu).
+    #[arg(long, default_value_t = OffcpuWatch::DEFAULT_MIN_BLOCK_NS / 1_000_000)]
+    offcpu_min_ms: u64,
     /// Capture ring buffer size in KiB (a power of two). With the perf
     /// array it is split over the online CPUs (at least a page each).
     #[arg(long, default_value_t = EventSizing::default().ring_bytes / 1024)]
@@ -382,12 +392,23 @@ fn record_options(args: RecordArgs) -> (AccountingConfig, RecordOptions) {
         sched,
         faults,
         fault_period,
+        offcpu,
+        offcpu_pid,
+        offcpu_min_ms,
         capture_buffer_kb,
         capture_transport,
     } = args;
+    let offcpu = (offcpu || offcpu_pid.is_some()).then_some(OffcpuWatch {
+        min_block_ns: offcpu_min_ms.saturating_mul(1_000_000),
+        tgid: offcpu_pid,
+    });
     let capture = EventOptions {
-        events: EventSet { sched, faults },
+        events: EventSet {
+            sched: sched || offcpu.is_some(),
+            faults,
+        },
         fault_period: fault_period.max(1),
+        offcpu,
         ..EventOptions::default()
     };
     let accounting = AccountingConfig {
@@ -608,5 +629,31 @@ mod tests {
             faults: true,
         };
         assert_eq!(events(&["--faults"]), faults);
+    }
+
+    /// `--offcpu` and `--offcpu-pid` switch the long blocks on, with the
+    /// sched timeline they are part of; the threshold defaults to 16 ms.
+    #[test]
+    fn offcpu_flags_imply_sched_and_set_the_watch() {
+        let capture = |flags: &[&str]| {
+            let cli = Cli::try_parse_from([&["vitalsd", "record"][..], flags].concat()).unwrap();
+            let Command::Record(args) = cli.command else {
+                panic!("not record");
+            };
+            record_options(args).1.capture
+        };
+        assert_eq!(capture(&["--sched"]).offcpu, None);
+        let all = capture(&["--offcpu"]);
+        assert!(all.events.sched);
+        assert_eq!(all.offcpu, Some(OffcpuWatch::default()));
+        let one = capture(&["--offcpu-pid", "42", "--offcpu-min-ms", "100"]);
+        assert!(one.events.sched && !one.events.faults);
+        assert_eq!(
+            one.offcpu,
+            Some(OffcpuWatch {
+                min_block_ns: 100_000_000,
+                tgid: Some(42),
+            })
+        );
     }
 }

@@ -5,7 +5,7 @@
 //! CompactSched writer's rows, fault samples into `FaultRec` for the
 //! symboliser.
 
-use vitals_common::{capture, FaultEvent, SwitchEvent, WakingEvent};
+use vitals_common::{capture, FaultEvent, OffcpuEvent, SwitchEvent, WakingEvent};
 
 use crate::perfetto::compact_sched::{SwitchRec, WakingRec};
 
@@ -23,6 +23,8 @@ pub enum Record {
         rec: WakingRec,
     },
     Fault(FaultRec),
+    /// A long block of a watched thread, with its waker.
+    Offcpu(OffcpuEvent),
     /// Perf array only: the perf buffer of `cpu` reported `count` samples
     /// it had no room for (PERF_RECORD_LOST).
     Lost {
@@ -31,9 +33,37 @@ pub enum Record {
     },
 }
 
-/// One fault sample from the capture transport.
+/// What a stack sample stands for; off-CPU and waker samples get a
+/// synthetic root frame (`SampleKind::root`), so trace_processor and the
+/// flamegraph tell them from fault samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampleKind {
+    /// A sampled user page fault.
+    Fault,
+    /// A watched thread's stack at its switch-out, blocked `blocked_ns`;
+    /// its kernel stack's id beside the user one (`FaultRec::stack_id`).
+    Offcpu { blocked_ns: u64, kernel_stack: i64 },
+    /// The stack of the thread that woke a long block, at sched_waking.
+    Waker { kernel_stack: i64 },
+}
+
+impl SampleKind {
+    /// The kernel stack's id, where the sample has one (negative: none).
+    pub fn kernel_stack(self) -> i64 {
+        match self {
+            SampleKind::Fault => -1,
+            SampleKind::Offcpu { kernel_stack, .. } | SampleKind::Waker { kernel_stack } => {
+                kernel_stack
+            }
+        }
+    }
+}
+
+/// One stack sample from the capture transport: a fault sample, or one of
+/// the two stacks of a long block. `stack_id` is the user stack's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FaultRec {
+    pub kind: SampleKind,
     pub ts: u64,
     pub cpu: u32,
     pub tgid: u32,
@@ -85,6 +115,7 @@ pub fn decode(b: &[u8]) -> Option<Record> {
         capture::KIND_FAULT => {
             let e: FaultEvent = read(b)?;
             Some(Record::Fault(FaultRec {
+                kind: SampleKind::Fault,
                 ts: e.hdr.ts,
                 cpu: e.hdr.cpu,
                 tgid: e.tgid,
@@ -92,6 +123,7 @@ pub fn decode(b: &[u8]) -> Option<Record> {
                 stack_id: e.stack_id,
             }))
         }
+        capture::KIND_OFFCPU => Some(Record::Offcpu(read(b)?)),
         _ => None,
     }
 }
@@ -146,6 +178,19 @@ mod tests {
         };
         assert!(matches!(decode(&bytes(&f)), Some(Record::Fault(r)) if r.stack_id == -17));
         assert_eq!(decode(&bytes(&f)[..10]), None);
+        let o = OffcpuEvent {
+            hdr: EventHeader {
+                kind: capture::KIND_OFFCPU,
+                cpu: 1,
+                ts: 50,
+            },
+            blocked_ts: 10,
+            tid: 4,
+            waker_tid: 9,
+            ..Default::default()
+        };
+        assert_eq!(decode(&bytes(&o)), Some(Record::Offcpu(o)));
+        assert_eq!(decode(&bytes(&o)[..40]), None);
         assert_eq!(decode(&[9, 0, 0, 0, 0, 0, 0, 0]), None);
     }
 }

@@ -27,10 +27,13 @@ use std::{
 use blazesym::symbolize::{source, Input, Symbolized, Symbolizer};
 use vitals_proto::protos::TracePacket;
 
-use crate::perfetto::fault_samples::{FaultSamples, SampleFrame, SampleMapping};
+use crate::perfetto::fault_samples::{
+    synthetic_frame, FaultSamples, SampleFrame, SampleMapping, OFFCPU_ROOT, WAKER_ROOT,
+};
 
 use super::{
-    decode::FaultRec,
+    decode::{FaultRec, SampleKind},
+    kernel_stacks::KernelFrames,
     mapped_files::{fd_path, open_mapped_file, parse_maps, FileId, MapEntry, Unsymbolised},
 };
 
@@ -41,6 +44,16 @@ const RESOLVE_BUDGET: Duration = Duration::from_secs(2);
 /// reason; after that (or at the capture's last flush) it is written with
 /// that reason.
 const RESOLVE_ATTEMPTS: u32 = 3;
+
+/// An off-CPU sample stands for this much blocked time: a block is written
+/// as one sample per millisecond (at least one), spread over the block, as a
+/// 1 kHz sampler of the blocked thread would see it, so the perf-sample
+/// flamegraph (which counts samples) is weighted by blocked time.
+pub const OFFCPU_SAMPLE_NS: u64 = 1_000_000;
+
+/// Samples one block is written as at most (10 s of blocked time); a
+/// longer block weighs this much, counted in `FaultStats::offcpu_capped`.
+pub const OFFCPU_MAX_SAMPLES: u64 = 10_000;
 
 /// Which image of a process its addresses belong to: fields 22
 /// (starttime), 26 (startcode), 27 (endcode) and 28 (startstack) of
@@ -62,6 +75,7 @@ fn read_image(proc_root: &Path, pid: u32) -> Option<Image> {
 /// Counts for the capture summary.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FaultStats {
+    /// Fault samples (not off-CPU or waker ones) written.
     pub samples_written: u64,
     pub samples_without_stack: u64,
     pub frames_symbolised: u64,
@@ -69,6 +83,10 @@ pub struct FaultStats {
     /// Frame symbolisations that failed for a passing reason and were
     /// tried again at a later flush.
     pub frames_retried: u64,
+    /// Long blocks written (each as off-CPU samples and one waker sample).
+    pub offcpu_blocks: u64,
+    /// Long blocks over `OFFCPU_MAX_SAMPLES` ms, weighed as that many.
+    pub offcpu_capped: u64,
 }
 
 /// One process's resolved frames, for the image they were resolved in.
@@ -91,6 +109,8 @@ pub struct FaultStacks {
     /// BPF_F_REUSE_STACKID.
     stacks: HashMap<u32, Vec<u64>>,
     processes: HashMap<u32, ProcessFrames>,
+    /// Kernel frames of off-CPU and waker samples.
+    kernel: KernelFrames,
     /// A mapped file's build id, by its identity.
     build_ids: HashMap<FileId, Option<Vec<u8>>>,
     /// Samples not written yet, oldest first: new ones, and those held
@@ -107,6 +127,7 @@ impl FaultStacks {
             symbolizer: Symbolizer::new(),
             stacks: HashMap::new(),
             processes: HashMap::new(),
+            kernel: KernelFrames::new(),
             build_ids: HashMap::new(),
             pending: Vec::new(),
             samples: FaultSamples::new(),
@@ -134,26 +155,48 @@ impl FaultStacks {
         }
         let mut packets = Vec::with_capacity(pending.len());
         for f in pending {
-            let ips = match f.stack_id {
-                id if id >= 0 => self.stacks.get(&(id as u32)).map_or(&[][..], Vec::as_slice),
-                _ => &[],
-            };
+            let ips = stack_ips(&self.stacks, f.stack_id);
             let frames = self.processes.get(&f.tgid);
             let frame = |ip: &u64| frames.and_then(|p| p.done.get(ip));
             if !ips.iter().all(|ip| frame(ip).is_some()) {
                 self.pending.push(f);
                 continue;
             }
-            if ips.is_empty() {
+            if ips.is_empty() && f.kind == SampleKind::Fault {
                 self.stats.samples_without_stack += 1;
             }
-            // Perfetto wants the outermost frame first.
-            let frames = ips.iter().rev().filter_map(frame);
-            let p = self
-                .samples
-                .sample_packet(f.ts, f.cpu, f.tgid, f.tid, frames);
-            packets.push(p);
-            self.stats.samples_written += 1;
+            // Perfetto wants the outermost frame first: user, then kernel.
+            let kernel_ips = stack_ips(&self.stacks, f.kind.kernel_stack());
+            let frames: Vec<&SampleFrame> = (ips.iter().rev().filter_map(frame))
+                .chain(
+                    kernel_ips
+                        .iter()
+                        .rev()
+                        .filter_map(|ip| self.kernel.get(*ip)),
+                )
+                .collect();
+            let (root, repeat) = match f.kind {
+                SampleKind::Fault => (None, 1),
+                SampleKind::Offcpu { blocked_ns, .. } => {
+                    self.stats.offcpu_blocks += 1;
+                    let n = (blocked_ns / OFFCPU_SAMPLE_NS).max(1);
+                    if n > OFFCPU_MAX_SAMPLES {
+                        self.stats.offcpu_capped += 1;
+                    }
+                    (Some(OFFCPU_ROOT), n.min(OFFCPU_MAX_SAMPLES))
+                }
+                SampleKind::Waker { .. } => (Some(WAKER_ROOT), 1),
+            };
+            let root = root.map(synthetic_frame);
+            for i in 0..repeat {
+                let all = root.iter().chain(frames.iter().copied());
+                let ts = f.ts + i * OFFCPU_SAMPLE_NS;
+                let p = self.samples.sample_packet(ts, f.cpu, f.tgid, f.tid, all);
+                packets.push(p);
+            }
+            if f.kind == SampleKind::Fault {
+                self.stats.samples_written += 1;
+            }
         }
         self.samples.attach_interned(&mut packets);
         packets
@@ -178,7 +221,15 @@ impl FaultStacks {
         mut read_stack: impl FnMut(u32) -> Option<Vec<u64>>,
     ) {
         let mut todo: HashMap<u32, Vec<u64>> = HashMap::new();
+        let mut kernel = Vec::new();
         for f in pending {
+            if let Ok(id) = u32::try_from(f.kind.kernel_stack()) {
+                let ips = self
+                    .stacks
+                    .entry(id)
+                    .or_insert_with(|| read_stack(id).unwrap_or_default());
+                kernel.extend_from_slice(ips);
+            }
             if f.stack_id < 0 {
                 continue;
             }
@@ -210,6 +261,9 @@ impl FaultStacks {
             })
             .collect();
         todo.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let (named, not) = self.kernel.resolve(&kernel);
+        self.stats.frames_symbolised += named;
+        self.stats.frames_unsymbolised += not;
         let deadline = Instant::now() + RESOLVE_BUDGET;
         for (_, pid, addrs) in todo {
             if !addrs.is_empty() {
@@ -399,6 +453,14 @@ impl FaultStacks {
     }
 }
 
+/// The addresses of stack `id` read so far (none for a negative id).
+fn stack_ips(stacks: &HashMap<u32, Vec<u64>>, id: i64) -> &[u64] {
+    match id {
+        id if id >= 0 => stacks.get(&(id as u32)).map_or(&[][..], Vec::as_slice),
+        _ => &[],
+    }
+}
+
 /// The mapping of a frame whose address no mapping holds (or whose maps
 /// could not be read).
 fn unknown_mapping() -> SampleMapping {
@@ -412,187 +474,4 @@ fn unknown_mapping() -> SampleMapping {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use vitals_proto::protos::trace_packet;
-
-    #[test]
-    fn own_stack_is_symbolised_and_interned_once() {
-        // Symbolise an address of this very function in this process.
-        let me = std::process::id();
-        let ip = own_stack_is_symbolised_and_interned_once as *const () as usize as u64;
-        let mut fs = FaultStacks::new(Path::new("/proc"));
-        for ts in [10, 20] {
-            fs.push(FaultRec {
-                ts,
-                cpu: 0,
-                tgid: me,
-                tid: me,
-                stack_id: 7,
-            });
-        }
-        fs.push(FaultRec {
-            ts: 30,
-            cpu: 1,
-            tgid: me,
-            tid: me,
-            stack_id: -14,
-        });
-        let packets = fs.take_packets(false, |id| (id == 7).then(|| vec![ip]));
-        assert_eq!(packets.len(), 3);
-        let interned = packets[0].interned_data.as_ref().expect("interned data");
-        assert_eq!(interned.callstacks.len(), 1);
-        assert_eq!(interned.frames.len(), 1);
-        let name = String::from_utf8(interned.function_names[0].str.clone().unwrap()).unwrap();
-        assert!(
-            name.contains("own_stack_is_symbolised_and_interned_once"),
-            "{name}"
-        );
-        assert!(packets[1].interned_data.is_none());
-        let sample = |p: &TracePacket| match &p.data {
-            Some(trace_packet::Data::PerfSample(s)) => s.clone(),
-            _ => panic!("not a sample"),
-        };
-        assert_eq!(sample(&packets[0]).callstack_iid, Some(1));
-        assert_eq!(sample(&packets[1]).callstack_iid, Some(1));
-        assert_eq!(sample(&packets[2]).callstack_iid, None);
-        assert_eq!(fs.stats.samples_without_stack, 1);
-        // The mapping is this test binary, with its path split in parts.
-        assert!(!interned.mappings.is_empty());
-        assert!(!interned.mapping_paths.is_empty());
-    }
-
-    /// A fake /proc holding this process's stat, a maps (a directory until
-    /// `maps` is given: reading it fails, as a passing failure would) and
-    /// a root/ that is the real /, so its mapped files open.
-    fn fake_proc(maps: Option<&str>) -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
-        let me = dir.path().join(std::process::id().to_string());
-        std::fs::create_dir(&me).unwrap();
-        std::fs::write(me.join("stat"), std::fs::read("/proc/self/stat").unwrap()).unwrap();
-        std::os::unix::fs::symlink("/", me.join("root")).unwrap();
-        match maps {
-            Some(text) => std::fs::write(me.join("maps"), text).unwrap(),
-            None => std::fs::create_dir(me.join("maps")).unwrap(),
-        }
-        dir
-    }
-
-    fn set_maps(proc: &Path, text: &str) {
-        let maps = proc.join(format!("{}/maps", std::process::id()));
-        let _ = std::fs::remove_dir(&maps);
-        std::fs::write(maps, text).unwrap();
-    }
-
-    /// One sample of this process with a one-frame stack at `ip`.
-    fn sample_at(fs: &mut FaultStacks, ts: u64) {
-        let me = std::process::id();
-        fs.push(FaultRec {
-            ts,
-            cpu: 0,
-            tgid: me,
-            tid: me,
-            stack_id: 3,
-        });
-    }
-
-    fn own_ip() -> u64 {
-        a_passing_failure_is_tried_again_not_cached as *const () as usize as u64
-    }
-
-    /// The function names interned by `packets`.
-    fn names(packets: &[TracePacket]) -> Vec<String> {
-        packets
-            .iter()
-            .filter_map(|p| p.interned_data.as_ref())
-            .flat_map(|i| i.function_names.iter())
-            .map(|n| String::from_utf8(n.str.clone().unwrap()).unwrap())
-            .collect()
-    }
-
-    #[test]
-    fn a_passing_failure_is_tried_again_not_cached() {
-        let proc = fake_proc(None);
-        let mut fs = FaultStacks::new(proc.path());
-        sample_at(&mut fs, 10);
-        let stack = |id| (id == 3).then(|| vec![own_ip()]);
-        // maps unreadable for now: the sample waits, nothing is cached.
-        assert!(fs.take_packets(false, stack).is_empty());
-        assert_eq!(fs.stats.frames_unsymbolised, 0);
-        set_maps(
-            proc.path(),
-            &std::fs::read_to_string("/proc/self/maps").unwrap(),
-        );
-        sample_at(&mut fs, 20);
-        let packets = fs.take_packets(false, stack);
-        assert_eq!(packets.len(), 2, "the held sample and the new one");
-        let names = names(&packets);
-        assert_eq!(names.len(), 1, "{names:?}");
-        assert!(
-            names[0].contains("a_passing_failure_is_tried_again_not_cached"),
-            "{names:?}"
-        );
-        assert_eq!(fs.stats.frames_retried, 1);
-        assert_eq!(fs.stats.frames_unsymbolised, 0);
-    }
-
-    #[test]
-    fn a_passing_failure_is_written_after_bounded_attempts_or_at_the_end() {
-        let proc = fake_proc(None);
-        let stack = |id| (id == 3).then(|| vec![own_ip()]);
-        let mut fs = FaultStacks::new(proc.path());
-        sample_at(&mut fs, 10);
-        for _ in 1..RESOLVE_ATTEMPTS {
-            assert!(fs.take_packets(false, stack).is_empty());
-        }
-        let packets = fs.take_packets(false, stack);
-        assert_eq!(packets.len(), 1);
-        let names = names(&packets);
-        assert!(
-            names[0].starts_with("[unsymbolised: reading /proc/") && names[0].contains("/maps"),
-            "{names:?}"
-        );
-        assert_eq!(fs.stats.frames_unsymbolised, 1);
-
-        // The capture's last flush holds nothing back.
-        let mut fs = FaultStacks::new(proc.path());
-        sample_at(&mut fs, 10);
-        assert_eq!(fs.take_packets(true, stack).len(), 1);
-    }
-
-    /// A fork's child faults in its parent's image, then execs: the names
-    /// cached for the old image must not be served for the new one.
-    #[test]
-    fn a_new_image_of_the_pid_is_resolved_anew() {
-        let proc = fake_proc(Some(&std::fs::read_to_string("/proc/self/maps").unwrap()));
-        let stack = |id| (id == 3).then(|| vec![own_ip()]);
-        let mut fs = FaultStacks::new(proc.path());
-        sample_at(&mut fs, 10);
-        let names_before = names(&fs.take_packets(false, stack));
-        assert!(
-            names_before[0].contains("a_passing_failure"),
-            "{names_before:?}"
-        );
-        // exec: a new start_code (field 26) and an empty layout here.
-        let stat_path = proc.path().join(format!("{}/stat", std::process::id()));
-        let stat = std::fs::read_to_string(&stat_path).unwrap();
-        let close = stat.rfind(')').unwrap();
-        let mut fields: Vec<String> = stat[close + 1..]
-            .split_ascii_whitespace()
-            .map(str::to_owned)
-            .collect();
-        fields[26 - 3] = "4096".into();
-        std::fs::write(
-            &stat_path,
-            format!("{} {}\n", &stat[..=close], fields.join(" ")),
-        )
-        .unwrap();
-        set_maps(proc.path(), "");
-        sample_at(&mut fs, 20);
-        let names_after = names(&fs.take_packets(false, stack));
-        assert_eq!(
-            names_after,
-            vec!["[unsymbolised: in no mapping]".to_owned()]
-        );
-    }
-}
+mod tests;

@@ -14,6 +14,7 @@
 pub mod decode;
 pub mod drain;
 pub mod fault_stacks;
+mod kernel_stacks;
 mod mapped_files;
 pub mod transport;
 
@@ -26,7 +27,7 @@ use std::{
 };
 
 use thiserror::Error;
-use vitals_common::capture as cap;
+use vitals_common::{capture as cap, OffcpuEvent};
 use vitals_proto::protos::{process_tree, trace_packet, ProcessTree, TracePacket};
 
 use crate::{
@@ -34,12 +35,17 @@ use crate::{
     event_set::EventSet,
     perfetto::{
         compact_sched::{build_bundle, comm_str, Comm, CpuEvents},
+        offcpu_blocks::{LongBlock, OffcpuBlocks},
         CounterSpec, CounterUnit, CounterValue, PerfettoError, TraceWriter, TrackUuid,
         DEFAULT_SEQUENCE_ID,
     },
 };
 
-use self::{decode::Record, drain::Drainer, fault_stacks::FaultStacks};
+use self::{
+    decode::{FaultRec, Record, SampleKind},
+    drain::Drainer,
+    fault_stacks::FaultStacks,
+};
 
 /// The sequence the fault samples and their interned callstacks live on,
 /// apart from the main one so its incremental state is theirs alone.
@@ -64,6 +70,33 @@ pub struct EventOptions {
     pub fault_period: u32,
     /// How often the drain thread polls the ring buffer.
     pub poll: Duration,
+    /// With `events.sched`: the two stacks of every long block of the
+    /// watched threads (issue #24); None: off.
+    pub offcpu: Option<OffcpuWatch>,
+}
+
+/// Which blocks a capture records with their stacks: a watched thread's
+/// block (switch-out while not runnable to the sched_waking ending it)
+/// at least `min_block_ns` long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffcpuWatch {
+    pub min_block_ns: u64,
+    /// The watched process; None: every thread.
+    pub tgid: Option<u32>,
+}
+
+impl OffcpuWatch {
+    /// One 60 Hz frame: a block this long is a jank on its own.
+    pub const DEFAULT_MIN_BLOCK_NS: u64 = 16_000_000;
+}
+
+impl Default for OffcpuWatch {
+    fn default() -> Self {
+        Self {
+            min_block_ns: Self::DEFAULT_MIN_BLOCK_NS,
+            tgid: None,
+        }
+    }
 }
 
 impl Default for EventOptions {
@@ -72,6 +105,7 @@ impl Default for EventOptions {
             events: EventSet::NONE,
             fault_period: 100,
             poll: Duration::from_millis(5),
+            offcpu: None,
         }
     }
 }
@@ -90,6 +124,8 @@ pub struct EventStats {
     pub lost_faults: u64,
     /// Fault samples whose stack could not be taken.
     pub lost_stacks: u64,
+    /// Ring buffer full: long-block records lost.
+    pub lost_offcpu: u64,
     /// Perf array only: samples the perf buffers reported lost
     /// (PERF_RECORD_LOST), summed over CPUs. The same drops the kernel-side
     /// counter sees as -ENOSPC, so a cross-check, not extra loss.
@@ -104,7 +140,7 @@ pub struct EventStats {
 impl EventStats {
     pub fn render(&self) -> String {
         format!(
-            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); ring buffer lost: {} sched, {} fault records; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
+            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); {} long blocks ({} weighed as 10 s); ring buffer lost: {} sched, {} fault, {} long-block records; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
             self.switch_events,
             self.waking_events,
             self.bundles,
@@ -115,8 +151,11 @@ impl EventStats {
             self.fault.frames_symbolised,
             self.fault.frames_unsymbolised,
             self.fault.frames_retried,
+            self.fault.offcpu_blocks,
+            self.fault.offcpu_capped,
             self.lost_sched,
             self.lost_faults,
+            self.lost_offcpu,
             self.lost_stacks,
             self.transport.map_or("none", EventTransport::name),
             self.perf_reported_lost,
@@ -146,6 +185,9 @@ pub struct EventRecorder {
     /// next's when the program could tell).
     tgids: HashMap<i32, i32>,
     faults: FaultStacks,
+    /// Long blocks not written yet, and their tracks' state.
+    blocks: Vec<LongBlock>,
+    block_tracks: OffcpuBlocks,
     stats: EventStats,
 }
 
@@ -158,7 +200,8 @@ impl EventRecorder {
         proc_root: &Path,
     ) -> Result<Self, EventsError> {
         let base_lost = transport::lost(acc)?;
-        let ring = transport::start(acc, opts.events, opts.fault_period)?;
+        let offcpu = opts.offcpu.filter(|_| opts.events.sched);
+        let ring = transport::start(acc, opts.events, opts.fault_period, offcpu)?;
         let drainer = match Drainer::start(ring, opts.poll) {
             Ok(d) => d,
             Err(e) => {
@@ -171,10 +214,11 @@ impl EventRecorder {
         };
         let transport = acc.capture_transport();
         log::info!(
-            "capture started: sched {}, faults {} (1 in {}); transport {}",
+            "capture started: sched {}, faults {} (1 in {}), off-cpu {:?}; transport {}",
             opts.events.sched,
             opts.events.faults,
             opts.fault_period,
+            offcpu,
             transport.name()
         );
         Ok(Self {
@@ -197,6 +241,8 @@ impl EventRecorder {
             new_tids: HashMap::new(),
             tgids: HashMap::new(),
             faults: FaultStacks::new(proc_root),
+            blocks: Vec::new(),
+            block_tracks: OffcpuBlocks::new(),
             stats: EventStats {
                 transport: Some(transport),
                 ..EventStats::default()
@@ -246,6 +292,7 @@ impl EventRecorder {
                     self.stats.fault_samples += 1;
                     self.faults.push(f);
                 }
+                Record::Offcpu(e) => self.absorb_block(&e),
                 Record::Lost { cpu, count } => {
                     let i = cpu as usize;
                     if self.perf_lost.len() <= i {
@@ -256,6 +303,46 @@ impl EventRecorder {
                 }
             }
         }
+    }
+
+    /// A long block: its blocked stack (weighted by the blocked time) and
+    /// its waker's go to the symboliser, the block to the timeline.
+    fn absorb_block(&mut self, e: &OffcpuEvent) {
+        let blocked_ns = e.hdr.ts.saturating_sub(e.blocked_ts);
+        self.tgids.insert(e.tid as i32, e.tgid as i32);
+        if e.waker_tid > 0 {
+            self.tgids.insert(e.waker_tid as i32, e.waker_tgid as i32);
+        }
+        self.faults.push(FaultRec {
+            kind: SampleKind::Offcpu {
+                blocked_ns,
+                kernel_stack: e.blocked_kernel_stack,
+            },
+            ts: e.blocked_ts,
+            cpu: e.hdr.cpu,
+            tgid: e.tgid,
+            tid: e.tid,
+            stack_id: e.blocked_user_stack,
+        });
+        self.faults.push(FaultRec {
+            kind: SampleKind::Waker {
+                kernel_stack: e.waker_kernel_stack,
+            },
+            ts: e.hdr.ts,
+            cpu: e.hdr.cpu,
+            tgid: e.waker_tgid,
+            tid: e.waker_tid,
+            stack_id: e.waker_user_stack,
+        });
+        self.blocks.push(LongBlock {
+            blocked_ts: e.blocked_ts,
+            waking_ts: e.hdr.ts,
+            tid: e.tid,
+            tgid: e.tgid,
+            waker_tid: e.waker_tid,
+            waker_tgid: e.waker_tgid,
+            prev_state: e.prev_state,
+        });
     }
 
     fn cpu(&mut self, cpu: u32) -> &mut CpuEvents {
@@ -315,6 +402,11 @@ impl EventRecorder {
         self.write_thread_names(writer, ts_boot_ns, last)?;
         self.write_bundles(writer, lost)?;
         self.write_fault_samples(acc, writer, last)?;
+        for b in std::mem::take(&mut self.blocks) {
+            for p in self.block_tracks.packets(&b) {
+                writer.write_packet(p)?;
+            }
+        }
         self.write_lost(writer, ts_boot_ns, lost)?;
         self.last_lost = lost.to_vec();
         Ok(())
@@ -455,7 +547,8 @@ impl EventRecorder {
         self.stats.lost_sched = sum(cap::lost::SCHED);
         self.stats.lost_faults = sum(cap::lost::FAULT);
         self.stats.lost_stacks = sum(cap::lost::STACK);
-        let total = self.stats.lost_sched + self.stats.lost_faults;
+        self.stats.lost_offcpu = sum(cap::lost::OFFCPU);
+        let total = self.stats.lost_sched + self.stats.lost_faults + self.stats.lost_offcpu;
         if self.lost_track.is_none() || total != self.last_lost_total {
             let uuid = match self.lost_track {
                 Some(u) => u,
@@ -463,7 +556,7 @@ impl EventRecorder {
                     let u = writer.global_counter_track(
                         &CounterSpec::new("capture_ringbuf_lost_events", CounterUnit::Count)
                             .with_description(format!(
-                                "capture records dropped because the ring buffer was full (sched + fault samples), since capture start; transport: {}",
+                                "capture records dropped because the ring buffer was full (sched + fault samples + long blocks), since capture start; transport: {}",
                                 self.stats.transport.map_or("none", EventTransport::name)
                             )),
                     )?;
@@ -552,15 +645,15 @@ mod tests {
 
     #[test]
     fn perf_loss_reports_and_kernel_counter_count_the_same_drops_once() {
-        let base = vec![[5, 1, 0], [0, 0, 0]];
+        let base = vec![[5, 1, 0, 0], [0, 0, 0, 0]];
         // cpu 0: counter saw 7 since base, perf reported 7 (same drops);
         // cpu 1: the perf report is ahead of the counter read;
         // cpu 2: only a report, no counter slot yet.
-        let kernel = vec![[12, 1, 0], [2, 0, 0]];
+        let kernel = vec![[12, 1, 0, 0], [2, 0, 0, 0]];
         let merged = merge_lost(kernel, &base, &[7, 3, 4], cap::lost::SCHED);
-        assert_eq!(merged, vec![[12, 1, 0], [3, 0, 0], [4, 0, 0]]);
+        assert_eq!(merged, vec![[12, 1, 0, 0], [3, 0, 0, 0], [4, 0, 0, 0]]);
         // Fault-only captures charge reports to FAULT.
-        let merged = merge_lost(vec![[0, 0, 0]], &[], &[2], cap::lost::FAULT);
-        assert_eq!(merged, vec![[0, 2, 0]]);
+        let merged = merge_lost(vec![[0, 0, 0, 0]], &[], &[2], cap::lost::FAULT);
+        assert_eq!(merged, vec![[0, 2, 0, 0]]);
     }
 }

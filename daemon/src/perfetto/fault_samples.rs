@@ -35,6 +35,28 @@ pub struct SampleFrame {
     pub rel_pc: u64,
 }
 
+/// Root frame of every off-CPU sample (a long block's stack at switch-out):
+/// what the flamegraph's top node and the README's query name.
+pub const OFFCPU_ROOT: &str = "[off-cpu]";
+/// Root frame of every waker sample (the stack that ended a long block).
+pub const WAKER_ROOT: &str = "[waker]";
+
+/// A frame that stands for no address: the root of off-CPU and waker
+/// callstacks, in a mapping of its own named after vitalsd.
+pub fn synthetic_frame(name: &str) -> SampleFrame {
+    SampleFrame {
+        mapping: SampleMapping {
+            start: 0,
+            end: 0,
+            offset: 0,
+            path: "[vitalsd]".into(),
+            build_id: None,
+        },
+        function: Some(name.into()),
+        rel_pc: 0,
+    }
+}
+
 /// Interning state of the sample sequence: what has been interned with
 /// which iid, and the entries not yet written.
 #[derive(Default)]

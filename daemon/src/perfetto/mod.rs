@@ -14,11 +14,13 @@
 //!   (loadavg, per-process fault rates, CPU shares, ...);
 //! - capture packets: per-CPU FtraceEventBundle/CompactSched
 //!   ([`compact_sched`]), fault samples as interned callstacks
-//!   ([`fault_samples`]).
+//!   ([`fault_samples`]); a capture's long blocks as slices on their
+//!   thread's off-CPU track with a flow from the waker ([`offcpu_blocks`]).
 
 pub mod compact_sched;
 mod error;
 pub mod fault_samples;
+pub mod offcpu_blocks;
 mod track_uuid;
 mod types;
 mod writer;

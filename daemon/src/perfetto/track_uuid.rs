@@ -75,6 +75,13 @@ pub(crate) fn global_counter_track(name: &str) -> TrackUuid {
         .finish()
 }
 
+/// The off-CPU track of thread `tid` (a capture's long blocks).
+pub(crate) fn offcpu_thread_track(tid: u32) -> TrackUuid {
+    Hasher::new("vitalsd/offcpu_thread")
+        .u64(tid as u64)
+        .finish()
+}
+
 /// Next candidate after a (practically impossible) collision, deterministic
 /// so the same sequence of requests always yields the same uuids.
 pub(crate) fn rehash(uuid: TrackUuid, attempt: u64) -> TrackUuid {

@@ -197,8 +197,14 @@ fn attach(
         // Symbolising another process's stack reads its /proc/<pid>/maps,
         // which ptrace_may_access() guards: keep CAP_SYS_PTRACE for that.
         let mut keep = privileges::STEADY_STATE_CAPS.to_vec();
-        if opts.capture.events.faults {
+        if opts.capture.events.faults || opts.capture.offcpu.is_some() {
             keep.push(caps::Capability::CAP_SYS_PTRACE);
+        }
+        // Kernel frames of off-CPU stacks: /proc/kallsyms shows addresses
+        // (kallsyms_show_value) only with CAP_SYSLOG at kptr_restrict 0
+        // or 1, unless perf_event_paranoid <= 1; never at 2.
+        if opts.capture.offcpu.is_some() {
+            keep.push(caps::Capability::CAP_SYSLOG);
         }
         let left = privileges::drop_to(&keep)?;
         Some(privileges::describe(&left))

@@ -290,6 +290,9 @@ pub mod capture {
     /// `CaptureControl::flags` bits.
     pub const FLAG_SCHED: u32 = 1;
     pub const FLAG_FAULTS: u32 = 2;
+    /// With FLAG_SCHED: every long block of a watched thread as one
+    /// `OffcpuEvent` (its stack at switch-out, its waker's at sched_waking).
+    pub const FLAG_OFFCPU: u32 = 4;
 
     /// `CAPTURE_TRANSPORT` values: where the records go.
     pub const TRANSPORT_RINGBUF: u32 = 0;
@@ -299,6 +302,7 @@ pub mod capture {
     pub const KIND_SWITCH: u32 = 1;
     pub const KIND_WAKING: u32 = 2;
     pub const KIND_FAULT: u32 = 3;
+    pub const KIND_OFFCPU: u32 = 4;
 
     /// Indexes into the per-CPU `CAPTURE_LOST` array.
     pub mod lost {
@@ -311,7 +315,9 @@ pub mod capture {
         /// bpf_get_stackid failed (stack map full/collision, no user stack):
         /// the sample is still sent, with a negative stack id.
         pub const STACK: u32 = 2;
-        pub const COUNT: u32 = 3;
+        /// Ring buffer full: a long block's record was dropped.
+        pub const OFFCPU: u32 = 3;
+        pub const COUNT: u32 = 4;
     }
 }
 
@@ -323,6 +329,12 @@ pub struct CaptureControl {
     pub flags: u32,
     /// Emit one fault sample every this many faults of a process (>= 1).
     pub fault_period: u32,
+    /// FLAG_OFFCPU: a block at least this long (switch-out to the
+    /// sched_waking that ends it) is recorded.
+    pub offcpu_min_ns: u64,
+    /// FLAG_OFFCPU: the watched process (tgid); 0 watches every thread.
+    pub offcpu_tgid: u32,
+    pub _pad: u32,
 }
 
 /// Common prefix of every capture record.
@@ -385,6 +397,43 @@ pub struct FaultEvent {
     pub stack_id: i64,
 }
 
+/// One long block of a watched thread (`capture::KIND_OFFCPU`), emitted by
+/// the sched_waking that ends it, on the waker's CPU: `hdr.ts` is the
+/// waking. Stack ids are in `CAPTURE_STACKS` (negative: not taken, see
+/// `lost::STACK`); user and kernel stacks apart, as bpf_get_stackid takes
+/// them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffcpuEvent {
+    pub hdr: EventHeader,
+    /// bpf_ktime_get_boot_ns() at the blocked thread's switch-out.
+    pub blocked_ts: u64,
+    pub tid: u32,
+    pub tgid: u32,
+    /// `current` at sched_waking (0 in an interrupt over the idle task).
+    pub waker_tid: u32,
+    pub waker_tgid: u32,
+    /// The switch-out's `prev_state`, as the classic tracepoint reports it.
+    pub prev_state: i64,
+    pub blocked_user_stack: i64,
+    pub blocked_kernel_stack: i64,
+    pub waker_user_stack: i64,
+    pub waker_kernel_stack: i64,
+}
+
+/// Value of `OFFCPU_START`, keyed by tid: a watched thread's switch-out
+/// while blocked, waiting for the sched_waking that ends it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffcpuStart {
+    pub ts: u64,
+    pub prev_state: i64,
+    pub user_stack: i64,
+    pub kernel_stack: i64,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
 /// Names of maps and programs, shared so the two sides cannot drift.
 pub mod names {
     pub const TASKS: &str = "TASKS";
@@ -400,6 +449,7 @@ pub mod names {
     pub const CAPTURE_LOST: &str = "CAPTURE_LOST";
     pub const CAPTURE_STACKS: &str = "CAPTURE_STACKS";
     pub const CAPTURE_FAULT_CTR: &str = "CAPTURE_FAULT_CTR";
+    pub const OFFCPU_START: &str = "OFFCPU_START";
     pub const PROG_SCHED_WAKING: &str = "sched_waking";
     pub const PROG_SCHED_WAKING_FIXED: &str = "sched_waking_fixed";
 
@@ -491,6 +541,7 @@ mod pod {
     unsafe impl aya::Pod for super::ExitKey {}
     unsafe impl aya::Pod for super::ExitRecord {}
     unsafe impl aya::Pod for super::CaptureControl {}
+    unsafe impl aya::Pod for super::OffcpuStart {}
 }
 
 impl FaultCounters {

@@ -287,6 +287,9 @@ fn main() {
         // context switches as the kernel counted them (getrusage
         // RUSAGE_THREAD) when its last round ended.
         Some("pingpong") => ping_pong(arg(&args, 2)),
+        // block-release <times> <ms>: a thread blocks reading a pipe that
+        // a second thread writes after sleeping <ms>, <times> times.
+        Some("block-release") => block_release(arg(&args, 2), arg(&args, 3)),
         // children <n> <ms>: after a line on stdin, runs n short-lived
         // children one after the other (this binary, `spin-exit <ms>`),
         // printing "child <pid>" as each is reaped, then "done".
@@ -371,6 +374,87 @@ fn threads(n: u64, ms: u64) {
     for h in handles {
         h.join().unwrap();
     }
+}
+
+/// One byte through `read(2)`/`write(2)`, the `syscall` instruction
+/// inlined into the calling function, so the user IP the kernel saved at
+/// the syscall's entry (the first frame of a user stack taken while the
+/// thread blocks or wakes another) is in that function. Through libc's
+/// wrapper the first frame would be the wrapper, and a frame-pointer walk
+/// from it skips its caller (the wrapper sets up no frame).
+#[inline(always)]
+unsafe fn raw_io(nr: i64, fd: i32, buf: *mut u8) -> i64 {
+    let ret: i64;
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::asm!("syscall", inlateout("rax") nr => ret, in("rdi") fd as i64,
+            in("rsi") buf, in("rdx") 1i64, lateout("rcx") _, lateout("r11") _,
+            options(nostack));
+    }
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        std::arch::asm!("svc 0", inlateout("x0") fd as i64 => ret, in("x1") buf,
+            in("x2") 1i64, in("x8") nr, options(nostack));
+    }
+    ret
+}
+
+/// The waiting function of `block-release`: blocks in read() on `fd`.
+#[inline(never)]
+fn vitals_wait_for_release(fd: i32) {
+    let mut b = 0u8;
+    let ret = unsafe { raw_io(libc::SYS_read, fd, &mut b) };
+    assert_eq!(ret, 1, "read of the release pipe");
+}
+
+/// The releasing function of `block-release`: sleeps `ms`, then writes
+/// the byte that wakes the waiter (the waker's stack is taken here).
+#[inline(never)]
+fn vitals_release_after_sleep(fd: i32, ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+    let mut b = b'x';
+    let ret = unsafe { raw_io(libc::SYS_write, fd, &mut b) };
+    assert_eq!(ret, 1, "write of the release pipe");
+}
+
+/// `block-release`: prints `tids <waiter> <releaser>` and `ready`, and on
+/// a line from stdin runs the rounds: the waiter (thread `vitals-waiter`)
+/// blocks in `vitals_wait_for_release`, the releaser (`vitals-release`)
+/// wakes it from `vitals_release_after_sleep` after `ms`.
+fn block_release(times: u64, ms: u64) {
+    let mut p = [0i32; 2];
+    unsafe { assert_eq!(libc::pipe(p.as_mut_ptr()), 0) };
+    let (rd, wr) = (p[0], p[1]);
+    let go = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let spawn = |name: &str, body: Box<dyn FnOnce() + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel::<i64>();
+        let go = go.clone();
+        let h = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                tx.send(unsafe { libc::gettid() } as i64).unwrap();
+                go.wait();
+                body();
+            })
+            .unwrap();
+        (h, rx.recv().unwrap())
+    };
+    let (waiter, w) = spawn(
+        "vitals-waiter",
+        Box::new(move || (0..times).for_each(|_| vitals_wait_for_release(rd))),
+    );
+    let (releaser, r) = spawn(
+        "vitals-release",
+        Box::new(move || (0..times).for_each(|_| vitals_release_after_sleep(wr, ms))),
+    );
+    say(&format!("tids {w} {r}"));
+    say("ready");
+    wait_line();
+    go.wait();
+    waiter.join().unwrap();
+    releaser.join().unwrap();
+    say("done");
+    wait_eof();
 }
 
 fn ping_pong(n: u64) {

@@ -198,11 +198,13 @@ pub const PROGRAMS: [ProgSpec; 8] = [
 /// (`EventSizing`, 8 MiB ring) for a phone: 4 MiB of ring buffer is
 /// ~100 ms of the heaviest sched load measured (perf bench sched pipe,
 /// ~40 MB/s of records), 20 of the drain's 5 ms polls; 1024 user stacks
-/// of ~1 KiB; 4096 processes' fault-sampling counters.
-pub const CAPTURE_MAP_ENTRIES: [(&str, u32); 3] = [
+/// of ~1 KiB; 4096 processes' fault-sampling counters; 4096 blocked
+/// threads waiting for their waking in an off-CPU capture (~64 B each).
+pub const CAPTURE_MAP_ENTRIES: [(&str, u32); 4] = [
     ("CAPTURE_EVENTS", 4 << 20),
     ("CAPTURE_STACKS", 1024),
     ("CAPTURE_FAULT_CTR", 4096),
+    ("OFFCPU_START", 4096),
 ];
 
 /// The pin bpfloader creates for a program section (Loader.cpp).

@@ -186,7 +186,8 @@ impl EventTransport {
     }
 }
 
-/// max_entries of CAPTURE_EVENTS, CAPTURE_STACKS and CAPTURE_FAULT_CTR.
+/// max_entries of CAPTURE_EVENTS, CAPTURE_STACKS, CAPTURE_FAULT_CTR and
+/// OFFCPU_START.
 /// Without a capture configured (`sizing` None) the capture maps take
 /// their minimum size, so the always-on tier's memory does not grow.
 pub(crate) fn capture_map_sizes(
@@ -194,7 +195,7 @@ pub(crate) fn capture_map_sizes(
     transport: EventTransport,
     ringbuf_ok: bool,
     page: u32,
-) -> [(&'static str, u32); 3] {
+) -> [(&'static str, u32); 4] {
     // The ring buffer goes unused with the perf array: minimum.
     let ring_bytes = match (sizing, transport, ringbuf_ok) {
         (_, _, false) => 1,
@@ -209,6 +210,13 @@ pub(crate) fn capture_map_sizes(
         ),
         (
             names::CAPTURE_FAULT_CTR,
+            sizing.map_or(1, |c| c.fault_processes.max(1)),
+        ),
+        // Blocked threads of watched processes waiting for their waking,
+        // at once (LRU): bounded like the processes the fault sampler
+        // tracks, about 64 bytes an entry.
+        (
+            names::OFFCPU_START,
             sizing.map_or(1, |c| c.fault_processes.max(1)),
         ),
     ]

@@ -136,7 +136,12 @@ impl PinnedCapture {
                     .map(|prog| (layout, prog))
             })
             .ok_or("no pinned sched_waking program")?;
-        let maps = open_pinned_maps(dir, &CAPTURE_MAPS).map_err(|e| e.to_string())?;
+        let mut maps = open_pinned_maps(dir, &CAPTURE_MAPS).map_err(|e| e.to_string())?;
+        // Optional: an object pinned before off-CPU captures has none, and
+        // its capture tier works without them (no FLAG_OFFCPU code).
+        if let Ok(offcpu) = open_pinned_maps(dir, &[names::OFFCPU_START]) {
+            maps.extend(offcpu);
+        }
         let events = open_pinned_maps(dir, &[names::CAPTURE_EVENTS]).map_err(|e| e.to_string())?;
         let Some(aya::maps::Map::RingBuf(data)) = events.into_values().next() else {
             return Err(format!(

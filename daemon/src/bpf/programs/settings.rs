@@ -299,8 +299,8 @@ impl LoadSettings {
     }
 
     /// Every map's max_entries.
-    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 13] {
-        let [events, stacks, fault_ctr] =
+    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 14] {
+        let [events, stacks, fault_ctr, offcpu_start] =
             capture_map_sizes(cfg.capture, self.transport, self.ringbuf_ok, self.page);
         [
             (names::TASKS, self.tasks_hash_len),
@@ -335,6 +335,7 @@ impl LoadSettings {
             events,
             stacks,
             fault_ctr,
+            offcpu_start,
         ]
     }
 

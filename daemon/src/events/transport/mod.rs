@@ -17,13 +17,15 @@ pub mod ringbuf;
 use std::os::fd::AsFd;
 
 use aya::maps::{
-    perf::PerfEventArrayBuffer, Array, MapData, MapError, PerCpuArray, RingBuf, StackTraceMap,
+    perf::PerfEventArrayBuffer, Array, HashMap, MapData, MapError, PerCpuArray, RingBuf,
+    StackTraceMap,
 };
-use vitals_common::{capture, names, CaptureControl};
+use vitals_common::{capture, names, CaptureControl, OffcpuStart};
 
 use crate::{
     bpf::{map_err, Accounting, BpfError, IdleTransport},
     event_set::EventSet,
+    events::OffcpuWatch,
 };
 
 /// The user-space end of the capture transport: lent to a capture by
@@ -78,6 +80,7 @@ pub fn start(
     acc: &mut Accounting,
     events: EventSet,
     fault_period: u32,
+    offcpu: Option<OffcpuWatch>,
 ) -> Result<EventOutput, BpfError> {
     if acc.capture_sizing().is_none() {
         return Err(BpfError::CaptureNotConfigured);
@@ -94,6 +97,17 @@ pub fn start(
             let _ = stacks.remove(&id);
         }
     }
+    // Blocks an earlier capture left waiting for their waking (pinned maps
+    // outlive a recording) started before this capture, with ids of the
+    // stacks just cleared: forgotten too.
+    if let Ok(map) = acc.map_mut(names::OFFCPU_START) {
+        if let Ok(mut starts) = HashMap::<_, u32, OffcpuStart>::try_from(map) {
+            let tids: Vec<u32> = starts.keys().filter_map(Result::ok).collect();
+            for tid in tids {
+                let _ = starts.remove(&tid);
+            }
+        }
+    }
     let slot = acc.transport_slot();
     let ring = lend(slot.idle.as_mut().ok_or(BpfError::CaptureNotConfigured)?)?;
     slot.lent = true;
@@ -107,8 +121,11 @@ pub fn start(
     set_flag(
         acc,
         CaptureControl {
-            flags: events.flags(),
+            flags: events.flags() | offcpu.map_or(0, |_| capture::FLAG_OFFCPU),
             fault_period: fault_period.max(1),
+            offcpu_min_ns: offcpu.map_or(0, |w| w.min_block_ns),
+            offcpu_tgid: offcpu.and_then(|w| w.tgid).unwrap_or(0),
+            _pad: 0,
         },
     )?;
     Ok(ring)

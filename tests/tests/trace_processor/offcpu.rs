@@ -1,0 +1,75 @@
+//! Checks of a `record --offcpu-pid` capture (issue #24 part 2): the
+//! README's own queries, read from README.md so the documented query is
+//! the one the test runs, find each long block of the `block-release`
+//! workload with its waker and both stacks.
+
+use super::*;
+
+/// The ```sql block after `<!-- offcpu-query: {name} -->` in README.md.
+pub fn readme_query(name: &str) -> String {
+    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
+    let marker = format!("<!-- offcpu-query: {name} -->");
+    let after = &readme[readme
+        .find(&marker)
+        .unwrap_or_else(|| panic!("README.md has no {marker}"))..];
+    let start = after.find("```sql").expect("a sql block after the marker") + 6;
+    let end = start + after[start..].find("```").expect("the sql block's end");
+    after[start..end].trim().to_owned()
+}
+
+/// One row of the README's "blocks" query.
+#[derive(Debug)]
+pub struct Block {
+    pub ts: i64,
+    pub blocked_ns: i64,
+    pub tid: i64,
+    pub waker_tid: i64,
+    pub waker: String,
+    pub blocked_stack: String,
+    pub waker_stack: String,
+}
+
+pub fn blocks(t: &Imported) -> Vec<Block> {
+    t.q(&readme_query("blocks"))
+        .iter()
+        .map(|r| Block {
+            ts: int(r, "ts"),
+            blocked_ns: int(r, "blocked_ns"),
+            tid: int(r, "tid"),
+            waker_tid: int(r, "waker_tid"),
+            waker: text(r, "waker").unwrap_or("").to_owned(),
+            blocked_stack: text(r, "blocked_stack").unwrap_or("").to_owned(),
+            waker_stack: text(r, "waker_stack").unwrap_or("").to_owned(),
+        })
+        .collect()
+}
+
+/// trace_processor's own thread state of `tid` (from the same capture's
+/// sched_switch and sched_waking records, an independent decoding of the
+/// kernel's events) covering `ts`: (start, dur, state).
+pub fn thread_state_at(t: &Imported, tid: i64, ts: i64) -> (i64, i64, String) {
+    let r = t.one(&format!(
+        "select s.ts, s.dur, s.state from thread_state s join thread using(utid) \
+         where tid = {tid} and s.ts <= {ts} + 1000000 and s.ts + s.dur > {ts} \
+         and s.state in ('S', 'D') order by abs(s.ts - {ts}) limit 1"
+    ));
+    (
+        int(&r, "ts"),
+        int(&r, "dur"),
+        text(&r, "state").unwrap_or("").to_owned(),
+    )
+}
+
+/// Samples per kind (README's "kinds" query) of the threads `tids`.
+pub fn sample_kinds(t: &Imported, tids: &[i64]) -> HashMap<String, i64> {
+    let tids: Vec<String> = tids.iter().map(i64::to_string).collect();
+    t.q(&format!(
+        "select k.kind, count(*) as n from ({}) k join perf_sample ps on ps.id = k.sample_id \
+         join thread using(utid) where tid in ({}) group by 1",
+        readme_query("kinds"),
+        tids.join(", ")
+    ))
+    .iter()
+    .map(|r| (text(r, "kind").unwrap().to_owned(), int(r, "n")))
+    .collect()
+}
