@@ -4,7 +4,7 @@
 //! `sources::schedstat`), and the name of the tier. Sinks (trace tracks, top,
 //! rules, the Perfetto data source) take these and know no source.
 
-use vitals_common::FaultCounters;
+use vitals_common::{FaultCounters, OffcpuCounters};
 
 /// Cumulative counters of one process since accounting started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,6 +25,9 @@ pub struct ProcessCounters {
     /// (None when the record had none, or was lost), which names a process
     /// no procfs scan saw alive.
     pub exit_comm: Option<[u8; 16]>,
+    /// Blocked time (S, D), long blocks and wakeups; zero while off-CPU
+    /// accounting is off (only the eBPF tier has it).
+    pub offcpu: OffcpuCounters,
 }
 
 /// The fault source in use: reported with every output, because the two

@@ -26,6 +26,7 @@ mod capture_tier;
 mod faults;
 #[cfg(feature = "miss-log")]
 mod miss_log;
+mod offcpu;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -271,6 +272,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
             next as u32,
             current_tgid,
             None,
+            vitals_common::offcpu::reported_state(state),
         );
         if capture_control().flags & capture::FLAG_SCHED != 0 {
             let extra = unsafe {
@@ -309,7 +311,15 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
             *(base.add(fixed_layout::SWITCH_NEXT_PID as usize) as *const u32),
         )
     };
-    on_switch(prev, reported_blocked(state), next, current_tgid, None);
+    let offcpu_state = vitals_common::offcpu::reported_state(state);
+    on_switch(
+        prev,
+        reported_blocked(state),
+        next,
+        current_tgid,
+        None,
+        offcpu_state,
+    );
     if capture_control().flags & capture::FLAG_SCHED != 0 {
         let (prev_prio, next_prio, comm) = unsafe {
             (
@@ -395,6 +405,7 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> u32 {
         next,
         || unsafe { task_field::<i32>(prev_task, &TASK_TGID_OFF) as u32 },
         Some(sum_exec_ns),
+        vitals_common::offcpu::raw_state(preempt as u8 != 0, prev_state as u32),
     );
     if capture_control().flags & capture::FLAG_SCHED != 0 {
         let (prev_prio, next_prio, exit_state, next_tgid, comm) = unsafe {
@@ -460,6 +471,7 @@ fn on_switch(
     next: u32,
     prev_tgid: impl FnOnce() -> u32,
     sum_exec: Option<SumExec>,
+    offcpu_state: u32,
 ) {
     let now = unsafe { bpf_ktime_get_ns() };
     let cpu = match CPU_STATE.get_ptr_mut(0) {
@@ -518,6 +530,7 @@ fn on_switch(
         } else {
             t.voluntary_switches += 1;
         }
+        offcpu::on_switch_out(&mut t.offcpu, offcpu_state, now);
     }
 
     // Switch-in of `next`: its wait ends now; credited when it switches out.

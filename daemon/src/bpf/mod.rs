@@ -41,8 +41,8 @@ use thiserror::Error;
 
 pub use self::config::{
     exited_entries, AccountingChoice, AccountingConfig, EventMemory, EventSizing,
-    EventTransportChoice, FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
-    MAX_EXITED, MIN_EXITED,
+    EventTransportChoice, FaultSourceChoice, MapLimits, OffcpuSettings, PinMode,
+    DEFAULT_EXITS_PER_SECOND, MAX_EXITED, MIN_EXITED,
 };
 pub use self::counters::{totals, BpfSnapshot};
 pub use self::denied::{open, Opened, ProcOnly};

@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use vitals_common::{FaultCounters, TaskCounters};
+use vitals_common::{FaultCounters, OffcpuCounters, TaskCounters};
 
 use super::{super::FaultSource, BpfSnapshot};
 
@@ -77,6 +77,13 @@ fn max_fields(prev: &TaskCounters, new: &TaskCounters) -> TaskCounters {
         tgid: if new.tgid != 0 { new.tgid } else { prev.tgid },
         _pad: 0,
         born_ns: new.born_ns,
+        offcpu: OffcpuCounters {
+            blocked_s_ns: prev.offcpu.blocked_s_ns.max(new.offcpu.blocked_s_ns),
+            blocked_d_ns: prev.offcpu.blocked_d_ns.max(new.offcpu.blocked_d_ns),
+            long_blocks: prev.offcpu.long_blocks.max(new.offcpu.long_blocks),
+            wakeups: prev.offcpu.wakeups.max(new.offcpu.wakeups),
+            ..new.offcpu
+        },
     }
 }
 
@@ -357,6 +364,7 @@ fn add_task(row: &mut ProcessCounters, t: &TaskCounters) {
     row.voluntary_switches += t.voluntary_switches;
     row.involuntary_switches += t.involuntary_switches;
     row.faults.add(&t.faults);
+    row.offcpu.add(&t.offcpu);
 }
 
 impl ProcessCounters {

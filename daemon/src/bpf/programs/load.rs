@@ -77,6 +77,7 @@ impl Accounting {
         let sched_programs = attach_sched(
             &mut ebpf,
             cfg.runq_wait,
+            settings.offcpu.is_some(),
             layout,
             settings.btf_offsets.is_some(),
             pin_to,
@@ -86,12 +87,16 @@ impl Accounting {
             pin_maps(&ebpf, dir)?;
         }
         log::info!(
-            "eBPF accounting {}: fault source {}; scheduler programs {}; wakeup times in {}; {} possible CPUs; BTF {}; capture transport {}",
+            "eBPF accounting {}: fault source {}; scheduler programs {}; off-CPU {}; wakeup times in {}; {} possible CPUs; BTF {}; capture transport {}",
             if pin_to.is_some() { "loaded" } else { "attached" },
             fault_source.describe(),
             match sched_programs {
                 SchedPrograms::Btf => "tp_btf".to_string(),
                 SchedPrograms::Classic => format!("classic tracepoints, {layout:?} layout"),
+            },
+            match settings.offcpu {
+                Some(o) => format!("on (long block {} µs)", o.long_block_us),
+                None => "off".to_string(),
             },
             if settings.wake_array { "an array (pid_max small)" } else { "a bounded hash" },
             settings.nr_cpus,
@@ -120,6 +125,7 @@ impl Accounting {
             waking_layout,
             sched_programs,
             runq_wait: cfg.runq_wait,
+            offcpu: settings.offcpu,
             capture_sizing: cfg.capture,
             transport: settings.transport,
             slot: TransportSlot {
@@ -153,13 +159,14 @@ fn choose_fault_source(
     })
 }
 
-/// Attaches sched_switch, and with `runq_wait` sched_wakeup and
-/// sched_wakeup_new: as tp_btf programs with `try_btf` where the kernel
+/// Attaches sched_switch, with `runq_wait` sched_wakeup and
+/// sched_wakeup_new, with `offcpu` the off-CPU sched_waking: as tp_btf programs with `try_btf` where the kernel
 /// takes them, else as classic tracepoints in `layout` (with `pin_to`
 /// pinned there instead).
 fn attach_sched(
     ebpf: &mut Ebpf,
     runq_wait: bool,
+    offcpu: bool,
     layout: TracepointLayout,
     try_btf: bool,
     pin_to: Option<&Path>,
@@ -167,6 +174,9 @@ fn attach_sched(
     let mut events = vec!["sched_switch"];
     if runq_wait {
         events.extend(["sched_wakeup", "sched_wakeup_new"]);
+    }
+    if offcpu {
+        events.push("sched_waking");
     }
     let vmlinux_btf = if try_btf {
         match Btf::from_sys_fs() {

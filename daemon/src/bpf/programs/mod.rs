@@ -25,7 +25,7 @@ use self::pins::PinnedProgram;
 pub use self::settings::WAKE_ARRAY_MAX_PIDS;
 use super::{
     object::{EventTransport, MapRead, SchedPrograms, TracepointLayout},
-    program_err, BpfError, EventSizing, FaultSource, Features, MapLimits,
+    program_err, BpfError, EventSizing, FaultSource, Features, MapLimits, OffcpuSettings,
 };
 
 /// The loaded and attached accounting programs.
@@ -45,6 +45,8 @@ pub struct Accounting {
     waking_layout: TracepointLayout,
     sched_programs: SchedPrograms,
     runq_wait: bool,
+    /// Off-CPU accounting as loaded (None: off, or pins without it).
+    offcpu: Option<OffcpuSettings>,
     capture_sizing: Option<EventSizing>,
     /// Where capture records go (meaningful only with `capture_sizing`).
     transport: EventTransport,
@@ -68,6 +70,11 @@ impl Accounting {
     /// Is `runq_wait_ns` measured? When not, it is not zero but unknown.
     pub fn runq_wait(&self) -> bool {
         self.runq_wait
+    }
+
+    /// Off-CPU accounting, if its program is attached.
+    pub fn offcpu(&self) -> Option<OffcpuSettings> {
+        self.offcpu
     }
 
     /// The classic always-on programs' layout (the scheduler programs

@@ -93,6 +93,8 @@ impl Accounting {
             waking_layout,
             sched_programs: SchedPrograms::Classic,
             runq_wait,
+            // bpfloader's vitals.o has no off-CPU program (yet).
+            offcpu: None,
             capture_sizing,
             transport: EventTransport::RingBuf,
             slot: TransportSlot {

@@ -234,6 +234,8 @@ impl ProcessState {
             exited_threads: self.exited_threads,
             ended,
             exit_comm: None,
+            // The CTS tier has no sched_waking: no off-CPU accounting.
+            offcpu: Default::default(),
         }
     }
 }
