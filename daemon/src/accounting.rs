@@ -28,6 +28,8 @@ pub struct ProcessCounters {
     /// Blocked time (S, D), long blocks and wakeups; zero while off-CPU
     /// accounting is off (only the eBPF tier has it).
     pub offcpu: OffcpuCounters,
+    /// Long blocks of the main thread (tid == tgid) alone, cumulative.
+    pub main_thread_long_blocks: u64,
 }
 
 /// The fault source in use: reported with every output, because the two
@@ -82,6 +84,8 @@ pub enum CounterOrigin {
     Ebpf {
         fault_source: FaultSource,
         runq_wait: bool,
+        /// Off-CPU accounting (blocked time, long blocks) is on.
+        offcpu: bool,
     },
     /// The kernel's own per-thread accounting in procfs (`schedstat`,
     /// `status`), faults from `/proc/<pid>/stat` (minflt + majflt).

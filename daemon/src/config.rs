@@ -276,6 +276,16 @@ pub struct Sampling {
     /// reads; sizes it with `interval` (`bpf::exited_entries`).
     pub exits_per_second: u32,
     pub runq_wait: bool,
+    /// Off-CPU accounting: blocked time in S and D, long blocks and the
+    /// (wakee, waker) process pairs, from a sched_waking program beside
+    /// sched_switch (eBPF tier only; README "Off-CPU time").
+    pub offcpu: bool,
+    /// A block at least this long counts as a long block (default one
+    /// 60 Hz frame); between 1ms and 1h.
+    pub long_block: Dur,
+    /// Bound of the (wakee process, waker process) map; pairs that find
+    /// it full are counted (`waker_map_full`).
+    pub max_waker_pairs: u32,
     /// Attach the classic sched tracepoints even where the kernel's BTF
     /// allows tp_btf (which costs less per switch; see `bpf::SchedPrograms`).
     pub classic_tracepoints: bool,
@@ -391,6 +401,9 @@ impl Default for Sampling {
             max_tasks: crate::bpf::MapLimits::default().max_tasks,
             exits_per_second: crate::bpf::DEFAULT_EXITS_PER_SECOND,
             runq_wait: true,
+            offcpu: true,
+            long_block: Dur(Duration::from_millis(16)),
+            max_waker_pairs: crate::bpf::OffcpuSettings::default().max_waker_pairs,
             classic_tracepoints: false,
             history_processes: 16,
             pin_dir: None,
@@ -540,6 +553,15 @@ impl Config {
             return bad(
                 "sampling.exits_per_second",
                 "must be between 1 and 1000000".into(),
+            );
+        }
+        if !(Duration::from_millis(1)..=Duration::from_secs(3600)).contains(&s.long_block.0) {
+            return bad("sampling.long_block", "must be between 1ms and 1h".into());
+        }
+        if !(16..=1 << 20).contains(&s.max_waker_pairs) {
+            return bad(
+                "sampling.max_waker_pairs",
+                "must be between 16 and 1048576".into(),
             );
         }
         if !(1..=10_000).contains(&s.history_processes) {

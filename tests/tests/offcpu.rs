@@ -160,3 +160,76 @@ fn blocked_time_and_wakers_tp_btf() {
 fn blocked_time_and_wakers_classic() {
     check(load(true));
 }
+
+/// The main thread of the workload blocks long 2N+1 times within a
+/// second: a rule on its main thread's long blocks ("more than 2 in 1s")
+/// fires a capture naming it, whose trace carries the off-CPU tracks;
+/// meanwhile `top` shows the blocks in its columns.
+#[test]
+fn a_rule_on_main_thread_long_blocks_fires_a_capture() {
+    let d = vitals_tests::daemon::Daemon::start(
+        r#"
+[[rule]]
+name = "main-thread-blocked"
+metric = { kind = "main_thread_long_blocks", process = "vitals-workload" }
+threshold = 2
+window = "1s"
+cooldown = "1h"
+capture = { duration = "1s", sched = false }
+"#,
+    );
+    let n = N.to_string();
+    let mut w = Workload::spawn(&["offcpu", &n, &LONG_MS.to_string(), &SHORT_MS.to_string()]);
+    w.read_numbers("ready helper");
+    let pid = w.pid() as u64;
+    // In history for a whole window before the blocks (a growth rule
+    // compares the window's first sample with its last).
+    std::thread::sleep(Duration::from_millis(1500));
+    w.go();
+    let top_row = std::cell::RefCell::new(None);
+    let st = d.wait_status("the capture to be stored", Duration::from_secs(20), |st| {
+        if top_row.borrow().is_none() {
+            let top = d.call(&vitalsd::control::Request::Top { n: 200 });
+            *top_row.borrow_mut() = top["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| {
+                    p["pid"].as_u64() == Some(pid) && p["offcpu"]["long_blocks"].as_u64() > Some(0)
+                })
+                .cloned();
+        }
+        st["store"]["captures"] == 1 && st["capture"].is_null()
+    });
+    assert_eq!(st["triggers_fired"], 1, "{st}");
+    let list = d.list();
+    let m = &list[0];
+    assert_eq!(m["trigger"]["rule"], "main-thread-blocked");
+    assert_eq!(m["trigger"]["offender_pid"].as_u64(), Some(pid));
+    let value = m["trigger"]["value"].as_f64().unwrap();
+    assert!(value > 2.0 && value <= (2 * N + 1) as f64, "{value}");
+    let row = top_row
+        .into_inner()
+        .expect("a top row with the workload's long blocks");
+    assert!(
+        row["offcpu"]["blocked_s_ms"].as_f64().unwrap() > 0.0,
+        "{row}"
+    );
+    let path = d
+        .store()
+        .join(format!("{}.pftrace", m["id"].as_str().unwrap()));
+    let t = decode_trace(&path);
+    let names: Vec<&str> = t["track_descriptors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|x| x["name"].as_str())
+        .collect();
+    for track in [
+        "offcpu.blocked_s_ns",
+        "offcpu.blocked_d_ns",
+        "offcpu.long_blocks",
+    ] {
+        assert!(names.contains(&track), "no {track} track: {names:?}");
+    }
+}

@@ -118,6 +118,21 @@ pub struct TopRow {
     /// The eBPF figures of the same window; None on a process's first
     /// window (no delta yet) or when the maps could not be read.
     pub ebpf: Option<TopEbpf>,
+    /// Off-CPU figures of the same window; None when off-CPU accounting
+    /// is off or on a process's first window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offcpu: Option<TopOffcpu>,
+}
+
+/// Off-CPU per-window figures of one process (`sources::offcpu`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TopOffcpu {
+    /// Blocked in S (TASK_INTERRUPTIBLE), ended by a wakeup in the window.
+    pub blocked_s_ms: f64,
+    /// Blocked in D (TASK_UNINTERRUPTIBLE, not TASK_IDLE).
+    pub blocked_d_ms: f64,
+    /// Blocks of at least `sampling.long_block`.
+    pub long_blocks: u64,
 }
 
 /// eBPF per-window figures of one process.

@@ -305,6 +305,9 @@ impl Totals {
         for (&tid, t) in &self.threads {
             let r = row(&mut rows, tgid_of(tid, t));
             add_task(r, t);
+            if tid == r.tgid {
+                r.main_thread_long_blocks = t.offcpu.long_blocks;
+            }
             r.live_threads += 1;
         }
         for (&tgid, acc) in &self.processes {

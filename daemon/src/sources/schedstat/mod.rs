@@ -236,6 +236,7 @@ impl ProcessState {
             exit_comm: None,
             // The CTS tier has no sched_waking: no off-CPU accounting.
             offcpu: Default::default(),
+            main_thread_long_blocks: 0,
         }
     }
 }
