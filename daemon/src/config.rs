@@ -276,15 +276,11 @@ pub struct Sampling {
     /// reads; sizes it with `interval` (`bpf::exited_entries`).
     pub exits_per_second: u32,
     pub runq_wait: bool,
-    /// Off-CPU accounting: blocked time in S and D, long blocks and the
-    /// (wakee, waker) process pairs, from a sched_waking program beside
-    /// sched_switch (eBPF tier only; README "Off-CPU time").
+    /// Off-CPU accounting (eBPF tier; README "Off-CPU time").
     pub offcpu: bool,
-    /// A block at least this long counts as a long block (default one
-    /// 60 Hz frame); between 1ms and 1h.
+    /// A block at least this long is a long block (1ms..1h).
     pub long_block: Dur,
-    /// Bound of the (wakee process, waker process) map; pairs that find
-    /// it full are counted (`waker_map_full`).
+    /// Bound of the (wakee, waker) process-pair map.
     pub max_waker_pairs: u32,
     /// Attach the classic sched tracepoints even where the kernel's BTF
     /// allows tp_btf (which costs less per switch; see `bpf::SchedPrograms`).

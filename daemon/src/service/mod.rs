@@ -282,7 +282,7 @@ fn accounting_config(cfg: &Config) -> AccountingConfig {
             ..MapLimits::default()
         },
         runq_wait: cfg.sampling.runq_wait,
-        offcpu: cfg.sampling.offcpu.then(|| crate::bpf::OffcpuSettings {
+        offcpu: cfg.sampling.offcpu.then_some(crate::bpf::OffcpuSettings {
             long_block_us: cfg.sampling.long_block.0.as_micros() as u32,
             max_waker_pairs: cfg.sampling.max_waker_pairs,
         }),

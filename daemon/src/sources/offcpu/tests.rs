@@ -72,9 +72,11 @@ fn row(tgid: u32, long_blocks: u64, main: u64, ended: bool) -> ProcessCounters {
 #[test]
 fn a_tick_gives_columns_figures_status_and_summary() {
     let mut room = Offcpu::new(None, OffcpuSettings::default());
-    let mut tick = Tick::default();
-    tick.wakers = HashMap::from([(key(7, 9), c(2, 30_000_000))]);
-    tick.rows = vec![row(7, 5, 3, false)];
+    let mut tick = Tick {
+        wakers: HashMap::from([(key(7, 9), c(2, 30_000_000))]),
+        rows: vec![row(7, 5, 3, false)],
+        ..Default::default()
+    };
     room.read(&mut tick);
     tick.wakers = HashMap::from([(key(7, 9), c(5, 90_000_000)), (key(8, 7), c(1, 1_000))]);
     tick.rows = vec![row(7, 6, 4, false), row(8, 1, 1, true)];
