@@ -164,7 +164,8 @@ fn blocked_time_and_wakers_classic() {
 /// The main thread of the workload blocks long 2N+1 times within a
 /// second: a rule on its main thread's long blocks ("more than 2 in 1s")
 /// fires a capture naming it, whose trace carries the off-CPU tracks;
-/// meanwhile `top` shows the blocks in its columns.
+/// meanwhile `top` shows the blocks in its columns and status the
+/// helper among the main thread's wakers.
 #[test]
 fn a_rule_on_main_thread_long_blocks_fires_a_capture() {
     let d = vitals_tests::daemon::Daemon::start(
@@ -180,14 +181,19 @@ capture = { duration = "1s", sched = false }
     );
     let n = N.to_string();
     let mut w = Workload::spawn(&["offcpu", &n, &LONG_MS.to_string(), &SHORT_MS.to_string()]);
-    w.read_numbers("ready helper");
+    let helper = w.read_numbers("ready helper")[0];
     let pid = w.pid() as u64;
+    let pair = format!("{pid}<-{helper}.wakeups");
+    let pair_seen = std::cell::Cell::new(0);
     // In history for a whole window before the blocks (a growth rule
     // compares the window's first sample with its last).
     std::thread::sleep(Duration::from_millis(1500));
     w.go();
     let top_row = std::cell::RefCell::new(None);
     let st = d.wait_status("the capture to be stored", Duration::from_secs(20), |st| {
+        if let Some(n) = st["offcpu_wakers"][&pair].as_u64() {
+            pair_seen.set(pair_seen.get().max(n));
+        }
         if top_row.borrow().is_none() {
             let top = d.call(&vitalsd::control::Request::Top { n: 200 });
             *top_row.borrow_mut() = top["processes"]
@@ -208,6 +214,9 @@ capture = { duration = "1s", sched = false }
     assert_eq!(m["trigger"]["offender_pid"].as_u64(), Some(pid));
     let value = m["trigger"]["value"].as_f64().unwrap();
     assert!(value > 2.0 && value <= (2 * N + 1) as f64, "{value}");
+    // The helper wakes the main thread 2N times over about N x LONG_MS:
+    // some 250 ms window has at least one of them.
+    assert!(pair_seen.get() > 0, "status never showed {pair}");
     let row = top_row
         .into_inner()
         .expect("a top row with the workload's long blocks");

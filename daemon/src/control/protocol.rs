@@ -211,6 +211,13 @@ pub struct DaemonStatus {
     /// Samples skipped because a read failed, by source.
     pub sample_errors: BTreeMap<String, u64>,
     pub procfs_drops: BTreeMap<String, u64>,
+    /// Off-CPU accounting's settings and failed deletes; absent while off.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub offcpu: BTreeMap<String, u64>,
+    /// The last window's busiest (wakee, waker) process pairs:
+    /// "wakee<-waker.wakeups" and ".blocked_us" (`irq`: tgid 0).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub offcpu_wakers: BTreeMap<String, u64>,
     pub history_samples: usize,
     /// The Perfetto producer's counters (reconnects, sessions, drops);
     /// empty when it is not running.

@@ -49,6 +49,14 @@ pub fn status(s: &Status) -> String {
             String::new()
         } else {
             format!("\nschedstat source {}", counters(&v.sched_procfs))
+        } + &if v.offcpu.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "\noff-CPU {}\noff-CPU wakers (wakee<-waker, last window) {}",
+                counters(&v.offcpu),
+                counters(&v.offcpu_wakers)
+            )
         },
         printable(&v.capabilities),
         busy(v.local_busy_pct),
@@ -207,5 +215,25 @@ mod tests {
         assert_eq!(top(&reply), expected.join("\n"));
         let empty = TopReply::default();
         assert!(top(&empty).starts_with("cpu busy -  loadavg -\n"));
+    }
+
+    /// Off-CPU lines only where off-CPU accounting runs.
+    #[test]
+    fn status_shows_the_waker_pairs_when_offcpu_runs() {
+        use crate::control::protocol::{DaemonStatus, Status};
+        let mut s = Status::default();
+        assert!(!status(&s).contains("off-CPU"));
+        s.daemon = DaemonStatus {
+            offcpu: [("long_block_us".to_string(), 16_000)].into(),
+            offcpu_wakers: [("7<-irq.wakeups".to_string(), 3)].into(),
+            ..Default::default()
+        };
+        let text = status(&s);
+        assert!(
+            text.contains("\noff-CPU {\"long_block_us\":16000}\n")
+                && text
+                    .contains("off-CPU wakers (wakee<-waker, last window) {\"7<-irq.wakeups\":3}"),
+            "{text}"
+        );
     }
 }
