@@ -4,7 +4,7 @@
 //! `sources::schedstat`), and the name of the tier. Sinks (trace tracks, top,
 //! rules, the Perfetto data source) take these and know no source.
 
-use vitals_common::FaultCounters;
+use vitals_common::{FaultCounters, OffcpuCounters};
 
 /// Cumulative counters of one process since accounting started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,6 +25,11 @@ pub struct ProcessCounters {
     /// (None when the record had none, or was lost), which names a process
     /// no procfs scan saw alive.
     pub exit_comm: Option<[u8; 16]>,
+    /// Blocked time (S, D), long blocks and wakeups; zero while off-CPU
+    /// accounting is off (only the eBPF tier has it).
+    pub offcpu: OffcpuCounters,
+    /// Long blocks of the main thread (tid == tgid) alone, cumulative.
+    pub main_thread_long_blocks: u64,
 }
 
 /// The fault source in use: reported with every output, because the two
@@ -79,6 +84,8 @@ pub enum CounterOrigin {
     Ebpf {
         fault_source: FaultSource,
         runq_wait: bool,
+        /// Off-CPU accounting (blocked time, long blocks) is on.
+        offcpu: bool,
     },
     /// The kernel's own per-thread accounting in procfs (`schedstat`,
     /// `status`), faults from `/proc/<pid>/stat` (minflt + majflt).

@@ -276,6 +276,12 @@ pub struct Sampling {
     /// reads; sizes it with `interval` (`bpf::exited_entries`).
     pub exits_per_second: u32,
     pub runq_wait: bool,
+    /// Off-CPU accounting (eBPF tier; README "Off-CPU time").
+    pub offcpu: bool,
+    /// A block at least this long is a long block (1ms..1h).
+    pub long_block: Dur,
+    /// Bound of the (wakee, waker) process-pair map.
+    pub max_waker_pairs: u32,
     /// Attach the classic sched tracepoints even where the kernel's BTF
     /// allows tp_btf (which costs less per switch; see `bpf::SchedPrograms`).
     pub classic_tracepoints: bool,
@@ -391,6 +397,9 @@ impl Default for Sampling {
             max_tasks: crate::bpf::MapLimits::default().max_tasks,
             exits_per_second: crate::bpf::DEFAULT_EXITS_PER_SECOND,
             runq_wait: true,
+            offcpu: true,
+            long_block: Dur(Duration::from_millis(16)),
+            max_waker_pairs: crate::bpf::OffcpuSettings::default().max_waker_pairs,
             classic_tracepoints: false,
             history_processes: 16,
             pin_dir: None,
@@ -540,6 +549,15 @@ impl Config {
             return bad(
                 "sampling.exits_per_second",
                 "must be between 1 and 1000000".into(),
+            );
+        }
+        if !(Duration::from_millis(1)..=Duration::from_secs(3600)).contains(&s.long_block.0) {
+            return bad("sampling.long_block", "must be between 1ms and 1h".into());
+        }
+        if !(16..=1 << 20).contains(&s.max_waker_pairs) {
+            return bad(
+                "sampling.max_waker_pairs",
+                "must be between 16 and 1048576".into(),
             );
         }
         if !(1..=10_000).contains(&s.history_processes) {

@@ -23,8 +23,9 @@ pub struct Figures<const N: usize> {
 /// A sample's system-wide figures (busy %, loadavg raw and per CPU, six
 /// PSI avg10: 9 today, one spare).
 pub type SampleFigures = Figures<10>;
-/// One kept process's figures (core-equivalent %, major faults/s, RSS: 3
-/// today).
+/// One kept process's figures (core-equivalent %, major faults/s, RSS,
+/// the main thread's long blocks: 4, which keeps a history sample within
+/// the hand-built one's memory, `history`'s size test).
 pub type ProcessFigures = Figures<4>;
 
 impl<const N: usize> Default for Figures<N> {

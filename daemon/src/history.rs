@@ -251,12 +251,23 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(2));
         fake.set_stat(cols(200), &[(0, cols(100)), (1, cols(100))]);
         fake.set_process(&task(6));
-        let tick = Tick {
+        let mut tick = Tick {
             window: windows.update(&sampler.sample().unwrap()),
+            rows: vec![crate::accounting::ProcessCounters {
+                tgid: 7,
+                offcpu: vitals_common::OffcpuCounters {
+                    long_blocks: 3,
+                    ..Default::default()
+                },
+                main_thread_long_blocks: 2,
+                ..Default::default()
+            }],
             ..Default::default()
         };
+        let mut offcpu = crate::sources::offcpu::Offcpu::new(None, Default::default());
+        offcpu.read(&mut tick);
         let win = tick.window.as_ref().expect("a second scan gives a window");
-        let rooms: [&dyn Source; 2] = [&windows.system, &windows.tasks];
+        let rooms: [&dyn Source; 3] = [&windows.system, &windows.tasks, &offcpu];
         let s = summarize(&tick, rooms.into_iter(), 4, &[]).unwrap();
         let [p] = s.processes.as_slice() else {
             panic!("one process kept: {:?}", s.processes)
@@ -268,6 +279,7 @@ mod tests {
             Metric::ProcessCpuPct { process: process() },
             Metric::MajorFaultRate { process: process() },
             Metric::RssGrowthKb { process: process() },
+            Metric::MainThreadLongBlocks { process: process() },
         ];
         for resource in ["cpu", "memory", "io"] {
             for full in [false, true] {
@@ -300,6 +312,11 @@ mod tests {
         assert!(core > 0.0);
         assert_eq!(get(Metric::ProcessCpuPct { process: None }), core);
         assert_eq!(get(Metric::RssGrowthKb { process: None }), 2048.0, "VmRSS");
+        assert_eq!(
+            get(Metric::MainThreadLongBlocks { process: None }),
+            2.0,
+            "the main thread's, not the process's 3"
+        );
         let psi_cpu_some = Metric::PsiAvg10 {
             resource: "cpu".into(),
             full: false,

@@ -25,14 +25,17 @@ pub enum CounterKind {
     RunqWait,
     Switches,
     Faults,
+    /// Blocked time in S and D and long blocks (off-CPU accounting).
+    Offcpu,
 }
 
 impl CounterKind {
-    pub const ALL: [CounterKind; 4] = [
+    pub const ALL: [CounterKind; 5] = [
         CounterKind::OnCpu,
         CounterKind::RunqWait,
         CounterKind::Switches,
         CounterKind::Faults,
+        CounterKind::Offcpu,
     ];
 
     /// The name a data source config uses for it.
@@ -42,6 +45,7 @@ impl CounterKind {
             CounterKind::RunqWait => "runq_wait",
             CounterKind::Switches => "switches",
             CounterKind::Faults => "faults",
+            CounterKind::Offcpu => "offcpu",
         }
     }
 }
@@ -70,7 +74,14 @@ pub fn process_counters(origin: CounterOrigin, since: &str) -> Vec<ProcessCounte
         CounterOrigin::Ebpf {
             fault_source,
             runq_wait,
-        } => ebpf_counters(fault_source, runq_wait, since),
+            offcpu,
+        } => {
+            let mut v = ebpf_counters(fault_source, runq_wait, since);
+            if offcpu {
+                v.extend(offcpu_counters(since));
+            }
+            v
+        }
         CounterOrigin::Schedstat => schedstat_counters(since),
     }
 }
@@ -112,6 +123,46 @@ fn ebpf_counters(fault_source: FaultSource, runq_wait: bool, since: &str) -> Vec
         value: faults,
     });
     v
+}
+
+/// Off-CPU accounting's tracks (`sources::offcpu`): blocked time split
+/// by the switch-out state, and long blocks.
+fn offcpu_counters(since: &str) -> [ProcessCounter; 3] {
+    [
+        ProcessCounter {
+            kind: CounterKind::Offcpu,
+            spec: spec(
+                "offcpu.blocked_s_ns",
+                CounterUnit::TimeNs,
+                &format!(
+                    "time blocked in S (TASK_INTERRUPTIBLE) since {since}, \
+                     from switch-out to the sched_waking that ended it"
+                ),
+            ),
+            value: |r| r.offcpu.blocked_s_ns,
+        },
+        ProcessCounter {
+            kind: CounterKind::Offcpu,
+            spec: spec(
+                "offcpu.blocked_d_ns",
+                CounterUnit::TimeNs,
+                &format!(
+                    "time blocked in D (TASK_UNINTERRUPTIBLE, not TASK_IDLE) since {since}, \
+                     from switch-out to the sched_waking that ended it"
+                ),
+            ),
+            value: |r| r.offcpu.blocked_d_ns,
+        },
+        ProcessCounter {
+            kind: CounterKind::Offcpu,
+            spec: spec(
+                "offcpu.long_blocks",
+                CounterUnit::Count,
+                &format!("blocks of at least sampling.long_block since {since}"),
+            ),
+            value: |r| r.offcpu.long_blocks,
+        },
+    ]
 }
 
 /// The procfs scheduler source's tracks: `schedstat.*` from the kernel's

@@ -28,6 +28,7 @@ mod faults;
 mod mapped;
 #[cfg(feature = "miss-log")]
 mod miss_log;
+mod offcpu;
 mod offcpu_capture;
 mod sched_info;
 
@@ -206,6 +207,18 @@ fn task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
     }
 }
 
+/// `tid`'s counters if it has a live slot, never claiming one: for the
+/// waker's program (`offcpu::on_waking`), which runs in another task's
+/// context.
+#[inline(always)]
+pub(crate) fn live_task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
+    if let Some(p) = mapped::array_task(tid) {
+        return (unsafe { core::ptr::read_volatile(&(*p).born_ns) } != 0)
+            .then(|| unsafe { &mut *p });
+    }
+    TASKS.get_ptr_mut(tid).map(|p| unsafe { &mut *p })
+}
+
 #[inline(always)]
 fn process_slot(tgid: u32) -> Option<*mut FaultCounters> {
     if let Some(p) = mapped::process_slot(tgid) {
@@ -279,6 +292,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
             next as u32,
             current_tgid,
             None,
+            vitals_common::offcpu::reported_state(state),
         );
         if capture_control().flags & capture::FLAG_SCHED != 0 {
             let extra = unsafe {
@@ -318,7 +332,15 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
             *(base.add(fixed_layout::SWITCH_NEXT_PID as usize) as *const u32),
         )
     };
-    on_switch(prev, reported_blocked(state), next, current_tgid, None);
+    let offcpu_state = vitals_common::offcpu::reported_state(state);
+    on_switch(
+        prev,
+        reported_blocked(state),
+        next,
+        current_tgid,
+        None,
+        offcpu_state,
+    );
     if capture_control().flags & capture::FLAG_SCHED != 0 {
         let (prev_prio, next_prio, comm) = unsafe {
             (
@@ -395,6 +417,7 @@ pub fn sched_switch_btf(ctx: BtfTracePointContext) -> u32 {
         next,
         || unsafe { task_field::<i32>(prev_task, &TASK_TGID_OFF) as u32 },
         Some(sched_info::read(prev_task, next_task)),
+        vitals_common::offcpu::raw_state(preempt as u8 != 0, prev_state as u32),
     );
     if capture_control().flags & capture::FLAG_SCHED != 0 {
         let (prev_prio, next_prio, exit_state, next_tgid, comm) = unsafe {
@@ -436,6 +459,7 @@ fn on_switch(
     next: u32,
     prev_tgid: impl FnOnce() -> u32,
     kernel: Option<sched_info::KernelFigures>,
+    offcpu_state: u32,
 ) {
     let now = unsafe { bpf_ktime_get_ns() };
     let cpu = match mapped::cpu_state() {
@@ -496,6 +520,7 @@ fn on_switch(
         } else {
             t.voluntary_switches += 1;
         }
+        offcpu::on_switch_out(&mut t.offcpu, offcpu_state, now);
     }
 
     // Switch-in of `next`: its wait ends now; credited when it switches out.
@@ -604,14 +629,18 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
         // Never switched out nor faulted while we were attached.
         return 0;
     }
-    let mut exited = ExitedTask {
-        counters: match task {
-            Some(p) => unsafe { *p },
-            None => TaskCounters::default(),
-        },
-        comm: free_comm(&ctx, comm_word),
-        ..ExitedTask::default()
+    // Built in a per-CPU scratch slot: with the off-CPU and run_delay
+    // fields an ExitedTask on the stack, plus the copies the compiler
+    // makes, exceeds the BPF stack's 512 bytes.
+    let Some(exited) = mapped::exit_scratch() else {
+        return 0;
     };
+    exited.counters = match task {
+        Some(p) => unsafe { *p },
+        None => TaskCounters::default(),
+    };
+    exited.comm = free_comm(&ctx, comm_word);
+    exited.process_faults = FaultCounters::default();
     if let Some(f) = process_faults {
         exited.process_faults = unsafe { *f };
         exited.counters.tgid = tid;
@@ -623,7 +652,7 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
         tid,
         _pad: 0,
     };
-    if !mapped::store_exited(key, &exited) {
+    if !mapped::store_exited(key, exited) {
         count_drop(drop_reason::EXITED_MAP_FULL);
     }
     mapped::forget_task(tid);

@@ -23,7 +23,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::map,
-    maps::{Array, RingBuf},
+    maps::{Array, PerCpuArray, RingBuf},
 };
 use core::ptr::{read_volatile, write_volatile};
 use vitals_common::{
@@ -53,6 +53,18 @@ static FAULTS_BY_TGID: Array<FaultCounters> =
 /// where draining the EXITED hash took a lookup and a delete per record.
 #[map(name = "EXITED_RING")]
 static EXITED_RING: RingBuf = RingBuf::with_byte_size(mapped::DEFAULT_EXITED_RING_BYTES, 0);
+
+/// sched_process_free's scratch record, one per CPU: a classic
+/// tracepoint program never nests in another on its CPU (trace_call_bpf
+/// skips it while bpf_prog_active is raised), so one slot is enough.
+#[map(name = "EXIT_SCRATCH")]
+static EXIT_SCRATCH: PerCpuArray<ExitedTask> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's scratch `ExitedTask` for sched_process_free.
+#[inline(always)]
+pub fn exit_scratch() -> Option<&'static mut ExitedTask> {
+    EXIT_SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+}
 
 /// A freed task's record into EXITED_RING (EXIT_RING 1) or the EXITED
 /// hash (0: the kernel has no ring buffers and the loader rewrote
@@ -119,6 +131,14 @@ pub fn task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
         }
         Some(&mut *p)
     }
+}
+
+/// `tid`'s slot in TASKS_BY_TID whether or not it is live (None: the tid
+/// is past the array), for a program that must not claim one
+/// (`crate::live_task_slot`).
+#[inline(always)]
+pub fn array_task(tid: u32) -> Option<*mut TaskCounters> {
+    TASKS_BY_TID.get_ptr_mut(tid)
 }
 
 /// A freed task's final counters in the array (None: past the array, or

@@ -29,6 +29,9 @@ enum Config {
     /// vitalsd without runqueue-wait accounting: on-CPU time, switches and
     /// faults, i.e. a superset of what the bpftrace program does.
     VitalsdNoWait,
+    /// vitalsd without off-CPU accounting (no sched_waking program): the
+    /// default's difference to it is what off-CPU accounting costs.
+    VitalsdNoOffcpu,
     /// vitalsd on classic tracepoints, as Android's bpfloader attaches
     /// them (the default uses tp_btf where the kernel has BTF).
     VitalsdClassic,
@@ -48,6 +51,7 @@ impl Config {
             Config::Nothing => "nothing attached",
             Config::Vitalsd => "vitalsd record",
             Config::VitalsdNoWait => "vitalsd --no-runq-wait",
+            Config::VitalsdNoOffcpu => "vitalsd --no-offcpu",
             Config::VitalsdClassic => "vitalsd --classic-tracepoints",
             Config::Bpftrace => "bpftrace",
             Config::Baseline => "baseline vitalsd record",
@@ -64,7 +68,11 @@ impl Tool {
     fn start(cfg: Config) -> Result<Option<Tool>> {
         let mut child = match cfg {
             Config::Nothing => return Ok(None),
-            Config::Vitalsd | Config::VitalsdNoWait | Config::VitalsdClassic | Config::Baseline => {
+            Config::Vitalsd
+            | Config::VitalsdNoWait
+            | Config::VitalsdNoOffcpu
+            | Config::VitalsdClassic
+            | Config::Baseline => {
                 let bin = match cfg {
                     Config::Baseline => BASELINE.get().cloned().context("no --baseline")?,
                     _ => workspace_root().join("target/release/vitalsd"),
@@ -74,6 +82,7 @@ impl Tool {
                     .arg(workspace_root().join("target/bench-overhead.pftrace"))
                     .args(match cfg {
                         Config::VitalsdNoWait => &["--no-runq-wait"][..],
+                        Config::VitalsdNoOffcpu => &["--no-offcpu"][..],
                         Config::VitalsdClassic => &["--classic-tracepoints"][..],
                         _ => &[][..],
                     })
@@ -91,12 +100,14 @@ impl Tool {
                 .context("starting bpftrace")?,
         };
         let (reader, marker): (Box<dyn std::io::Read + Send>, &str) = match cfg {
-            Config::Vitalsd | Config::VitalsdNoWait | Config::VitalsdClassic | Config::Baseline => {
-                (
-                    Box::new(child.stderr.take().unwrap()),
-                    "eBPF accounting attached",
-                )
-            }
+            Config::Vitalsd
+            | Config::VitalsdNoWait
+            | Config::VitalsdNoOffcpu
+            | Config::VitalsdClassic
+            | Config::Baseline => (
+                Box::new(child.stderr.take().unwrap()),
+                "eBPF accounting attached",
+            ),
             _ => (Box::new(child.stdout.take().unwrap()), "Attaching"),
         };
         let (tx, rx) = std::sync::mpsc::channel();
@@ -170,12 +181,14 @@ pub fn run(rounds: usize, loops: u64, baseline: Option<std::path::PathBuf>) -> R
         Config::Nothing,
         Config::Vitalsd,
         Config::VitalsdNoWait,
+        Config::VitalsdNoOffcpu,
         Config::VitalsdClassic,
         Config::Bpftrace,
     ];
     let mut ours = vec![
         Config::Vitalsd,
         Config::VitalsdNoWait,
+        Config::VitalsdNoOffcpu,
         Config::VitalsdClassic,
     ];
     if let Some(b) = baseline {
@@ -240,6 +253,17 @@ pub fn run(rounds: usize, loops: u64, baseline: Option<std::path::PathBuf>) -> R
         );
     }
     println!("  (target: vitalsd's loss at most half of bpftrace's, ratio <= 0.50)");
+    // One sched_waking per wakeup, two a round trip: this workload's worst case.
+    let offcpu_cost: Vec<f64> = (0..rounds)
+        .map(|r| {
+            let this = |c: Config| results[&c][r];
+            (this(Config::VitalsdNoOffcpu) - this(Config::Vitalsd)) / this(Config::Nothing) * 100.0
+        })
+        .collect();
+    println!(
+        "off-CPU accounting's cost (--no-offcpu minus default, % of nothing-attached ops/s, paired within each round): median {:.1} points",
+        median(offcpu_cost)
+    );
     if configs.contains(&Config::Baseline) {
         let ratios: Vec<f64> = (0..rounds)
             .map(|r| paired[&Config::Vitalsd][r] / paired[&Config::Baseline][r].max(1e-9))

@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use vitalsd::{
     bpf::{
         exited_entries, AccountingChoice, AccountingConfig, EventSizing, EventTransportChoice,
-        FaultSourceChoice, MapLimits, PinMode, DEFAULT_EXITS_PER_SECOND,
+        FaultSourceChoice, MapLimits, OffcpuSettings, PinMode, DEFAULT_EXITS_PER_SECOND,
     },
     config::{parse_duration, Config},
     event_set::EventSet,
@@ -130,6 +130,10 @@ struct RecordArgs {
     /// Do not account runqueue wait (saves the sched_wakeup programs).
     #[arg(long)]
     no_runq_wait: bool,
+    /// Do not account off-CPU time (blocked in S/D, long blocks, wakers;
+    /// saves the sched_waking program).
+    #[arg(long)]
+    no_offcpu: bool,
     /// Attach the classic sched tracepoints (what Android's bpfloader
     /// attaches) even where the kernel's BTF allows the cheaper tp_btf.
     #[arg(long)]
@@ -383,6 +387,7 @@ fn record_options(args: RecordArgs) -> (AccountingConfig, RecordOptions) {
         max_processes,
         exits_per_second,
         no_runq_wait,
+        no_offcpu,
         classic_tracepoints,
         top: _,
         pins,
@@ -420,6 +425,7 @@ fn record_options(args: RecordArgs) -> (AccountingConfig, RecordOptions) {
             max_exited: exited_entries(exits_per_second, interval),
         },
         runq_wait: !no_runq_wait,
+        offcpu: (!no_offcpu).then(OffcpuSettings::default),
         force_classic_tracepoints: classic_tracepoints,
         force_task_hash: task_hash_only,
         pins: pins.map(PinMode::AttachFrom).unwrap_or_default(),

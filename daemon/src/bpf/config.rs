@@ -203,6 +203,9 @@ pub struct AccountingConfig {
     /// Account runqueue wait. Needs the sched_wakeup programs, which cost
     /// about as much again as sched_switch on wakeup-heavy loads.
     pub runq_wait: bool,
+    /// Off-CPU accounting (blocked time in S and D, long blocks, wakers):
+    /// a sched_waking program beside sched_switch. None: off.
+    pub offcpu: Option<OffcpuSettings>,
     /// Use the portable (offsets-from-tracefs) scheduler programs even where
     /// the fast fixed-layout ones would do; for tests of that path.
     pub force_portable_layout: bool,
@@ -233,6 +236,25 @@ pub struct AccountingConfig {
     /// Behave as on a kernel without BPF_MAP_TYPE_RINGBUF (the object
     /// rewrite and the perf array); for tests of that path.
     pub assume_no_ringbuf: bool,
+}
+
+/// What off-CPU accounting is loaded with (frozen at load).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffcpuSettings {
+    /// A block at least this long counts as a long block (µs).
+    pub long_block_us: u32,
+    /// Bound of the (wakee process, waker process) map.
+    pub max_waker_pairs: u32,
+}
+
+impl Default for OffcpuSettings {
+    fn default() -> Self {
+        Self {
+            // One 60 Hz frame.
+            long_block_us: 16_000,
+            max_waker_pairs: 4096,
+        }
+    }
 }
 
 /// Where programs and maps come from.
@@ -354,6 +376,7 @@ impl Default for AccountingConfig {
             fault_source: FaultSourceChoice::default(),
             limits: MapLimits::default(),
             runq_wait: true,
+            offcpu: Some(OffcpuSettings::default()),
             force_portable_layout: false,
             force_classic_tracepoints: false,
             force_wake_hash: false,

@@ -44,8 +44,8 @@ use thiserror::Error;
 
 pub use self::config::{
     capture_ring_bytes, exited_entries, AccountingChoice, AccountingConfig, EventMemory,
-    EventSizing, EventTransportChoice, FaultSourceChoice, MachineBounds, MapLimits, PinMode,
-    DEFAULT_EXITS_PER_SECOND, DEFAULT_STACK_ENTRIES, MAX_EXITED, MIN_EXITED,
+    EventSizing, EventTransportChoice, FaultSourceChoice, MachineBounds, MapLimits, OffcpuSettings,
+    PinMode, DEFAULT_EXITS_PER_SECOND, DEFAULT_STACK_ENTRIES, MAX_EXITED, MIN_EXITED,
 };
 pub use self::counters::{totals, BpfSnapshot};
 pub use self::denied::{open, Opened, ProcOnly};

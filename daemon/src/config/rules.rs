@@ -25,6 +25,12 @@ pub enum Metric {
     MajorFaultRate { process: Option<String> },
     /// RSS growth of a process over the rule's window, kB.
     RssGrowthKb { process: Option<String> },
+    /// Long blocks (at least `sampling.long_block`, off-CPU accounting)
+    /// of a process's main thread (tid == tgid: an app's UI thread) over
+    /// the rule's window: fires when more than `threshold` (threshold 2:
+    /// "3 times in the window"). Not all threads': idle pool workers
+    /// block for long as a matter of course.
+    MainThreadLongBlocks { process: Option<String> },
 }
 
 /// How a rule reads the figure its metric names.
@@ -81,6 +87,10 @@ impl Metric {
             },
             Metric::RssGrowthKb { process } => Growth {
                 figure: "tasks.rss_kb",
+                process: process.as_deref(),
+            },
+            Metric::MainThreadLongBlocks { process } => Growth {
+                figure: "offcpu.main_thread_long_blocks",
                 process: process.as_deref(),
             },
         })

@@ -170,6 +170,8 @@ fn huge_durations_are_errors_that_name_the_key_not_panics() {
             "sampling.exits_per_second",
         ),
         ("[sampling]\nhistory_processes = 0\n", "sampling.history_processes"),
+        ("[sampling]\nlong_block = \"2h\"\n", "sampling.long_block"),
+        ("[sampling]\nmax_waker_pairs = 8\n", "sampling.max_waker_pairs"),
         (
             "[conditions]\nmax_thermal_millicelsius = 9223372036854775807\n",
             "conditions.max_thermal_millicelsius",

@@ -118,6 +118,21 @@ pub struct TopRow {
     /// The eBPF figures of the same window; None on a process's first
     /// window (no delta yet) or when the maps could not be read.
     pub ebpf: Option<TopEbpf>,
+    /// Off-CPU figures of the same window; None when off-CPU accounting
+    /// is off or on a process's first window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offcpu: Option<TopOffcpu>,
+}
+
+/// Off-CPU per-window figures of one process (`sources::offcpu`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TopOffcpu {
+    /// Blocked in S (TASK_INTERRUPTIBLE), ended by a wakeup in the window.
+    pub blocked_s_ms: f64,
+    /// Blocked in D (TASK_UNINTERRUPTIBLE, not TASK_IDLE).
+    pub blocked_d_ms: f64,
+    /// Blocks of at least `sampling.long_block`.
+    pub long_blocks: u64,
 }
 
 /// eBPF per-window figures of one process.
@@ -196,6 +211,13 @@ pub struct DaemonStatus {
     /// Samples skipped because a read failed, by source.
     pub sample_errors: BTreeMap<String, u64>,
     pub procfs_drops: BTreeMap<String, u64>,
+    /// Off-CPU accounting's settings and failed deletes; absent while off.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub offcpu: BTreeMap<String, u64>,
+    /// The last window's busiest (wakee, waker) process pairs:
+    /// "wakee<-waker.wakeups" and ".blocked_us" (`irq`: tgid 0).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub offcpu_wakers: BTreeMap<String, u64>,
     pub history_samples: usize,
     /// The Perfetto producer's counters (reconnects, sessions, drops);
     /// empty when it is not running.

@@ -49,6 +49,14 @@ pub fn status(s: &Status) -> String {
             String::new()
         } else {
             format!("\nschedstat source {}", counters(&v.sched_procfs))
+        } + &if v.offcpu.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "\noff-CPU {}\noff-CPU wakers (wakee<-waker, last window) {}",
+                counters(&v.offcpu),
+                counters(&v.offcpu_wakers)
+            )
         },
         printable(&v.capabilities),
         busy(v.local_busy_pct),
@@ -78,15 +86,16 @@ pub fn status(s: &Status) -> String {
 }
 
 /// The `top` table's header line.
-pub const TOP_HEADER: [&str; 11] = [
+pub const TOP_HEADER: [&str; 14] = [
     "PID", "PROCESS", "CORE_EQ%", "MACHINE%", "ONCPU_MS", "RUNQ_MS", "VOL_SW", "INV_SW", "MINFLT",
-    "MAJFLT", "RSS_KB",
+    "MAJFLT", "RSS_KB", "BLK_S_MS", "BLK_D_MS", "LONG_BLK",
 ];
 
 /// One `top` row's cells, in [`TOP_HEADER`]'s order; eBPF columns "-" on a
 /// process's first window.
-pub fn top_cells(p: &TopRow) -> [String; 11] {
+pub fn top_cells(p: &TopRow) -> [String; 14] {
     let e = p.ebpf.as_ref();
+    let o = p.offcpu.as_ref();
     let ms = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
     let n = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
     [
@@ -101,11 +110,14 @@ pub fn top_cells(p: &TopRow) -> [String; 11] {
         p.minflt.to_string(),
         p.majflt.to_string(),
         n(p.rss_kb),
+        ms(o.map(|o| o.blocked_s_ms)),
+        ms(o.map(|o| o.blocked_d_ms)),
+        n(o.map(|o| o.long_blocks)),
     ]
 }
 
 /// Column widths of the `top` table; PROCESS left-aligned, the rest right.
-const TOP_WIDTHS: [usize; 11] = [7, 24, 9, 9, 9, 8, 7, 7, 8, 8, 10];
+const TOP_WIDTHS: [usize; 14] = [7, 24, 9, 9, 9, 8, 7, 7, 8, 8, 10, 9, 9, 8];
 
 fn top_line(out: &mut String, cells: &[impl AsRef<str>]) {
     for (i, (c, w)) in cells.iter().zip(TOP_WIDTHS).enumerate() {
@@ -156,7 +168,7 @@ pub fn list(entries: &[EntryMeta]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::protocol::TopEbpf;
+    use crate::control::protocol::{TopEbpf, TopOffcpu};
 
     /// The table `vitalsctl top` has always printed: fixed columns, "-"
     /// for what a window lacks, a process's name escaped and cut to 24.
@@ -180,6 +192,11 @@ mod tests {
                         voluntary_switches: 9,
                         involuntary_switches: 2,
                     }),
+                    offcpu: Some(TopOffcpu {
+                        blocked_s_ms: 1500.0,
+                        blocked_d_ms: 2.25,
+                        long_blocks: 3,
+                    }),
                 },
                 TopRow {
                     pid: 123456,
@@ -190,13 +207,33 @@ mod tests {
         };
         let expected = [
             "cpu busy 42.2%  loadavg 0.50 1.25 2.00",
-            "    PID PROCESS                   CORE_EQ%  MACHINE%  ONCPU_MS  RUNQ_MS  VOL_SW  INV_SW   MINFLT   MAJFLT     RSS_KB",
-            "      7 sh\\x1b[2J                    150.0      75.0      12.3      0.1       9       2        3        1       2048",
-            " 123456 aaaaaaaaaaaaaaaaaaaaaaaa       0.0       0.0         -        -       -       -        0        0          -",
+            "    PID PROCESS                   CORE_EQ%  MACHINE%  ONCPU_MS  RUNQ_MS  VOL_SW  INV_SW   MINFLT   MAJFLT     RSS_KB  BLK_S_MS  BLK_D_MS LONG_BLK",
+            "      7 sh\\x1b[2J                    150.0      75.0      12.3      0.1       9       2        3        1       2048    1500.0       2.2        3",
+            " 123456 aaaaaaaaaaaaaaaaaaaaaaaa       0.0       0.0         -        -       -       -        0        0          -         -         -        -",
             "",
         ];
         assert_eq!(top(&reply), expected.join("\n"));
         let empty = TopReply::default();
         assert!(top(&empty).starts_with("cpu busy -  loadavg -\n"));
+    }
+
+    /// Off-CPU lines only where off-CPU accounting runs.
+    #[test]
+    fn status_shows_the_waker_pairs_when_offcpu_runs() {
+        use crate::control::protocol::{DaemonStatus, Status};
+        let mut s = Status::default();
+        assert!(!status(&s).contains("off-CPU"));
+        s.daemon = DaemonStatus {
+            offcpu: [("long_block_us".to_string(), 16_000)].into(),
+            offcpu_wakers: [("7<-irq.wakeups".to_string(), 3)].into(),
+            ..Default::default()
+        };
+        let text = status(&s);
+        assert!(
+            text.contains("\noff-CPU {\"long_block_us\":16000}\n")
+                && text
+                    .contains("off-CPU wakers (wakee<-waker, last window) {\"7<-irq.wakeups\":3}"),
+            "{text}"
+        );
     }
 }

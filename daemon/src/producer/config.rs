@@ -159,7 +159,7 @@ fn counters(value: &str) -> Result<Vec<CounterKind>, ConfigError> {
                     "counters",
                     value,
                     format!(
-                        "unknown counter `{name}` (known: oncpu, runq_wait, switches, faults, all)"
+                        "unknown counter `{name}` (known: oncpu, runq_wait, switches, faults, offcpu, all)"
                     ),
                 )
             })?;

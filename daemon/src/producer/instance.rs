@@ -198,6 +198,7 @@ mod tests {
             CounterOrigin::Ebpf {
                 fault_source: FaultSource::None,
                 runq_wait: false,
+                offcpu: false,
             },
         );
         let known = HashMap::from([(7, identity(7, "spin"))]);
@@ -269,6 +270,7 @@ mod tests {
             CounterOrigin::Ebpf {
                 fault_source: FaultSource::None,
                 runq_wait: false,
+                offcpu: false,
             },
         );
         assert!(inst.due(5, 0));

@@ -295,6 +295,10 @@ fn accounting_config(cfg: &Config) -> AccountingConfig {
             ..MapLimits::default()
         },
         runq_wait: cfg.sampling.runq_wait,
+        offcpu: cfg.sampling.offcpu.then_some(crate::bpf::OffcpuSettings {
+            long_block_us: cfg.sampling.long_block.0.as_micros() as u32,
+            max_waker_pairs: cfg.sampling.max_waker_pairs,
+        }),
         force_classic_tracepoints: cfg.sampling.classic_tracepoints,
         // Captures (a rule's, `vitalsctl capture`) switch the capture tier
         // on in these programs, so its kernel memory is reserved now: the

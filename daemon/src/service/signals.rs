@@ -117,6 +117,9 @@ fn keep_start_only(new: &mut Config, running: &Config) -> bool {
         || n.max_tasks != r.max_tasks
         || n.exits_per_second != r.exits_per_second
         || n.runq_wait != r.runq_wait
+        || n.offcpu != r.offcpu
+        || n.long_block != r.long_block
+        || n.max_waker_pairs != r.max_waker_pairs
         || n.classic_tracepoints != r.classic_tracepoints
         || new.capture.memory() != running.capture.memory()
         || new.store.dir != running.store.dir
@@ -130,6 +133,10 @@ fn keep_start_only(new: &mut Config, running: &Config) -> bool {
     n.max_tasks = r.max_tasks;
     n.exits_per_second = r.exits_per_second;
     n.runq_wait = r.runq_wait;
+    // Frozen in the programs' .rodata and map sizes at load.
+    n.offcpu = r.offcpu;
+    n.long_block = r.long_block;
+    n.max_waker_pairs = r.max_waker_pairs;
     n.classic_tracepoints = r.classic_tracepoints;
     // The capture maps are sized when the programs load; the backend is
     // chosen per capture, so it reloads.

@@ -149,6 +149,8 @@ impl Service {
         if let Some(drops) = status.remove("bpf_drops") {
             st.bpf_drops = drops;
         }
+        st.offcpu = status.remove("offcpu").unwrap_or_default();
+        st.offcpu_wakers = status.remove("offcpu_wakers").unwrap_or_default();
         (st.producer, st.producer_error) = self.producer_status();
         st.triggers_fired = self.engine.fired_total;
         st.triggers_skipped = self

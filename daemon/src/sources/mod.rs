@@ -8,6 +8,7 @@
 //! line in [`registered`], and its tests.
 
 pub mod ebpf;
+pub mod offcpu;
 pub mod schedstat;
 pub mod system;
 pub mod tasks;
@@ -59,6 +60,9 @@ pub struct Tick {
     pub deltas: HashMap<u32, ebpf::BpfDelta>,
     /// The eBPF programs' cumulative drop counters as read this tick.
     pub bpf_drops: Option<[u64; vitals_common::drop_reason::COUNT as usize]>,
+    /// (wakee, waker) process pairs' cumulative wakeups and blocked time
+    /// as read this tick (off-CPU accounting; empty while it is off).
+    pub wakers: HashMap<vitals_common::WakerKey, vitals_common::WakerCounters>,
     /// The eBPF read failed: this tick has no rows from it.
     pub bpf_error: Option<BpfError>,
     /// The procfs scan failed: no window, no schedstat rows this tick.
@@ -75,6 +79,7 @@ impl Tick {
         self.rows.clear();
         self.deltas.clear();
         self.bpf_drops = None;
+        self.wakers.clear();
         self.bpf_error = None;
         self.procfs_error = None;
     }
@@ -93,6 +98,7 @@ impl Tick {
             rows_boottime_ns: self.rows_boottime_ns,
             deltas: self.deltas.clone(),
             bpf_drops: self.bpf_drops,
+            wakers: self.wakers.clone(),
             bpf_error: None,
             procfs_error: None,
         }
@@ -128,6 +134,9 @@ pub trait Source: Send {
 pub struct Sources {
     /// The eBPF programs' counters (None: /proc-only).
     pub ebpf: Option<ebpf::Ebpf>,
+    /// Off-CPU accounting's pairs, figures and columns (None: off, or no
+    /// eBPF); after `ebpf`, whose read it takes from the tick.
+    pub offcpu: Option<offcpu::Offcpu>,
     /// /proc/stat: its window (before the tasks room, which shares it).
     pub system: system::System,
     /// /proc/<pid>: the per-process window.
@@ -146,8 +155,13 @@ impl Sources {
             Some(_) => None,
             None => schedstat::open_or_log(proc_root, hz).map(schedstat::Schedstat::new),
         };
+        let offcpu = programs.as_ref().and_then(|p| {
+            let settings = p.with(|acc| acc.offcpu())?;
+            Some(offcpu::Offcpu::new(Some(p.clone()), settings))
+        });
         Self {
             ebpf: programs.map(ebpf::Ebpf::new),
+            offcpu,
             system: system::System::default(),
             tasks: tasks::Tracker::new(hz),
             schedstat,
@@ -162,6 +176,7 @@ impl Sources {
                 Some(CounterOrigin::Ebpf {
                     fault_source,
                     runq_wait,
+                    offcpu: self.offcpu.is_some(),
                 })
             }
             (None, Some(_)) => Some(CounterOrigin::Schedstat),
@@ -170,9 +185,10 @@ impl Sources {
     }
 
     /// Every registered room, in tick order; one line per source.
-    pub fn registered(&mut self) -> [Option<&mut dyn Source>; 4] {
+    pub fn registered(&mut self) -> [Option<&mut dyn Source>; 5] {
         [
             self.ebpf.as_mut().map(|s| s as &mut dyn Source),
+            self.offcpu.as_mut().map(|s| s as &mut dyn Source),
             Some(&mut self.system as &mut dyn Source),
             Some(&mut self.tasks as &mut dyn Source),
             self.schedstat.as_mut().map(|s| s as &mut dyn Source),
@@ -183,6 +199,7 @@ impl Sources {
     pub fn each(&self) -> impl Iterator<Item = &dyn Source> {
         [
             self.ebpf.as_ref().map(|s| s as &dyn Source),
+            self.offcpu.as_ref().map(|s| s as &dyn Source),
             Some(&self.system as &dyn Source),
             Some(&self.tasks as &dyn Source),
             self.schedstat.as_ref().map(|s| s as &dyn Source),

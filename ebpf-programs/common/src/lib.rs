@@ -20,6 +20,9 @@ pub struct FaultCounters {
     pub majflt: u64,
 }
 
+pub mod offcpu;
+pub use offcpu::{OffcpuCounters, WakerCounters, WakerKey};
+
 /// Per-thread monotonic counters, the value of the `TASKS` hash keyed by tid.
 /// Only the task's own context writes them (see `TASKS` in the programs),
 /// so a plain hash value needs no per-CPU slots; user space takes deltas.
@@ -48,6 +51,8 @@ pub struct TaskCounters {
     /// (tp_btf programs on a kernel with CONFIG_SCHED_INFO; 0: not read
     /// yet): the next switch-out charges the runqueue wait since.
     pub run_delay_seen_ns: u64,
+    /// Off-CPU accounting (`offcpu` in the programs; zero while it is off).
+    pub offcpu: OffcpuCounters,
 }
 
 /// The state each CPU keeps between two sched_switch events.
@@ -135,7 +140,10 @@ pub mod drop_reason {
     /// first slice of a task already running at attach, or after a missed
     /// switch). The classic programs charge every slice so and do not count.
     pub const ONCPU_WALL_CLOCK: u32 = 5;
-    pub const COUNT: u32 = 6;
+    /// WAKERS map full: a (wakee, waker) pair not yet in it was not
+    /// counted (the wakee's own blocked time still was).
+    pub const WAKER_MAP_FULL: u32 = 6;
+    pub const COUNT: u32 = 7;
     pub const NAMES: [&str; COUNT as usize] = [
         "task_map_full",
         "process_map_full",
@@ -143,6 +151,7 @@ pub mod drop_reason {
         "exited_map_full",
         "switch_missed",
         "oncpu_wall_clock",
+        "waker_map_full",
     ];
 }
 
@@ -450,6 +459,10 @@ pub mod names {
     pub const CAPTURE_STACKS: &str = "CAPTURE_STACKS";
     pub const CAPTURE_FAULT_CTR: &str = "CAPTURE_FAULT_CTR";
     pub const OFFCPU_START: &str = "OFFCPU_START";
+    pub const WAKERS: &str = "WAKERS";
+    pub const PROG_OFFCPU_WAKING: &str = "offcpu_waking";
+    pub const PROG_OFFCPU_WAKING_FIXED: &str = "offcpu_waking_fixed";
+    pub const PROG_OFFCPU_WAKING_BTF: &str = "offcpu_waking_btf";
     pub const PROG_SCHED_WAKING: &str = "sched_waking";
     pub const PROG_SCHED_WAKING_FIXED: &str = "sched_waking_fixed";
 
@@ -493,6 +506,8 @@ pub mod names {
     pub const G_TASK_EXIT_STATE: &str = "TASK_EXIT_STATE_OFF";
     pub const G_TASK_SUM_EXEC: &str = "TASK_SUM_EXEC_OFF";
     pub const G_TASK_RUN_DELAY: &str = "TASK_RUN_DELAY_OFF";
+    pub const G_TRACK_OFFCPU: &str = "TRACK_OFFCPU";
+    pub const G_LONG_BLOCK_US: &str = "LONG_BLOCK_US";
     /// The mmap-read arrays (`mapped`).
     pub const TASKS_BY_TID: &str = "TASKS_BY_TID";
     pub const FAULTS_BY_TGID: &str = "FAULTS_BY_TGID";
@@ -542,6 +557,9 @@ mod pod {
     unsafe impl aya::Pod for super::ExitRecord {}
     unsafe impl aya::Pod for super::CaptureControl {}
     unsafe impl aya::Pod for super::OffcpuStart {}
+    unsafe impl aya::Pod for super::OffcpuCounters {}
+    unsafe impl aya::Pod for super::WakerKey {}
+    unsafe impl aya::Pod for super::WakerCounters {}
 }
 
 impl FaultCounters {
@@ -563,6 +581,7 @@ impl TaskCounters {
             .involuntary_switches
             .wrapping_add(o.involuntary_switches);
         self.faults.add(&o.faults);
+        self.offcpu.add(&o.offcpu);
         if self.tgid == 0 {
             self.tgid = o.tgid;
         }

@@ -182,6 +182,87 @@ fn arg(args: &[String], i: usize) -> u64 {
         .unwrap_or_else(|| panic!("argument {i} missing or not a number: {args:?}"))
 }
 
+fn sleep_ms(ms: u64) {
+    let ts = libc::timespec {
+        tv_sec: (ms / 1000) as libc::time_t,
+        tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
+    };
+    // Safety: plain syscall; EINTR cannot happen (no handlers installed).
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+}
+
+/// The vfork child: sleeps the milliseconds `arg` points to, then returns,
+/// which makes glibc's clone wrapper call _exit: the kernel's mm_release
+/// then completes the parent's vfork wait (complete_vfork_done), from this
+/// child's context.
+extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
+    sleep_ms(unsafe { *(arg as *const u64) });
+    0
+}
+
+fn offcpu(n: u64, long_ms: u64, short_ms: u64) {
+    // Children reaped by the kernel: no zombie to wait for, and no wait4
+    // that would block (and be woken by the child) a second time.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
+    let (mut go, mut data) = ([0i32; 2], [0i32; 2]);
+    assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0);
+    assert_eq!(unsafe { libc::pipe(data.as_mut_ptr()) }, 0);
+    // Safety: single-threaded here; the child only makes syscalls.
+    let helper = unsafe { libc::fork() };
+    assert!(helper >= 0, "fork");
+    if helper == 0 {
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+        let mut b = 0u8;
+        unsafe { libc::read(go[0], &mut b as *mut u8 as *mut libc::c_void, 1) };
+        for i in 0..2 * n {
+            sleep_ms(if i < n { long_ms } else { short_ms });
+            unsafe { libc::write(data[1], &b as *const u8 as *const libc::c_void, 1) };
+        }
+        loop {
+            unsafe { libc::pause() };
+        }
+    }
+    say(&format!("ready helper {helper}"));
+    let t = std::time::Instant::now();
+    wait_line();
+    let mut s_ns = t.elapsed().as_nanos();
+    let mut b = 0u8;
+    unsafe { libc::write(go[1], &b as *const u8 as *const libc::c_void, 1) };
+    for _ in 0..2 * n {
+        let t = std::time::Instant::now();
+        let r = unsafe { libc::read(data[0], &mut b as *mut u8 as *mut libc::c_void, 1) };
+        s_ns += t.elapsed().as_nanos();
+        assert_eq!(r, 1, "reading the helper's pipe");
+    }
+    let mut d_ns = 0;
+    // u128: the stack's top must be 16-byte aligned.
+    let mut stack = vec![0u128; 4096];
+    let mut pids = Vec::new();
+    for _ in 0..n {
+        let mut ms = long_ms;
+        let t = std::time::Instant::now();
+        // Safety: the child runs `vfork_child` on its own stack, sharing
+        // our memory (CLONE_VM) while we wait (CLONE_VFORK).
+        let pid = unsafe {
+            libc::clone(
+                vfork_child,
+                stack.as_mut_ptr().add(stack.len()) as *mut libc::c_void,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                &mut ms as *mut u64 as *mut libc::c_void,
+            )
+        };
+        d_ns += t.elapsed().as_nanos();
+        assert!(pid > 0, "clone(CLONE_VFORK)");
+        pids.push(pid);
+    }
+    for pid in pids {
+        say(&format!("vfork {pid}"));
+    }
+    say(&format!("blocking {s_ns} {d_ns}"));
+    say("done");
+    wait_eof();
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
@@ -312,8 +393,20 @@ fn main() {
             exec_from_thread(arg(&args, 2));
         }
         Some("exec-from-thread-next") => exec_from_thread(arg(&args, 2)),
+        // offcpu <n> <long_ms> <short_ms>: blocks its main thread in S and
+        // in D for known times, each block ended by a known waker process.
+        // Prints "ready helper <pid>"; after a line on stdin, 2n reads of
+        // a pipe (S) that the helper child writes after sleeping, n times
+        // <long_ms> then n times <short_ms>; then n vforks (D: the parent
+        // waits in wait_for_vfork_done, TASK_KILLABLE) of a child that
+        // sleeps <long_ms> and exits, printing "vfork <pid>" for each;
+        // then "blocking <s_ns> <d_ns>": the wall time its main thread
+        // spent in the calls that block in S (the stdin read of the go
+        // line, the pipe reads) and in D (the vfork clones), measured
+        // around each call (CLOCK_MONOTONIC), then "done".
+        Some("offcpu") => offcpu(arg(&args, 2), arg(&args, 3), arg(&args, 4)),
         _ => {
-            eprintln!("usage: vitals-workload spin|pinned-spin|pinned-waker|pinned-timers|pinned-udp-flood|spin-exit|touch|sleep|threads|thread-churn|pingpong|children|reuse-pid|heap-churn|exec-from-thread ...");
+            eprintln!("usage: vitals-workload spin|pinned-spin|pinned-waker|pinned-timers|pinned-udp-flood|spin-exit|touch|sleep|threads|thread-churn|pingpong|children|reuse-pid|heap-churn|exec-from-thread|offcpu ...");
             std::process::exit(2);
         }
     }

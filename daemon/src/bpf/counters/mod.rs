@@ -15,7 +15,9 @@ pub mod totals;
 use std::{collections::HashMap, os::fd::AsFd};
 
 use aya::maps::{HashMap as AyaHashMap, MapData, MapError};
-use vitals_common::{drop_reason, names, ExitKey, ExitedTask, FaultCounters, TaskCounters};
+use vitals_common::{
+    drop_reason, names, ExitKey, ExitedTask, FaultCounters, TaskCounters, WakerCounters, WakerKey,
+};
 
 use super::{
     map_err,
@@ -54,6 +56,9 @@ pub struct BpfSnapshot {
     pub process_faults: HashMap<u32, FaultCounters>,
     /// Cumulative drop counters, indexed by `drop_reason`.
     pub drops: [u64; drop_reason::COUNT as usize],
+    /// (wakee process, waker process) -> cumulative wakeups and the
+    /// blocked time they ended (empty while off-CPU accounting is off).
+    pub wakers: HashMap<WakerKey, WakerCounters>,
 }
 
 impl Accounting {
@@ -126,7 +131,50 @@ impl Accounting {
         }
 
         snap.drops = self.drops();
+        // By lookups, which raise bpf_prog_active (README "eBPF reads").
+        if self.offcpu().is_some() {
+            snap.wakers = self.read_wakers()?;
+        }
         Ok(snap)
+    }
+
+    /// The WAKERS hash (a few thousand pairs at most: aya's iterator).
+    fn read_wakers(&self) -> Result<HashMap<WakerKey, WakerCounters>, BpfError> {
+        let name = names::WAKERS;
+        let hash: AyaHashMap<&MapData, WakerKey, WakerCounters> =
+            AyaHashMap::try_from(self.map(name)?).map_err(map_err(name))?;
+        let mut out = HashMap::new();
+        for item in hash.iter() {
+            match item {
+                Ok((key, value)) => {
+                    out.insert(key, value);
+                }
+                Err(MapError::KeyNotFound) => continue,
+                Err(source) => return Err(BpfError::Map { name, source }),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes the pairs whose wakee process has ended, so the bounded
+    /// map keeps room for live ones. A wakeup counted between the last
+    /// read and this delete is lost with it, but that wakee is gone.
+    pub fn forget_wakers(&mut self, ended_wakees: &[u32]) -> Result<(), BpfError> {
+        if self.offcpu().is_none() || ended_wakees.is_empty() {
+            return Ok(());
+        }
+        let name = names::WAKERS;
+        let mut hash: AyaHashMap<&mut MapData, WakerKey, WakerCounters> =
+            AyaHashMap::try_from(self.map_mut(name)?).map_err(map_err(name))?;
+        let keys: Vec<WakerKey> = hash
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| ended_wakees.contains(&k.wakee_tgid))
+            .collect();
+        for key in keys {
+            let _ = hash.remove(&key);
+        }
+        Ok(())
     }
 
     /// One BPF_MAP_TYPE_HASH with u32 keys: iterated while it held at most

@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use vitals_common::{FaultCounters, TaskCounters};
+use vitals_common::{FaultCounters, OffcpuCounters, TaskCounters};
 
 use super::{super::FaultSource, BpfSnapshot};
 
@@ -78,6 +78,13 @@ fn max_fields(prev: &TaskCounters, new: &TaskCounters) -> TaskCounters {
         _pad: 0,
         born_ns: new.born_ns,
         run_delay_seen_ns: new.run_delay_seen_ns,
+        offcpu: OffcpuCounters {
+            blocked_s_ns: prev.offcpu.blocked_s_ns.max(new.offcpu.blocked_s_ns),
+            blocked_d_ns: prev.offcpu.blocked_d_ns.max(new.offcpu.blocked_d_ns),
+            long_blocks: prev.offcpu.long_blocks.max(new.offcpu.long_blocks),
+            wakeups: prev.offcpu.wakeups.max(new.offcpu.wakeups),
+            ..new.offcpu
+        },
     }
 }
 
@@ -299,6 +306,9 @@ impl Totals {
         for (&tid, t) in &self.threads {
             let r = row(&mut rows, tgid_of(tid, t));
             add_task(r, t);
+            if tid == r.tgid {
+                r.main_thread_long_blocks = t.offcpu.long_blocks;
+            }
             r.live_threads += 1;
         }
         for (&tgid, acc) in &self.processes {
@@ -358,6 +368,7 @@ fn add_task(row: &mut ProcessCounters, t: &TaskCounters) {
     row.voluntary_switches += t.voluntary_switches;
     row.involuntary_switches += t.involuntary_switches;
     row.faults.add(&t.faults);
+    row.offcpu.add(&t.offcpu);
 }
 
 impl ProcessCounters {

@@ -54,7 +54,7 @@ pub struct TaskStructOffsets {
 /// arguments by position from, as `btf_trace_<event>` typedefs declare them
 /// (a pointer to a function prototype whose first parameter is the BPF
 /// context `void *`), typedefs resolved (`bool` is `_Bool`).
-const EXPECTED_PROTOS: [(&str, &[&str]); 3] = [
+const EXPECTED_PROTOS: [(&str, &[&str]); 4] = [
     // Since Linux 5.18: prev_state moved to the end.
     (
         "btf_trace_sched_switch",
@@ -68,6 +68,8 @@ const EXPECTED_PROTOS: [(&str, &[&str]); 3] = [
     ),
     ("btf_trace_sched_wakeup", &["void", "task_struct"]),
     ("btf_trace_sched_wakeup_new", &["void", "task_struct"]),
+    // The off-CPU accounting's waker side (`offcpu_waking_btf`).
+    ("btf_trace_sched_waking", &["void", "task_struct"]),
 ];
 
 /// What the `*_btf` programs need from the kernel's BTF.
@@ -428,7 +430,12 @@ mod tests {
         // The independent source: aya's own parse of the whole blob.
         let full = aya::Btf::parse(&blob, Default::default()).unwrap();
         let sparse = aya::Btf::parse(&kernel.attach_targets_btf(), Default::default()).unwrap();
-        for event in ["sched_switch", "sched_wakeup", "sched_wakeup_new"] {
+        for event in [
+            "sched_switch",
+            "sched_wakeup",
+            "sched_wakeup_new",
+            "sched_waking",
+        ] {
             let typedef = format!("btf_trace_{event}");
             let id = full
                 .id_by_type_name_kind(&typedef, BtfKind::Typedef)
@@ -530,7 +537,12 @@ mod tests {
         // The attach targets: bpftool's `[id] TYPEDEF 'btf_trace_<event>'`,
         // and aya finds each at that id in the blob it is given.
         let aya_btf = aya::Btf::parse(&kernel.attach_targets_btf(), Default::default()).unwrap();
-        for event in ["sched_switch", "sched_wakeup", "sched_wakeup_new"] {
+        for event in [
+            "sched_switch",
+            "sched_wakeup",
+            "sched_wakeup_new",
+            "sched_waking",
+        ] {
             let bpftool_id: u32 = text
                 .lines()
                 .find(|l| l.contains(&format!("] TYPEDEF 'btf_trace_{event}' ")))

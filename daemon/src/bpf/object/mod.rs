@@ -20,13 +20,16 @@ use super::{BpfError, EventSizing, EventTransportChoice};
 pub(super) static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("VITALS_EBPF_OBJ"));
 
 /// The program for scheduler `event` ("sched_switch", "sched_wakeup",
-/// "sched_wakeup_new").
+/// "sched_wakeup_new", "sched_waking": off-CPU accounting's).
 pub(super) fn sched_program(
     kind: SchedPrograms,
     layout: TracepointLayout,
     event: &str,
 ) -> &'static str {
     use names::*;
+    if event == "sched_waking" {
+        return offcpu_waking_program(kind, layout);
+    }
     let [switch, wakeup, wakeup_new] = match (kind, layout) {
         (SchedPrograms::Btf, _) => [
             PROG_SCHED_SWITCH_BTF,
@@ -46,6 +49,17 @@ pub(super) fn sched_program(
         "sched_switch" => switch,
         "sched_wakeup" => wakeup,
         _ => wakeup_new,
+    }
+}
+
+/// The always-on (off-CPU accounting) sched_waking program. Its one
+/// field, `pid`, sits where sched_wakeup's does (one template), so the
+/// always-on layout applies.
+fn offcpu_waking_program(kind: SchedPrograms, layout: TracepointLayout) -> &'static str {
+    match (kind, layout) {
+        (SchedPrograms::Btf, _) => names::PROG_OFFCPU_WAKING_BTF,
+        (SchedPrograms::Classic, TracepointLayout::Fixed) => names::PROG_OFFCPU_WAKING_FIXED,
+        (SchedPrograms::Classic, TracepointLayout::Portable) => names::PROG_OFFCPU_WAKING,
     }
 }
 

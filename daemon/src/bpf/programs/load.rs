@@ -78,6 +78,7 @@ impl Accounting {
         let (sched_programs, wait_from_kernel) = attach_sched(
             &mut ebpf,
             cfg.runq_wait,
+            settings.offcpu.is_some(),
             layout,
             settings.btf_offsets.as_ref(),
             pin_to,
@@ -90,7 +91,7 @@ impl Accounting {
             pin_maps(&ebpf, dir)?;
         }
         log::info!(
-            "eBPF accounting {}: fault source {}; scheduler programs {}; runqueue wait {}; {} possible CPUs; BTF {}; capture transport {}",
+            "eBPF accounting {}: fault source {}; scheduler programs {}; runqueue wait {}; off-CPU {}; {} possible CPUs; BTF {}; capture transport {}",
             if pin_to.is_some() { "loaded" } else { "attached" },
             fault_source.describe(),
             match sched_programs {
@@ -102,6 +103,10 @@ impl Accounting {
                 (true, true, _) => "from the kernel's sched_info.run_delay",
                 (true, false, true) => "from wakeup times in an array (pid_max small)",
                 (true, false, false) => "from wakeup times in a bounded hash",
+            },
+            match settings.offcpu {
+                Some(o) => format!("on (long block {} µs)", o.long_block_us),
+                None => "off".to_string(),
             },
             settings.nr_cpus,
             if features.btf_vmlinux { "yes" } else { "no" },
@@ -130,6 +135,7 @@ impl Accounting {
             sched_programs,
             runq_wait: cfg.runq_wait,
             wait_from_kernel: cfg.runq_wait && wait_from_kernel,
+            offcpu: settings.offcpu,
             capture_sizing: cfg.capture,
             transport: settings.transport,
             slot: TransportSlot {
@@ -164,15 +170,18 @@ fn choose_fault_source(
     })
 }
 
-/// The scheduler events to attach: sched_switch, and sched_wakeup and
+/// The scheduler events to attach: sched_switch; sched_wakeup and
 /// sched_wakeup_new where runqueue wait is on and the switch program
 /// cannot read the kernel's own (`wait_from_kernel`: tp_btf with
-/// `sched_info.run_delay`). A decision of its own: nothing else attached
-/// (a capture's sched_waking, say) depends on it.
-fn sched_events(runq_wait: bool, wait_from_kernel: bool) -> Vec<&'static str> {
+/// `sched_info.run_delay`); with `offcpu` the off-CPU sched_waking. Each a
+/// decision of its own.
+fn sched_events(runq_wait: bool, wait_from_kernel: bool, offcpu: bool) -> Vec<&'static str> {
     let mut events = vec!["sched_switch"];
     if runq_wait && !wait_from_kernel {
         events.extend(["sched_wakeup", "sched_wakeup_new"]);
+    }
+    if offcpu {
+        events.push("sched_waking");
     }
     events
 }
@@ -185,6 +194,7 @@ fn sched_events(runq_wait: bool, wait_from_kernel: bool) -> Vec<&'static str> {
 fn attach_sched(
     ebpf: &mut Ebpf,
     runq_wait: bool,
+    offcpu: bool,
     layout: TracepointLayout,
     kernel_btf: Option<&KernelBtf>,
     pin_to: Option<&Path>,
@@ -216,7 +226,7 @@ fn attach_sched(
         }
         // A kernel or policy that refuses them (verifier, LSM) costs
         // the cheaper attach, not the accounting.
-        match attach_btf_sched(ebpf, &sched_events(runq_wait, run_delay), btf) {
+        match attach_btf_sched(ebpf, &sched_events(runq_wait, run_delay, offcpu), btf) {
             Ok(()) => sched_programs = SchedPrograms::Btf,
             // Surprising where the probes said yes, hence a warning.
             Err(e) => log::warn!(
@@ -228,7 +238,7 @@ fn attach_sched(
     drop(vmlinux_btf);
     crate::system::release_free_heap();
     if sched_programs == SchedPrograms::Classic {
-        for event in sched_events(runq_wait, false) {
+        for event in sched_events(runq_wait, false, offcpu) {
             let name = sched_program(SchedPrograms::Classic, layout, event);
             attach_tracepoint(ebpf, name, "sched", event, pin_to)?;
         }

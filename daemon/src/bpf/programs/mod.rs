@@ -26,7 +26,7 @@ pub use self::settings::WAKE_ARRAY_MAX_PIDS;
 use super::{
     mapped::Mappings,
     object::{EventTransport, MapRead, SchedPrograms, TracepointLayout},
-    program_err, BpfError, EventSizing, FaultSource, Features, MapLimits,
+    program_err, BpfError, EventSizing, FaultSource, Features, MapLimits, OffcpuSettings,
 };
 
 /// The loaded and attached accounting programs.
@@ -49,6 +49,8 @@ pub struct Accounting {
     /// Runqueue wait is the kernel's `sched_info.run_delay` (tp_btf), not
     /// the wakeup programs' timestamps.
     wait_from_kernel: bool,
+    /// Off-CPU accounting as loaded (None: off, or pins without it).
+    offcpu: Option<OffcpuSettings>,
     capture_sizing: Option<EventSizing>,
     /// Where capture records go (meaningful only with `capture_sizing`).
     transport: EventTransport,
@@ -81,6 +83,11 @@ impl Accounting {
     /// Else, when measured, the wakeup programs time it.
     pub fn runq_wait_from_kernel(&self) -> bool {
         self.wait_from_kernel
+    }
+
+    /// Off-CPU accounting, if its program is attached.
+    pub fn offcpu(&self) -> Option<OffcpuSettings> {
+        self.offcpu
     }
 
     /// The classic always-on programs' layout (the scheduler programs

@@ -94,6 +94,8 @@ impl Accounting {
             sched_programs: SchedPrograms::Classic,
             runq_wait,
             wait_from_kernel: false,
+            // bpfloader's vitals.o has no off-CPU program (yet).
+            offcpu: None,
             capture_sizing,
             transport: EventTransport::RingBuf,
             slot: TransportSlot {

@@ -18,7 +18,7 @@ use super::super::{
         EventTransport, TracepointLayout, EBPF_OBJECT,
     },
     tracefs::Tracefs,
-    AccountingConfig, BpfError, Features,
+    AccountingConfig, BpfError, Features, OffcpuSettings,
 };
 use crate::bpf::config::{
     exited_map_entries, process_faults_entries, tasks_entries, MachineBounds,
@@ -195,6 +195,9 @@ pub(super) struct LoadSettings {
     /// programs; None: attach the classic tracepoints.
     pub(super) btf_offsets: Option<btf::KernelBtf>,
     pub(super) page: u32,
+    /// Off-CPU accounting; off when pinning (bpfloader attaches no
+    /// program of it).
+    pub(super) offcpu: Option<OffcpuSettings>,
 }
 
 impl LoadSettings {
@@ -263,6 +266,7 @@ impl LoadSettings {
             patched,
             btf_offsets: choose_btf_offsets(cfg, features, pinning),
             page: crate::system::page_size_bytes()? as u32,
+            offcpu: cfg.offcpu.filter(|_| !pinning),
         })
     }
 
@@ -286,7 +290,11 @@ impl LoadSettings {
             (names::G_WAKE_ARRAY, u32::from(self.wake_array)),
             (names::G_EXIT_RING, u32::from(self.exit_ring)),
             (names::G_TRACK_WAIT, u32::from(cfg.runq_wait)),
+            (names::G_TRACK_OFFCPU, u32::from(self.offcpu.is_some())),
         ]);
+        if let Some(o) = self.offcpu {
+            globals.push((names::G_LONG_BLOCK_US, o.long_block_us));
+        }
         let free_pid_unset = |name: &str| name == names::G_FREE_PID && cfg.free_pid_from_record;
         globals.extend(
             offsets
@@ -299,7 +307,7 @@ impl LoadSettings {
     }
 
     /// Every map's max_entries.
-    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 14] {
+    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 15] {
         let [events, stacks, fault_ctr, offcpu_start] =
             capture_map_sizes(cfg.capture, self.transport, self.ringbuf_ok, self.page);
         [
@@ -336,6 +344,10 @@ impl LoadSettings {
             stacks,
             fault_ctr,
             offcpu_start,
+            (
+                names::WAKERS,
+                self.offcpu.map_or(1, |o| o.max_waker_pairs.max(1)),
+            ),
         ]
     }
 

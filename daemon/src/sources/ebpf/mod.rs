@@ -68,6 +68,7 @@ impl Source for Ebpf {
                 tick.rows = self.totals.update(&snap);
                 tick.deltas = self.deltas.update(&tick.rows);
                 tick.bpf_drops = Some(snap.drops);
+                tick.wakers = snap.wakers;
             }
             Err(e) => tick.bpf_error = Some(e),
         }
@@ -101,6 +102,12 @@ pub struct BpfDelta {
     pub runq_wait_ns: u64,
     pub voluntary_switches: u64,
     pub involuntary_switches: u64,
+    /// Off-CPU accounting's blocked time (S, D), long blocks and blocks
+    /// ended by a wakeup (zero while it is off; see `sources::offcpu`).
+    pub blocked_s_ns: u64,
+    pub blocked_d_ns: u64,
+    pub long_blocks: u64,
+    pub wakeups: u64,
 }
 
 /// Per-window eBPF deltas, by the same rules as the procfs ones: a process
@@ -131,6 +138,10 @@ pub fn bpf_deltas(
                     involuntary_switches: c
                         .involuntary_switches
                         .checked_sub(p.involuntary_switches)?,
+                    blocked_s_ns: c.offcpu.blocked_s_ns.checked_sub(p.offcpu.blocked_s_ns)?,
+                    blocked_d_ns: c.offcpu.blocked_d_ns.checked_sub(p.offcpu.blocked_d_ns)?,
+                    long_blocks: c.offcpu.long_blocks.checked_sub(p.offcpu.long_blocks)?,
+                    wakeups: c.offcpu.wakeups.checked_sub(p.offcpu.wakeups)?,
                 })
             })();
             match d {

@@ -234,6 +234,9 @@ impl ProcessState {
             exited_threads: self.exited_threads,
             ended,
             exit_comm: None,
+            // The CTS tier has no sched_waking: no off-CPU accounting.
+            offcpu: Default::default(),
+            main_thread_long_blocks: 0,
         }
     }
 }
