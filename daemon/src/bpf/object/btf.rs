@@ -392,6 +392,7 @@ mod tests {
         }
         b.proto("btf_trace_sched_wakeup", &[void_ptr, task_ptr]);
         b.proto("btf_trace_sched_wakeup_new", &[void_ptr, task_ptr]);
+        b.proto("btf_trace_sched_waking", &[void_ptr, task_ptr]);
         b.build()
     }
 
