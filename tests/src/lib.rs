@@ -421,6 +421,9 @@ impl Bpftrace {
 /// `vitalsd record` running in the background.
 pub struct Recording {
     pub child: Child,
+    /// The last lines of its log after `marker`, for a failure's message
+    /// (a panic's message is there).
+    log_tail: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
 }
 
 impl Recording {
@@ -448,24 +451,36 @@ impl Recording {
                 break;
             }
         }
-        // Keep draining stderr so the recorder never blocks on it.
+        // Keep draining stderr so the recorder never blocks on it, keeping
+        // the last lines.
+        let log_tail =
+            std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let tail = log_tail.clone();
         std::thread::spawn(move || {
             let mut l = String::new();
             while err.read_line(&mut l).unwrap_or(0) > 0 {
-                l.clear();
+                let mut t = tail.lock().unwrap();
+                if t.len() == 40 {
+                    t.pop_front();
+                }
+                t.push_back(std::mem::take(&mut l));
             }
         });
-        Self { child }
+        Self { child, log_tail }
     }
 
     /// Waits for it to finish successfully; returns what it printed.
     pub fn wait(self) -> String {
         let out = self.child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "vitalsd record failed: {}",
-            out.status
-        );
+        if !out.status.success() {
+            // The drain thread reaches EOF once the process is gone.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let tail: String = self.log_tail.lock().unwrap().iter().cloned().collect();
+            panic!(
+                "vitalsd record failed: {}\n--- the end of its log ---\n{tail}",
+                out.status
+            );
+        }
         String::from_utf8(out.stdout).unwrap()
     }
 }

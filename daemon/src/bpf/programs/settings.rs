@@ -220,10 +220,18 @@ impl LoadSettings {
             possible_cpus: nr_cpus,
         };
         let wake_array = pid_max <= WAKE_ARRAY_MAX_PIDS && !cfg.force_wake_hash;
-        let (wake_array_len, wake_hash_len) = if wake_array {
-            (pid_max, 1)
-        } else {
-            (1, cfg.limits.max_tasks)
+        let btf_offsets = choose_btf_offsets(cfg, features, pinning);
+        // No wakeup programs where runqueue wait is off or comes from the
+        // kernel's run_delay (tp_btf): their maps get the minimum. (Should
+        // the kernel then refuse the tp_btf programs, the classic wakeup
+        // programs find no slot and count `wake_map_full`: the loader
+        // logs that fallback as a warning.)
+        let wakeup_programs =
+            cfg.runq_wait && btf_offsets.is_none_or(|k| k.task.run_delay.is_none());
+        let (wake_array_len, wake_hash_len) = match (wakeup_programs, wake_array) {
+            (false, _) => (1, 1),
+            (true, true) => (pid_max, 1),
+            (true, false) => (1, cfg.limits.max_tasks),
         };
         // The hashes never need more entries than there can be ids.
         let max_tasks = tasks_entries(&cfg.limits, &machine);
@@ -264,7 +272,7 @@ impl LoadSettings {
             ringbuf_ok,
             transport,
             patched,
-            btf_offsets: choose_btf_offsets(cfg, features, pinning),
+            btf_offsets,
             page: crate::system::page_size_bytes()? as u32,
             offcpu: cfg.offcpu.filter(|_| !pinning),
         })
