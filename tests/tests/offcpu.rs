@@ -83,7 +83,25 @@ fn check(mut acc: Accounting) {
     std::thread::sleep(Duration::from_millis(GO_MS));
     let before = read(&mut acc, pid);
     w.go();
-    let vforks: Vec<u32> = (0..N).map(|_| w.read_numbers("vfork")[0] as u32).collect();
+    // A read after each vfork as well: each read flips WAKERS' halves
+    // (zeroing the one it folds), and the pairs must still come out
+    // cumulative, whole and never going back.
+    let mut last = before.wakers.clone();
+    let vforks: Vec<u32> = (0..N)
+        .map(|_| {
+            let v = w.read_numbers("vfork")[0] as u32;
+            let now = read(&mut acc, pid).wakers;
+            for (k, c) in &last {
+                let n = now.get(k).copied().unwrap_or_default();
+                assert!(
+                    n.wakeups >= c.wakeups && n.blocked_ns >= c.blocked_ns,
+                    "pair {k:?} went back: {c:?} -> {n:?}"
+                );
+            }
+            last = now;
+            v
+        })
+        .collect();
     let blocking = w.read_numbers("blocking");
     let (s_call_ns, d_call_ns) = (blocking[0] as u64, blocking[1] as u64);
     w.expect("done");
