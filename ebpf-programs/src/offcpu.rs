@@ -68,8 +68,11 @@ static WAKER_CPUS: u32 = 0;
 ///
 /// No atomics (Linux 5.10 has no BPF cmpxchg) and no race: each CPU
 /// writes only its own region, and sched_waking's program neither
-/// nests in itself on a CPU nor migrates (try_to_wake_up fires it with
-/// the wakee's pi_lock held, interrupts off).
+/// migrates nor nests in itself on a CPU: try_to_wake_up fires it with
+/// the wakee's pi_lock held, interrupts off (the `p == current` case,
+/// preemption off only, ends no block and writes nothing here), and the
+/// kernel skips a nested run anyway (bpf_prog_active for the classic
+/// tracepoint, the program's `active` count for tp_btf).
 ///
 /// User space zeroes the half not in `WAKER_HALF`, then makes it the
 /// active one; it reads each half once a tick after it stopped being
