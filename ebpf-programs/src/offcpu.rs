@@ -28,16 +28,18 @@
 //! before Linux 6.x tells hard/soft irq context; the idle task's is tgid 0.
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map, tracepoint},
-    maps::HashMap,
+    maps::Array,
     programs::{BtfTracePointContext, TracePointContext},
     EbpfContext,
 };
-use vitals_common::{drop_reason, fixed_layout, offcpu, OffcpuCounters, WakerCounters, WakerKey};
+use core::ptr::read_volatile;
+use vitals_common::{
+    drop_reason, fixed_layout, mapped, offcpu, OffcpuCounters, WakerKey, WakerSlot,
+};
 
-use crate::{count_drop, live_task_slot, setting, task_field, xadd, TASK_PID_OFF, WAKING_PID_OFF};
+use crate::{count_drop, live_task_slot, setting, task_field, TASK_PID_OFF, WAKING_PID_OFF};
 
 // ---- load-time settings (.rodata) ----
 
@@ -49,13 +51,38 @@ static TRACK_OFFCPU: u32 = 0;
 /// every other setting: up to 71 minutes.
 #[no_mangle]
 static LONG_BLOCK_US: u32 = 16_000;
+/// WAKERS' slots per CPU region (`sampling.max_waker_pairs`) and its
+/// regions per half (the possible CPUs); 0 until the loader sets them.
+#[no_mangle]
+static WAKER_SLOTS: u32 = 0;
+#[no_mangle]
+static WAKER_CPUS: u32 = 0;
 
-/// (wakee tgid, waker tgid) -> wakeups and the blocked time they ended.
-/// Written from every CPU at once, so updated with atomic adds; bounded,
-/// a pair that finds it full is counted in `WAKER_MAP_FULL`. User space
-/// deletes the pairs whose wakee process has ended.
+/// (wakee tgid, waker tgid) -> wakeups and the blocked time they ended,
+/// read by user space through mmap (no bpf() lookup: see `mapped`), so
+/// an array, not a hash: two halves of `WAKER_CPUS` regions of
+/// `WAKER_SLOTS` `WakerSlot`s, slot
+/// `half * (cpus * slots) + cpu * slots + probe`. A pair's slot is
+/// found by open addressing from its hash (`WAKER_PROBES` probes); a pair
+/// that finds none is counted in `WAKER_MAP_FULL`.
+///
+/// No atomics (Linux 5.10 has no BPF cmpxchg) and no race: each CPU
+/// writes only its own region, and sched_waking's program neither
+/// migrates nor nests in itself on a CPU: try_to_wake_up fires it with
+/// the wakee's pi_lock held, interrupts off (the `p == current` case,
+/// preemption off only, ends no block and writes nothing here), and the
+/// kernel skips a nested run anyway (bpf_prog_active for the classic
+/// tracepoint, the program's `active` count for tp_btf).
+///
+/// User space zeroes the half not in `WAKER_HALF`, then makes it the
+/// active one; it reads each half once a tick after it stopped being
+/// active, when no program writes it any more, and sums the deltas.
 #[map(name = "WAKERS")]
-static WAKERS: HashMap<WakerKey, WakerCounters> = HashMap::with_max_entries(1, 0);
+static WAKERS: Array<WakerSlot> = Array::with_max_entries(1, mapped::BPF_F_MMAPABLE);
+
+/// WAKERS' active half, entry 0 (user space writes it through mmap).
+#[map(name = "WAKER_HALF")]
+static WAKER_HALF: Array<u32> = Array::with_max_entries(1, mapped::BPF_F_MMAPABLE);
 
 /// At `prev`'s switch-out, in its own context: begins a block in S or D
 /// (`offcpu::STATE_*`), or clears one a missed wakeup left.
@@ -103,20 +130,39 @@ pub(crate) fn on_waking(pid: i32) {
     count_waker(&key, blocked_ns);
 }
 
+/// Adds one wakeup ending `blocked_ns` to `key`'s slot in this CPU's
+/// region of the active half, claiming a free slot on first sight.
 #[inline(always)]
 fn count_waker(key: &WakerKey, blocked_ns: u64) {
-    if WAKERS.get_ptr_mut(key).is_none() {
-        // BPF_NOEXIST: another CPU may insert the same pair now; the
-        // loser's insert fails and both add to the one value.
-        let _ = WAKERS.insert(key, &WakerCounters::default(), BPF_NOEXIST as u64);
+    let slots = setting(&WAKER_SLOTS);
+    if slots == 0 {
+        return;
     }
-    match WAKERS.get_ptr_mut(key) {
-        Some(v) => unsafe {
-            xadd(&mut (*v).wakeups, 1);
-            xadd(&mut (*v).blocked_ns, blocked_ns);
-        },
-        None => count_drop(drop_reason::WAKER_MAP_FULL),
+    // Read once, so this wakeup's counts all go to one half even if
+    // user space flips it meanwhile.
+    let half = match WAKER_HALF.get_ptr(0) {
+        Some(p) => (unsafe { read_volatile(p) }) & 1,
+        None => return,
+    };
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let region = (half * setting(&WAKER_CPUS) + cpu) * slots;
+    let hash = offcpu::waker_hash(key);
+    for probe in 0..offcpu::WAKER_PROBES {
+        let index = region + hash.wrapping_add(probe) % slots;
+        let Some(s) = WAKERS.get_ptr_mut(index) else {
+            break;
+        };
+        let s = unsafe { &mut *s };
+        if s.key.wakee_tgid == 0 {
+            s.key = *key;
+        } else if s.key != *key {
+            continue;
+        }
+        s.counters.wakeups += 1;
+        s.counters.blocked_ns += blocked_ns;
+        return;
     }
+    count_drop(drop_reason::WAKER_MAP_FULL);
 }
 
 /// Portable variant: `pid`'s offset from the format file. sched_waking

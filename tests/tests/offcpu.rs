@@ -7,7 +7,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use vitals_common::{OffcpuCounters, WakerCounters, WakerKey};
+use vitals_common::{drop_reason, OffcpuCounters, WakerCounters, WakerKey};
 use vitals_tests::*;
 use vitalsd::bpf::{
     Accounting, AccountingConfig, FaultSourceChoice, OffcpuSettings, SchedPrograms,
@@ -23,13 +23,17 @@ const GO_MS: u64 = 50;
 const LONG_BLOCK_US: u32 = 20_000;
 
 fn load(classic: bool) -> Accounting {
+    load_with(classic, 4096)
+}
+
+fn load_with(classic: bool, max_waker_pairs: u32) -> Accounting {
     require_root();
     let acc = Accounting::load(&AccountingConfig {
         fault_source: FaultSourceChoice::Off,
         force_classic_tracepoints: classic,
         offcpu: Some(OffcpuSettings {
             long_block_us: LONG_BLOCK_US,
-            max_waker_pairs: 4096,
+            max_waker_pairs,
         }),
         ..Default::default()
     })
@@ -83,7 +87,25 @@ fn check(mut acc: Accounting) {
     std::thread::sleep(Duration::from_millis(GO_MS));
     let before = read(&mut acc, pid);
     w.go();
-    let vforks: Vec<u32> = (0..N).map(|_| w.read_numbers("vfork")[0] as u32).collect();
+    // A read after each vfork as well: each read flips WAKERS' halves
+    // (zeroing the one it folds), and the pairs must still come out
+    // cumulative, whole and never going back.
+    let mut last = before.wakers.clone();
+    let vforks: Vec<u32> = (0..N)
+        .map(|_| {
+            let v = w.read_numbers("vfork")[0] as u32;
+            let now = read(&mut acc, pid).wakers;
+            for (k, c) in &last {
+                let n = now.get(k).copied().unwrap_or_default();
+                assert!(
+                    n.wakeups >= c.wakeups && n.blocked_ns >= c.blocked_ns,
+                    "pair {k:?} went back: {c:?} -> {n:?}"
+                );
+            }
+            last = now;
+            v
+        })
+        .collect();
     let blocking = w.read_numbers("blocking");
     let (s_call_ns, d_call_ns) = (blocking[0] as u64, blocking[1] as u64);
     w.expect("done");
@@ -159,6 +181,62 @@ fn blocked_time_and_wakers_tp_btf() {
 #[test]
 fn blocked_time_and_wakers_classic() {
     check(load(true));
+}
+
+/// More (wakee, waker) pairs than `max_waker_pairs` (the least the config
+/// takes, 16): each of 48 vfork children wakes the workload once, a pair
+/// of its own. The pairs that find no room, in a CPU's region of WAKERS or
+/// in the daemon's totals, are counted in `waker_map_full`, the others
+/// counted whole; none is lost uncounted.
+#[test]
+fn pairs_past_the_bound_are_counted_as_drops() {
+    const MANY: u64 = 48;
+    const MAX_PAIRS: u32 = 16;
+    let mut acc = load_with(false, MAX_PAIRS);
+    let full = |acc: &mut Accounting| {
+        acc.read().expect("reading maps").drops[drop_reason::WAKER_MAP_FULL as usize]
+    };
+    let mut w = Workload::spawn(&["offcpu", &MANY.to_string(), "2", "1"]);
+    w.read_numbers("ready helper");
+    let pid = w.pid();
+    wait_blocked(pid);
+    let full_before = full(&mut acc);
+    w.go();
+    let vforks: Vec<u32> = (0..MANY)
+        .map(|_| w.read_numbers("vfork")[0] as u32)
+        .collect();
+    w.read_numbers("blocking");
+    w.expect("done");
+    wait_blocked(pid);
+    // Two reads: the first flips away from the half the workload's
+    // wakeups went to, the second folds it (drops the totals had no room
+    // for are counted at the fold).
+    let _ = acc.read().expect("reading maps");
+    let snap = acc.read().expect("reading maps");
+    let dropped = snap.drops[drop_reason::WAKER_MAP_FULL as usize] - full_before;
+    let mut counted = 0;
+    for v in &vforks {
+        let key = WakerKey {
+            wakee_tgid: pid,
+            waker_tgid: *v,
+        };
+        if let Some(c) = snap.wakers.get(&key) {
+            assert_eq!(c.wakeups, 1, "vfork child {v}");
+            counted += 1;
+        }
+    }
+    eprintln!("{counted} of {MANY} vfork pairs counted, {dropped} wakeups dropped");
+    assert!(
+        snap.wakers.len() <= MAX_PAIRS as usize,
+        "{}",
+        snap.wakers.len()
+    );
+    assert!(counted < MANY, "all {MANY} pairs fit in {MAX_PAIRS}");
+    assert!(
+        counted + dropped >= MANY,
+        "{counted} counted + {dropped} dropped < {MANY} vfork pairs"
+    );
+    w.finish();
 }
 
 /// The main thread of the workload blocks long 2N+1 times within a

@@ -1,6 +1,7 @@
 //! The BPF_F_MMAPABLE arrays (Linux 5.5) the always-on read takes through
 //! mmap instead of bpf(): CPU_STATE, DROPS, TASKS_BY_TID, FAULTS_BY_TGID
-//! (the programs' `mapped` module says what each holds). A bpf() lookup
+//! (the programs' `mapped` module says what each holds), and WAKERS and
+//! WAKER_HALF, mapped writable (the programs' `offcpu` module). A bpf() lookup
 //! raises `bpf_prog_active` on the reader's CPU (bpf_disable_instrumentation,
 //! kernel/bpf/syscall.c) and, since Linux 5.11, can be preempted there:
 //! until the reader runs again the classic tracepoint programs on that CPU
@@ -54,18 +55,20 @@ pub enum MappedError {
 /// Attempts at a consistent copy of one value before taking the last one.
 const STABLE_TRIES: usize = 8;
 
-/// A read-only mapping of a BPF_F_MMAPABLE array of `T`.
+/// A mapping of a BPF_F_MMAPABLE array of `T`, read-only unless made by
+/// `open_writable`.
 #[derive(Debug)]
 pub struct MappedArray<T> {
     base: NonNull<u8>,
     len_bytes: usize,
     entries: u32,
     stride: usize,
+    writable: bool,
     _t: PhantomData<T>,
 }
 
-// SAFETY: the mapping is read-only shared memory owned by this value; it
-// is only read through volatile loads.
+// SAFETY: the mapping is shared memory owned by this value; it is only
+// accessed through volatile loads and stores of whole values.
 unsafe impl<T> Send for MappedArray<T> {}
 unsafe impl<T> Sync for MappedArray<T> {}
 
@@ -75,10 +78,19 @@ impl<T: Copy + PartialEq> MappedArray<T> {
         let Map::Array(data) = map else {
             return Err(MappedError::NotArray { name });
         };
-        Self::open_data(data, name)
+        Self::open_data(data, name, libc::PROT_READ)
     }
 
-    fn open_data(data: &MapData, name: &'static str) -> Result<Self, MappedError> {
+    /// Maps array `name` read-write, for `write` (the kernel refuses a
+    /// writable mapping of a frozen map only).
+    pub fn open_writable(map: &Map, name: &'static str) -> Result<Self, MappedError> {
+        let Map::Array(data) = map else {
+            return Err(MappedError::NotArray { name });
+        };
+        Self::open_data(data, name, libc::PROT_READ | libc::PROT_WRITE)
+    }
+
+    fn open_data(data: &MapData, name: &'static str, prot: i32) -> Result<Self, MappedError> {
         let info = data
             .info()
             .map_err(|source| MappedError::Info { name, source })?;
@@ -96,13 +108,13 @@ impl<T: Copy + PartialEq> MappedArray<T> {
         let stride = std::mem::size_of::<T>().next_multiple_of(8);
         let entries = info.max_entries();
         let len_bytes = (stride * entries as usize).max(1);
-        // SAFETY: a fresh shared read-only mapping of the map's fd; the
-        // kernel checks the length against the array's size.
+        // SAFETY: a fresh shared mapping of the map's fd; the kernel
+        // checks the length against the array's size.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len_bytes,
-                libc::PROT_READ,
+                prot,
                 libc::MAP_SHARED,
                 data.fd().as_fd().as_raw_fd(),
                 0,
@@ -120,6 +132,7 @@ impl<T: Copy + PartialEq> MappedArray<T> {
             len_bytes,
             entries,
             stride,
+            writable: prot & libc::PROT_WRITE != 0,
             _t: PhantomData,
         })
     }
@@ -128,13 +141,28 @@ impl<T: Copy + PartialEq> MappedArray<T> {
         self.entries
     }
 
-    /// One copy of value `index` (< `entries`).
-    fn copy(&self, index: u32) -> T {
+    /// One copy of value `index` (< `entries`), for a value no program
+    /// is writing (else `read_stable`).
+    pub fn copy(&self, index: u32) -> T {
         assert!(index < self.entries, "index {index} past {}", self.entries);
         // SAFETY: inside the mapping; values are 8-byte aligned (page-
         // aligned base, stride a multiple of 8); T is plain old data.
         unsafe {
             std::ptr::read_volatile(self.base.as_ptr().add(index as usize * self.stride) as *const T)
+        }
+    }
+
+    /// Stores `value` at `index` (< `entries`) of a mapping made by
+    /// `open_writable`.
+    pub fn write(&self, index: u32, value: T) {
+        assert!(self.writable, "write to a read-only mapping");
+        assert!(index < self.entries, "index {index} past {}", self.entries);
+        // SAFETY: as in `copy`.
+        unsafe {
+            std::ptr::write_volatile(
+                self.base.as_ptr().add(index as usize * self.stride) as *mut T,
+                value,
+            )
         }
     }
 
@@ -189,6 +217,17 @@ pub struct Mappings {
     pub drops: Option<MappedArray<u64>>,
     pub tasks: Option<MappedArray<vitals_common::TaskCounters>>,
     pub process_faults: Option<MappedArray<vitals_common::FaultCounters>>,
+    /// WAKERS and WAKER_HALF, mapped writable while off-CPU accounting
+    /// is on, and the pairs' totals user space keeps from them
+    /// (`counters::wakers`).
+    pub wakers: Option<MappedArray<vitals_common::WakerSlot>>,
+    pub waker_half: Option<MappedArray<u32>>,
+    pub waker_totals:
+        std::collections::HashMap<vitals_common::WakerKey, vitals_common::WakerCounters>,
+    /// Ended wakees, with the folds they are still dropped from.
+    pub wakers_forgotten: Vec<(u32, u8)>,
+    /// Wakeups of pairs `waker_totals` had no room for.
+    pub wakers_dropped: u64,
     /// EXITED_RING, where the kernel has ring buffers (else an array the
     /// programs never write, and None here).
     pub exited_ring: Option<aya::maps::RingBuf<MapData>>,

@@ -23,7 +23,7 @@ pub struct FaultCounters {
 pub mod mapped;
 pub mod offcpu;
 pub use mapped::ExitRecord;
-pub use offcpu::{OffcpuCounters, WakerCounters, WakerKey};
+pub use offcpu::{OffcpuCounters, WakerCounters, WakerKey, WakerSlot};
 
 /// Per-thread monotonic counters, the value of the `TASKS` hash keyed by tid.
 /// Only the task's own context writes them (see `TASKS` in the programs),
@@ -142,8 +142,10 @@ pub mod drop_reason {
     /// first slice of a task already running at attach, or after a missed
     /// switch). The classic programs charge every slice so and do not count.
     pub const ONCPU_WALL_CLOCK: u32 = 5;
-    /// WAKERS map full: a (wakee, waker) pair not yet in it was not
-    /// counted (the wakee's own blocked time still was).
+    /// WAKERS full: a (wakee, waker) pair found no slot within its
+    /// probes in this CPU's region of the active half (or user space's
+    /// totals held `max_waker_pairs` pairs already) and was not counted
+    /// (the wakee's own blocked time still was).
     pub const WAKER_MAP_FULL: u32 = 6;
     pub const COUNT: u32 = 7;
     pub const NAMES: [&str; COUNT as usize] = [
@@ -462,6 +464,8 @@ pub mod names {
     pub const CAPTURE_FAULT_CTR: &str = "CAPTURE_FAULT_CTR";
     pub const OFFCPU_START: &str = "OFFCPU_START";
     pub const WAKERS: &str = "WAKERS";
+    /// WAKERS' active half (0 or 1), written by user space through mmap.
+    pub const WAKER_HALF: &str = "WAKER_HALF";
     pub const PROG_OFFCPU_WAKING: &str = "offcpu_waking";
     pub const PROG_OFFCPU_WAKING_FIXED: &str = "offcpu_waking_fixed";
     pub const PROG_OFFCPU_WAKING_BTF: &str = "offcpu_waking_btf";
@@ -510,6 +514,9 @@ pub mod names {
     pub const G_TASK_RUN_DELAY: &str = "TASK_RUN_DELAY_OFF";
     pub const G_TRACK_OFFCPU: &str = "TRACK_OFFCPU";
     pub const G_LONG_BLOCK_US: &str = "LONG_BLOCK_US";
+    /// WAKERS' slots per CPU and half, and its CPU regions per half.
+    pub const G_WAKER_SLOTS: &str = "WAKER_SLOTS";
+    pub const G_WAKER_CPUS: &str = "WAKER_CPUS";
     /// The mmap-read arrays (`mapped`).
     pub const TASKS_BY_TID: &str = "TASKS_BY_TID";
     pub const FAULTS_BY_TGID: &str = "FAULTS_BY_TGID";
@@ -533,6 +540,7 @@ mod pod {
     unsafe impl aya::Pod for super::OffcpuCounters {}
     unsafe impl aya::Pod for super::WakerKey {}
     unsafe impl aya::Pod for super::WakerCounters {}
+    unsafe impl aya::Pod for super::WakerSlot {}
 }
 
 impl FaultCounters {

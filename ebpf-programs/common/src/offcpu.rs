@@ -93,13 +93,37 @@ pub struct WakerKey {
     pub waker_tgid: u32,
 }
 
-/// Value of the WAKERS map, monotonic.
+/// A (wakee, waker) pair's wakeups and the blocked time they ended:
+/// in WAKERS, since the slot's half was last zeroed; in user space's
+/// totals, cumulative.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WakerCounters {
     pub wakeups: u64,
     /// Total blocked time those wakeups ended.
     pub blocked_ns: u64,
+}
+
+/// One slot of the WAKERS array (open addressing in a CPU's region of a
+/// half, see the programs' `offcpu` module): free while `key.wakee_tgid`
+/// is 0 (a wakee is never the idle task).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WakerSlot {
+    pub key: WakerKey,
+    pub counters: WakerCounters,
+}
+
+/// Probes of a pair's slot from its hash before it counts as not found
+/// (`drop_reason::WAKER_MAP_FULL`).
+pub const WAKER_PROBES: u32 = 4;
+
+/// `key`'s hash: its first probe is `hash % slots` in a region of
+/// `slots` slots.
+#[inline(always)]
+pub fn waker_hash(key: &WakerKey) -> u32 {
+    let h = key.wakee_tgid.wrapping_mul(0x9E37_79B1) ^ key.waker_tgid.wrapping_mul(0x85EB_CA6B);
+    h ^ (h >> 16)
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The counters: reading the accounting maps and folding what was read.
 //! `Accounting::read` takes a `BpfSnapshot`
 //! (drains EXITED; reads the mmap-read arrays TASKS_BY_TID,
-//! FAULTS_BY_TGID, CPU_STATE and DROPS, `mapped_read`; walks the fallback
+//! FAULTS_BY_TGID, CPU_STATE and DROPS, `mapped_read`, and WAKERS,
+//! `wakers`; walks the fallback
 //! hashes TASKS and PROCESS_FAULTS of ids past those arrays), the hashes
 //! batched where the kernel has BPF_MAP_LOOKUP_BATCH and they hold many
 //! entries, iterated otherwise (`MapRead`); `batch` is
@@ -11,6 +12,7 @@
 pub mod batch;
 mod mapped_read;
 pub mod totals;
+mod wakers;
 
 use std::{collections::HashMap, os::fd::AsFd};
 
@@ -68,6 +70,7 @@ impl Accounting {
         let mut snap = BpfSnapshot::default();
 
         self.map_arrays()?;
+        self.map_wakers()?;
         // Freed tasks first: a task freed between this drain and the TASKS
         // walk below is then seen live now and exited next time, never lost.
         // The ring where the kernel has one; the EXITED hash (then empty
@@ -131,50 +134,12 @@ impl Accounting {
         }
 
         snap.drops = self.drops();
-        // By lookups, which raise bpf_prog_active (README "eBPF reads").
         if self.offcpu().is_some() {
-            snap.wakers = self.read_wakers()?;
+            snap.wakers = self.read_wakers();
+            let full = &mut snap.drops[drop_reason::WAKER_MAP_FULL as usize];
+            *full = full.wrapping_add(self.wakers_dropped());
         }
         Ok(snap)
-    }
-
-    /// The WAKERS hash (a few thousand pairs at most: aya's iterator).
-    fn read_wakers(&self) -> Result<HashMap<WakerKey, WakerCounters>, BpfError> {
-        let name = names::WAKERS;
-        let hash: AyaHashMap<&MapData, WakerKey, WakerCounters> =
-            AyaHashMap::try_from(self.map(name)?).map_err(map_err(name))?;
-        let mut out = HashMap::new();
-        for item in hash.iter() {
-            match item {
-                Ok((key, value)) => {
-                    out.insert(key, value);
-                }
-                Err(MapError::KeyNotFound) => continue,
-                Err(source) => return Err(BpfError::Map { name, source }),
-            }
-        }
-        Ok(out)
-    }
-
-    /// Deletes the pairs whose wakee process has ended, so the bounded
-    /// map keeps room for live ones. A wakeup counted between the last
-    /// read and this delete is lost with it, but that wakee is gone.
-    pub fn forget_wakers(&mut self, ended_wakees: &[u32]) -> Result<(), BpfError> {
-        if self.offcpu().is_none() || ended_wakees.is_empty() {
-            return Ok(());
-        }
-        let name = names::WAKERS;
-        let mut hash: AyaHashMap<&mut MapData, WakerKey, WakerCounters> =
-            AyaHashMap::try_from(self.map_mut(name)?).map_err(map_err(name))?;
-        let keys: Vec<WakerKey> = hash
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| ended_wakees.contains(&k.wakee_tgid))
-            .collect();
-        for key in keys {
-            let _ = hash.remove(&key);
-        }
-        Ok(())
     }
 
     /// One BPF_MAP_TYPE_HASH with u32 keys: iterated while it held at most

@@ -301,7 +301,11 @@ impl LoadSettings {
             (names::G_TRACK_OFFCPU, u32::from(self.offcpu.is_some())),
         ]);
         if let Some(o) = self.offcpu {
-            globals.push((names::G_LONG_BLOCK_US, o.long_block_us));
+            globals.extend([
+                (names::G_LONG_BLOCK_US, o.long_block_us),
+                (names::G_WAKER_SLOTS, o.max_waker_pairs),
+                (names::G_WAKER_CPUS, self.nr_cpus),
+            ]);
         }
         let free_pid_unset = |name: &str| name == names::G_FREE_PID && cfg.free_pid_from_record;
         globals.extend(
@@ -315,7 +319,7 @@ impl LoadSettings {
     }
 
     /// Every map's max_entries.
-    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 15] {
+    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 16] {
         let [events, stacks, fault_ctr, offcpu_start] =
             capture_map_sizes(cfg.capture, self.transport, self.ringbuf_ok, self.page);
         [
@@ -352,11 +356,21 @@ impl LoadSettings {
             stacks,
             fault_ctr,
             offcpu_start,
-            (
-                names::WAKERS,
-                self.offcpu.map_or(1, |o| o.max_waker_pairs.max(1)),
-            ),
+            (names::WAKERS, self.waker_slots()),
+            (names::WAKER_HALF, 1),
         ]
+    }
+
+    /// WAKERS' slots: two halves of one region of `max_waker_pairs` per
+    /// possible CPU (bpf_get_smp_processor_id() is below their count);
+    /// 1 while off-CPU accounting is off. Saturating: a size past u32
+    /// fails the map's creation, as memlock would long before.
+    pub(super) fn waker_slots(&self) -> u32 {
+        self.offcpu.map_or(1, |o| {
+            2u32.saturating_mul(self.nr_cpus)
+                .saturating_mul(o.max_waker_pairs)
+                .max(1)
+        })
     }
 
     /// Loads the object with these settings and `offsets`: creates the

@@ -4,9 +4,9 @@
 //! eBPF room reads the maps once a tick: the per-task counters arrive
 //! folded per process in the tick's rows and deltas, the (wakee, waker)
 //! pairs in `Tick::wakers`; this room takes the pairs' window deltas,
-//! deletes the pairs of ended wakees from the bounded map, and offers the
-//! columns, the figures rules read, the top pairs in status and the
-//! recording summary. Registered after the eBPF room (it reads what that
+//! has the pairs of ended wakees forgotten (`Accounting::forget_wakers`),
+//! and offers the columns, the figures rules read, the top pairs in status
+//! and the recording summary. Registered after the eBPF room (it reads what that
 //! room put in the tick).
 
 #[cfg(test)]
@@ -49,7 +49,7 @@ pub struct WakerPair {
 
 /// The room.
 pub struct Offcpu {
-    /// The programs, to delete ended wakees' pairs (None in unit tests).
+    /// The programs, to forget ended wakees' pairs (None in unit tests).
     programs: Option<Programs>,
     settings: OffcpuSettings,
     /// The pairs' cumulative counters at the last read.
@@ -156,7 +156,7 @@ impl Source for Offcpu {
             .map(|r| (r.tgid, r.main_thread_long_blocks))
             .collect();
         // An ended process wakes and is woken no more: its pairs go, so
-        // the bounded map keeps room for live ones.
+        // the bounded totals keep room for live ones.
         let ended: Vec<u32> = tick
             .rows
             .iter()
