@@ -45,6 +45,24 @@ fn mapped_tids(pid_max: u32, max_tasks: u32, max_processes: u32) -> (u32, u32, u
     }
 }
 
+/// Slots of one CPU's WAKERS region: the pair bound shared out over the
+/// CPUs (a pair woken from several CPUs takes a slot in each region it is
+/// counted in, and the daemon sums them), but at least
+/// `MIN_WAKER_REGION_SLOTS` so that a CPU doing most of the waking still
+/// has room, and never more than the bound itself. Memory is then
+/// 2 x 24 bytes x about max(`max_waker_pairs`, CPUs x 256) instead of
+/// 2 x 24 x CPUs x `max_waker_pairs` (1.5 MiB for 8 CPUs at 4096).
+pub(super) fn waker_region_slots(max_waker_pairs: u32, nr_cpus: u32) -> u32 {
+    max_waker_pairs
+        .div_ceil(nr_cpus.max(1))
+        .max(MIN_WAKER_REGION_SLOTS.min(max_waker_pairs))
+        .min(max_waker_pairs)
+        .max(1)
+}
+
+/// See `waker_region_slots`.
+const MIN_WAKER_REGION_SLOTS: u32 = 256;
+
 /// EXITED_RING's size for `max_exited` records: a power-of-two number of
 /// pages (the kernel's requirement), each record with the ring's 8-byte
 /// header.
@@ -303,7 +321,10 @@ impl LoadSettings {
         if let Some(o) = self.offcpu {
             globals.extend([
                 (names::G_LONG_BLOCK_US, o.long_block_us),
-                (names::G_WAKER_SLOTS, o.max_waker_pairs),
+                (
+                    names::G_WAKER_SLOTS,
+                    waker_region_slots(o.max_waker_pairs, self.nr_cpus),
+                ),
                 (names::G_WAKER_CPUS, self.nr_cpus),
             ]);
         }
@@ -361,14 +382,14 @@ impl LoadSettings {
         ]
     }
 
-    /// WAKERS' slots: two halves of one region of `max_waker_pairs` per
+    /// WAKERS' slots: two halves of one region (`waker_region_slots`) per
     /// possible CPU (bpf_get_smp_processor_id() is below their count);
     /// 1 while off-CPU accounting is off. Saturating: a size past u32
     /// fails the map's creation, as memlock would long before.
     pub(super) fn waker_slots(&self) -> u32 {
         self.offcpu.map_or(1, |o| {
             2u32.saturating_mul(self.nr_cpus)
-                .saturating_mul(o.max_waker_pairs)
+                .saturating_mul(waker_region_slots(o.max_waker_pairs, self.nr_cpus))
                 .max(1)
         })
     }
@@ -429,6 +450,19 @@ fn choose_btf_offsets(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waker_regions_share_the_pair_bound_over_the_cpus() {
+        // The default bound on a phone's 8 CPUs: 512 slots each.
+        assert_eq!(waker_region_slots(4096, 8), 512);
+        assert_eq!(waker_region_slots(4096, 2), 2048);
+        // Many CPUs: each keeps a useful region, all together above the bound.
+        assert_eq!(waker_region_slots(4096, 64), 256);
+        // A tiny bound is never exceeded by one region.
+        assert_eq!(waker_region_slots(16, 2), 16);
+        assert_eq!(waker_region_slots(16, 1), 16);
+        assert_eq!(waker_region_slots(1000, 3), 334);
+    }
 
     #[test]
     fn tid_arrays_cover_pid_max_where_it_is_small_and_the_hashes_the_rest() {
