@@ -150,6 +150,9 @@ fn setting(v: &'static u32) -> u32 {
 /// memory of a per-CPU hash.
 #[map(name = "TASKS")]
 static TASKS: HashMap<u32, TaskCounters> = HashMap::with_max_entries(16384, 0);
+/// One all-zero TaskCounters, never written; `task_slot` inserts it.
+#[map(name = "ZERO_TASK")]
+static ZERO_TASK: Array<TaskCounters> = Array::with_max_entries(1, 0);
 
 /// tgid -> fault counters of the whole process (survives thread exits).
 /// Threads of a process fault concurrently on several CPUs, so every
@@ -190,16 +193,19 @@ fn task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
     if let Some(p) = TASKS.get_ptr_mut(tid) {
         return Some(unsafe { &mut *p });
     }
-    // Fails with -E2BIG when the map is full. BPF_NOEXIST: never zero a
-    // value that is there (only this task inserts its tid; see TASKS).
-    // The stamp names this task's instance of the tid (see `born_ns`).
-    let fresh = TaskCounters {
-        born_ns: unsafe { bpf_ktime_get_ns() },
-        ..TaskCounters::default()
-    };
-    let _ = TASKS.insert(tid, fresh, BPF_NOEXIST as u64);
+    // -E2BIG when full. BPF_NOEXIST: only this task inserts its tid (see
+    // TASKS). From ZERO_TASK: a zeroed value on the stack is a memset call
+    // whose loop 5.10's verifier gives up on in bpfloader's object.
+    let zero = ZERO_TASK.get_ptr(0)?;
+    let _ = TASKS.insert(tid, unsafe { &*zero }, BPF_NOEXIST as u64);
     match TASKS.get_ptr_mut(tid) {
-        Some(p) => Some(unsafe { &mut *p }),
+        Some(p) => {
+            let t = unsafe { &mut *p };
+            if t.born_ns == 0 {
+                t.born_ns = unsafe { bpf_ktime_get_ns() };
+            }
+            Some(t)
+        }
         None => {
             count_drop(drop_reason::TASK_MAP_FULL);
             None

@@ -24,7 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use blazesym::symbolize::{source, Input, Symbolized, Symbolizer};
+use blazesym::symbolize::{source, Input, Symbolizer};
 use vitals_proto::protos::TracePacket;
 
 use crate::perfetto::fault_samples::{
@@ -383,14 +383,7 @@ impl FaultStacks {
                 src.debug_syms = false;
                 self.symbolizer
                     .symbolize(&source::Source::Elf(src), Input::FileOffset(&file_offsets))
-                    .map(|syms| {
-                        syms.iter()
-                            .map(|s| match s {
-                                Symbolized::Sym(s) => Some(s.name.to_string()),
-                                _ => None,
-                            })
-                            .collect()
-                    })
+                    .map(|syms| super::kernel_stacks::symbol_names(&syms))
                     .map_err(|e| Unsymbolised::permanent(format!("reading its symbols: {e}")))
             }
             Err(why) => Err(why.clone()),

@@ -69,14 +69,7 @@ impl KernelFrames {
             };
             self.symbolizer
                 .symbolize(&source::Source::Kernel(src), Input::AbsAddr(&todo))
-                .map(|syms| {
-                    syms.iter()
-                        .map(|s| match s {
-                            Symbolized::Sym(s) => Some(s.name.to_string()),
-                            _ => None,
-                        })
-                        .collect()
-                })
+                .map(|syms| symbol_names(&syms))
                 .map_err(|e| format!("reading /proc/kallsyms: {e}"))
         };
         let mut named = (0, 0);
@@ -131,6 +124,17 @@ fn kallsyms_visible(kallsyms: &Path) -> bool {
         .next()
         .and_then(|a| u64::from_str_radix(a, 16).ok())
         .is_some_and(|a| a != 0)
+}
+
+/// The names blazesym found, owned (its results borrow the symbolizer);
+/// None where an address resolved to no symbol.
+pub(super) fn symbol_names(syms: &[Symbolized]) -> Vec<Option<String>> {
+    syms.iter()
+        .map(|s| match s {
+            Symbolized::Sym(s) => Some(s.name.to_string()),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]

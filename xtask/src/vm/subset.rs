@@ -59,12 +59,6 @@ pub(super) const CI_SUBSET: &[(&str, &str, &[Arch])] = &[
     ("cts_tier", "pinned_spinners_wait_as_run_delay_says", &[]),
     ("cts_tier", "sleeper_switches_equal_status", &[]),
     ("cts_tier", "short_lived_threads_keep_their_time", &[]),
-    // Off-CPU accounting (issue #24) in every guest: blocked time in S and
-    // D against the workload's own timing, and the (wakee, waker) pairs
-    // against the wakeups it made, through the classic programs, which
-    // every kernel of the matrix takes (the tp_btf variant needs the 5.18
-    // sched_switch prototype, which the 5.10 cells lack).
-    ("offcpu", "blocked_time_and_wakers_classic", &[]),
 ];
 
 /// Tests `--full` leaves out, and why (`cargo xtask test` runs them all
