@@ -88,9 +88,9 @@ impl Accounting {
     /// totals keep room for live ones; their wakeups still in WAKERS are
     /// dropped for `FORGET_FOLDS` reads (a new process that takes the
     /// tgid that soon loses as much).
-    pub fn forget_wakers(&mut self, ended_wakees: &[u32]) -> Result<(), BpfError> {
+    pub fn forget_wakers(&mut self, ended_wakees: &[u32]) {
         if self.offcpu().is_none() || ended_wakees.is_empty() {
-            return Ok(());
+            return;
         }
         let m = self.mappings_mut();
         m.waker_totals
@@ -99,7 +99,6 @@ impl Accounting {
             .retain(|(t, _)| !ended_wakees.contains(t));
         m.wakers_forgotten
             .extend(ended_wakees.iter().map(|&t| (t, FORGET_FOLDS)));
-        Ok(())
     }
 }
 
