@@ -4,27 +4,12 @@ use vitals_proto::protos::trace_packet;
 #[test]
 fn own_stack_is_symbolised_and_interned_once() {
     // Symbolise an address of this very function in this process.
-    let me = std::process::id();
     let ip = own_stack_is_symbolised_and_interned_once as *const () as usize as u64;
     let mut fs = FaultStacks::new(Path::new("/proc"));
     for ts in [10, 20] {
-        fs.push(FaultRec {
-            kind: SampleKind::Fault,
-            ts,
-            cpu: 0,
-            tgid: me,
-            tid: me,
-            stack_id: 7,
-        });
+        fs.push(own_fault(ts, 0, 7));
     }
-    fs.push(FaultRec {
-        kind: SampleKind::Fault,
-        ts: 30,
-        cpu: 1,
-        tgid: me,
-        tid: me,
-        stack_id: -14,
-    });
+    fs.push(own_fault(30, 1, -14));
     let packets = fs.take_packets(false, |id| (id == 7).then(|| vec![ip]));
     assert_eq!(packets.len(), 3);
     let interned = packets[0].interned_data.as_ref().expect("interned data");
@@ -123,17 +108,22 @@ fn set_maps(proc: &Path, text: &str) {
     std::fs::write(maps, text).unwrap();
 }
 
-/// One sample of this process with a one-frame stack at `ip`.
-fn sample_at(fs: &mut FaultStacks, ts: u64) {
+/// A fault sample of this process (its main thread) at `ts` on `cpu`.
+fn own_fault(ts: u64, cpu: u32, stack_id: i64) -> FaultRec {
     let me = std::process::id();
-    fs.push(FaultRec {
+    FaultRec {
         kind: SampleKind::Fault,
         ts,
-        cpu: 0,
+        cpu,
         tgid: me,
         tid: me,
-        stack_id: 3,
-    });
+        stack_id,
+    }
+}
+
+/// One sample of this process with a one-frame stack at `ip`.
+fn sample_at(fs: &mut FaultStacks, ts: u64) {
+    fs.push(own_fault(ts, 0, 3));
 }
 
 fn own_ip() -> u64 {
