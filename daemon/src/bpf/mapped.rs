@@ -141,6 +141,22 @@ impl<T: Copy + PartialEq> MappedArray<T> {
         self.entries
     }
 
+    /// The u64 at byte `offset` of value `index` (< `entries`), e.g. a
+    /// slot's stamp, read without copying the whole value.
+    pub fn copy_u64(&self, index: u32, offset: usize) -> u64 {
+        assert!(index < self.entries, "index {index} past {}", self.entries);
+        assert!(offset + 8 <= std::mem::size_of::<T>() && offset.is_multiple_of(8));
+        // SAFETY: inside the value (checked above), 8-byte aligned as in
+        // `copy`.
+        unsafe {
+            std::ptr::read_volatile(
+                self.base
+                    .as_ptr()
+                    .add(index as usize * self.stride + offset) as *const u64,
+            )
+        }
+    }
+
     /// One copy of value `index` (< `entries`), for a value no program
     /// is writing (else `read_stable`).
     pub fn copy(&self, index: u32) -> T {
