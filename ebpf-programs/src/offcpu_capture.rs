@@ -8,8 +8,13 @@
 //! (FLAG_SCHED set), so the always-on path pays nothing for it.
 
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK, helpers::bpf_get_current_pid_tgid, helpers::bpf_ktime_get_boot_ns,
-    macros::map, maps::LruHashMap, programs::tracing::StackIdContext, EbpfContext,
+    bindings::BPF_F_USER_STACK,
+    helpers::bpf_get_current_pid_tgid,
+    helpers::bpf_ktime_get_boot_ns,
+    macros::map,
+    maps::{HashMap, LruHashMap},
+    programs::tracing::StackIdContext,
+    EbpfContext,
 };
 use vitals_common::{capture, OffcpuEvent, OffcpuStart, PREV_STATE_BLOCKED_MASK};
 
@@ -20,6 +25,14 @@ use crate::capture_tier::{capture_control, emit, header, CAPTURE_STACKS};
 /// Sized by the loader like the capture's other maps (1 entry without one).
 #[map(name = "OFFCPU_START")]
 static OFFCPU_START: LruHashMap<u32, OffcpuStart> = LruHashMap::with_max_entries(1, 0);
+
+/// tgid -> 1: the watched processes (`CaptureControl::offcpu_scope` ==
+/// OFFCPU_SCOPE_WATCHED), written by user space before it sets the flag.
+/// Preallocated (a run-time allocated hash in a tracing program draws the
+/// verifier's "unsafe" warning); 64 entries of 8 bytes is a few KiB.
+#[map(name = "OFFCPU_WATCH")]
+static OFFCPU_WATCH: HashMap<u32, u32> =
+    HashMap::with_max_entries(capture::OFFCPU_WATCH_MAX_TGIDS, 0);
 
 /// A stack id, or the helper's negative error: a kernel thread has no user
 /// stack, which is not a loss, so nothing is counted here.
@@ -42,7 +55,10 @@ pub(crate) fn on_switch_out<C: StackIdContext>(ctx: &C, prev: u32, prev_state: i
         return;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if c.offcpu_tgid != 0 && tgid != c.offcpu_tgid {
+    // Read only with the flag on: the always-on path never gets here.
+    if c.offcpu_scope == capture::OFFCPU_SCOPE_WATCHED
+        && unsafe { OFFCPU_WATCH.get(&tgid) }.is_none()
+    {
         return;
     }
     let start = OffcpuStart {

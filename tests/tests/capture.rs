@@ -433,7 +433,7 @@ fn lib_capture(
     use vitalsd::{
         bpf::Accounting,
         event_set::EventSet,
-        events::{EventOptions, EventRecorder, OffcpuWatch},
+        events::{EventOptions, EventRecorder, OffcpuWatch, WatchedProcesses},
         perfetto::TraceWriter,
     };
     require_root();
@@ -445,7 +445,7 @@ fn lib_capture(
         },
         offcpu: Some(OffcpuWatch {
             min_block_ns: 0,
-            tgid: None,
+            processes: WatchedProcesses::All,
         }),
         ..EventOptions::default()
     };

@@ -15,7 +15,7 @@ use vitalsd::{
     },
     config::{parse_duration, Config},
     event_set::EventSet,
-    events::{EventOptions, OffcpuWatch},
+    events::{EventOptions, OffcpuWatch, WatchedProcesses},
     heapprofd::{
         self, ContinuousDump, HeapProfileRequest, Heaps, RateLimiter, RateLimits, RequestLimits,
         RunnerConfig, SessionReport, SessionRunner, TargetStatus,
@@ -170,9 +170,10 @@ struct RecordArgs {
     /// waker's) of every thread; implies --sched.
     #[arg(long)]
     offcpu: bool,
-    /// Record the long blocks of this process only; implies --offcpu.
+    /// Record the long blocks of this process only (repeatable: these
+    /// processes); implies --offcpu.
     #[arg(long)]
-    offcpu_pid: Option<u32>,
+    offcpu_pid: Vec<u32>,
     /// A block this long or longer is recorded (with --offcpu).
     #[arg(long, default_value_t = OffcpuWatch::DEFAULT_MIN_BLOCK_NS / 1_000_000)]
     offcpu_min_ms: u64,
@@ -403,9 +404,13 @@ fn record_options(args: RecordArgs) -> (AccountingConfig, RecordOptions) {
         capture_buffer_kb,
         capture_transport,
     } = args;
-    let offcpu = (offcpu || offcpu_pid.is_some()).then_some(OffcpuWatch {
+    let offcpu = (offcpu || !offcpu_pid.is_empty()).then(|| OffcpuWatch {
         min_block_ns: offcpu_min_ms.saturating_mul(1_000_000),
-        tgid: offcpu_pid,
+        processes: if offcpu_pid.is_empty() {
+            WatchedProcesses::All
+        } else {
+            WatchedProcesses::of_pids(&offcpu_pid)
+        },
     });
     let capture = EventOptions {
         events: EventSet {
@@ -658,8 +663,13 @@ mod tests {
             one.offcpu,
             Some(OffcpuWatch {
                 min_block_ns: 100_000_000,
-                tgid: Some(42),
+                processes: WatchedProcesses::Tgids(vec![42]),
             })
+        );
+        let two = capture(&["--offcpu-pid", "43", "--offcpu-pid", "42"]);
+        assert_eq!(
+            two.offcpu.unwrap().processes,
+            WatchedProcesses::Tgids(vec![42, 43])
         );
     }
 }

@@ -16,7 +16,10 @@ pub mod drain;
 pub mod fault_stacks;
 mod kernel_stacks;
 mod mapped_files;
+pub mod offcpu_watch;
 pub mod transport;
+
+pub use offcpu_watch::{OffcpuWatch, WatchedProcesses};
 
 use std::{
     collections::{HashMap, HashSet},
@@ -75,30 +78,6 @@ pub struct EventOptions {
     pub offcpu: Option<OffcpuWatch>,
 }
 
-/// Which blocks a capture records with their stacks: a watched thread's
-/// block (switch-out while not runnable to the sched_waking ending it)
-/// at least `min_block_ns` long.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OffcpuWatch {
-    pub min_block_ns: u64,
-    /// The watched process; None: every thread.
-    pub tgid: Option<u32>,
-}
-
-impl OffcpuWatch {
-    /// One 60 Hz frame: a block this long is a jank on its own.
-    pub const DEFAULT_MIN_BLOCK_NS: u64 = 16_000_000;
-}
-
-impl Default for OffcpuWatch {
-    fn default() -> Self {
-        Self {
-            min_block_ns: Self::DEFAULT_MIN_BLOCK_NS,
-            tgid: None,
-        }
-    }
-}
-
 impl Default for EventOptions {
     fn default() -> Self {
         Self {
@@ -126,6 +105,9 @@ pub struct EventStats {
     pub lost_stacks: u64,
     /// Ring buffer full: long-block records lost.
     pub lost_offcpu: u64,
+    /// Watched processes (tgids) the capture's `OFFCPU_WATCH` had no
+    /// room for: their blocks are not recorded.
+    pub offcpu_watch_dropped: u64,
     /// Perf array only: samples the perf buffers reported lost
     /// (PERF_RECORD_LOST), summed over CPUs. The same drops the kernel-side
     /// counter sees as -ENOSPC, so a cross-check, not extra loss.
@@ -140,7 +122,7 @@ pub struct EventStats {
 impl EventStats {
     pub fn render(&self) -> String {
         format!(
-            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); {} long blocks ({} weighed as 10 s); ring buffer lost: {} sched, {} fault, {} long-block records; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
+            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); {} long blocks ({} weighed as 10 s); ring buffer lost: {} sched, {} fault, {} long-block records; {} watched processes dropped; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
             self.switch_events,
             self.waking_events,
             self.bundles,
@@ -156,6 +138,7 @@ impl EventStats {
             self.lost_sched,
             self.lost_faults,
             self.lost_offcpu,
+            self.offcpu_watch_dropped,
             self.lost_stacks,
             self.transport.map_or("none", EventTransport::name),
             self.perf_reported_lost,
@@ -200,9 +183,9 @@ impl EventRecorder {
         proc_root: &Path,
     ) -> Result<Self, EventsError> {
         let base_lost = transport::lost(acc)?;
-        let offcpu = opts.offcpu.filter(|_| opts.events.sched);
-        let ring = transport::start(acc, opts.events, opts.fault_period, offcpu)?;
-        let drainer = match Drainer::start(ring, opts.poll) {
+        let offcpu = opts.offcpu.as_ref().filter(|_| opts.events.sched);
+        let started = transport::start(acc, opts.events, opts.fault_period, offcpu)?;
+        let drainer = match Drainer::start(started.output, opts.poll) {
             Ok(d) => d,
             Err(e) => {
                 // The flag is off again and the transport no longer lent.
@@ -245,6 +228,7 @@ impl EventRecorder {
             block_tracks: OffcpuBlocks::new(),
             stats: EventStats {
                 transport: Some(transport),
+                offcpu_watch_dropped: started.offcpu_watch_dropped,
                 ..EventStats::default()
             },
         })

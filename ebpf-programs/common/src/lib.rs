@@ -317,6 +317,16 @@ pub mod capture {
     pub const KIND_FAULT: u32 = 3;
     pub const KIND_OFFCPU: u32 = 4;
 
+    /// `CaptureControl::offcpu_scope`: every thread is watched.
+    pub const OFFCPU_SCOPE_ALL: u32 = 0;
+    /// `CaptureControl::offcpu_scope`: only threads whose tgid is a key of
+    /// `OFFCPU_WATCH` (an empty map watches none).
+    pub const OFFCPU_SCOPE_WATCHED: u32 = 1;
+    /// `OFFCPU_WATCH`'s max_entries: the processes one capture can watch.
+    /// A fixed bound (the programs are loaded once, the list comes from a
+    /// config that reloads); user space counts the tgids it could not add.
+    pub const OFFCPU_WATCH_MAX_TGIDS: u32 = 64;
+
     /// Indexes into the per-CPU `CAPTURE_LOST` array.
     pub mod lost {
         /// Ring buffer (or perf buffer) full: a sched_switch/sched_waking
@@ -345,8 +355,9 @@ pub struct CaptureControl {
     /// FLAG_OFFCPU: a block at least this long (switch-out to the
     /// sched_waking that ends it) is recorded.
     pub offcpu_min_ns: u64,
-    /// FLAG_OFFCPU: the watched process (tgid); 0 watches every thread.
-    pub offcpu_tgid: u32,
+    /// FLAG_OFFCPU: `capture::OFFCPU_SCOPE_*`, which threads' blocks:
+    /// every thread's, or only those of the processes in `OFFCPU_WATCH`.
+    pub offcpu_scope: u32,
     pub _pad: u32,
 }
 
@@ -463,6 +474,8 @@ pub mod names {
     pub const CAPTURE_STACKS: &str = "CAPTURE_STACKS";
     pub const CAPTURE_FAULT_CTR: &str = "CAPTURE_FAULT_CTR";
     pub const OFFCPU_START: &str = "OFFCPU_START";
+    /// tgid -> 1: the processes an off-CPU capture watches.
+    pub const OFFCPU_WATCH: &str = "OFFCPU_WATCH";
     pub const WAKERS: &str = "WAKERS";
     /// WAKERS' active half (0 or 1), written by user space through mmap.
     pub const WAKER_HALF: &str = "WAKER_HALF";

@@ -144,6 +144,11 @@ impl PinnedCapture {
         if let Ok(offcpu) = open_pinned_maps(dir, &[names::OFFCPU_START]) {
             maps.extend(offcpu);
         }
+        // Optional the same way: without it a capture can watch every
+        // thread only (`events::transport::watch_tgids` says so).
+        if let Ok(watch) = open_pinned_maps(dir, &[names::OFFCPU_WATCH]) {
+            maps.extend(watch);
+        }
         let events = open_pinned_maps(dir, &[names::CAPTURE_EVENTS]).map_err(|e| e.to_string())?;
         let Some(aya::maps::Map::RingBuf(data)) = events.into_values().next() else {
             return Err(format!(

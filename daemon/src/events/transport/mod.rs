@@ -25,7 +25,7 @@ use vitals_common::{capture, names, CaptureControl, OffcpuStart};
 use crate::{
     bpf::{map_err, Accounting, BpfError, IdleTransport},
     event_set::EventSet,
-    events::OffcpuWatch,
+    events::{OffcpuWatch, WatchedProcesses},
 };
 
 /// The user-space end of the capture transport: lent to a capture by
@@ -72,16 +72,23 @@ fn give_back(idle: &mut IdleTransport, out: EventOutput) {
     }
 }
 
-/// Starts emitting capture records: attaches sched_waking (with
-/// `events.sched`) and sets the CAPTURE flag to `events`. Returns the output,
-/// which the caller drains and hands back to `stop`. Attaching needs
-/// CAP_PERFMON: start captures before dropping it.
+/// A started capture's output, which the caller drains and hands back to
+/// `stop`, and how many watched processes `OFFCPU_WATCH` had no room for.
+pub struct Started {
+    pub output: EventOutput,
+    pub offcpu_watch_dropped: u64,
+}
+
+/// Starts emitting capture records: fills `OFFCPU_WATCH` with the watched
+/// processes, attaches sched_waking (with `events.sched`) and sets the
+/// CAPTURE flag to `events`. Attaching needs CAP_PERFMON: start captures
+/// before dropping it.
 pub fn start(
     acc: &mut Accounting,
     events: EventSet,
     fault_period: u32,
-    offcpu: Option<OffcpuWatch>,
-) -> Result<EventOutput, BpfError> {
+    offcpu: Option<&OffcpuWatch>,
+) -> Result<Started, BpfError> {
     if acc.capture_sizing().is_none() {
         return Err(BpfError::CaptureNotConfigured);
     }
@@ -108,6 +115,10 @@ pub fn start(
             }
         }
     }
+    let offcpu_watch_dropped = match offcpu.map(|w| &w.processes) {
+        Some(WatchedProcesses::Tgids(tgids)) => watch_tgids(acc, tgids)?,
+        _ => 0,
+    };
     let slot = acc.transport_slot();
     let ring = lend(slot.idle.as_mut().ok_or(BpfError::CaptureNotConfigured)?)?;
     slot.lent = true;
@@ -124,11 +135,53 @@ pub fn start(
             flags: events.flags() | offcpu.map_or(0, |_| capture::FLAG_OFFCPU),
             fault_period: fault_period.max(1),
             offcpu_min_ns: offcpu.map_or(0, |w| w.min_block_ns),
-            offcpu_tgid: offcpu.and_then(|w| w.tgid).unwrap_or(0),
+            offcpu_scope: match offcpu.map(|w| &w.processes) {
+                Some(WatchedProcesses::Tgids(_)) => capture::OFFCPU_SCOPE_WATCHED,
+                _ => capture::OFFCPU_SCOPE_ALL,
+            },
             _pad: 0,
         },
     )?;
-    Ok(ring)
+    Ok(Started {
+        output: ring,
+        offcpu_watch_dropped,
+    })
+}
+
+/// `OFFCPU_WATCH` holds exactly `tgids` (an earlier capture's are
+/// removed); returns how many did not fit (the map is full at
+/// `capture::OFFCPU_WATCH_MAX_TGIDS`). An object pinned before the map
+/// existed has none: it then watches nothing, every tgid counted dropped.
+fn watch_tgids(acc: &mut Accounting, tgids: &[u32]) -> Result<u64, BpfError> {
+    let Ok(map) = acc.map_mut(names::OFFCPU_WATCH) else {
+        log::warn!(
+            "capture: the loaded programs have no {}; no process is watched",
+            names::OFFCPU_WATCH
+        );
+        return Ok(tgids.len() as u64);
+    };
+    let mut watch: HashMap<_, u32, u32> =
+        HashMap::try_from(map).map_err(map_err(names::OFFCPU_WATCH))?;
+    let old: Vec<u32> = watch.keys().filter_map(Result::ok).collect();
+    for tgid in old {
+        let _ = watch.remove(&tgid);
+    }
+    let mut dropped = 0;
+    for &tgid in tgids {
+        // E2BIG once full: counted, the capture goes on with the others.
+        if watch.insert(tgid, 1, 0).is_err() {
+            dropped += 1;
+        }
+    }
+    if dropped > 0 {
+        log::warn!(
+            "capture: {dropped} of {} watched processes did not fit {} ({} entries)",
+            tgids.len(),
+            names::OFFCPU_WATCH,
+            capture::OFFCPU_WATCH_MAX_TGIDS
+        );
+    }
+    Ok(dropped)
 }
 
 /// Clears the CAPTURE flag and detaches sched_waking. Records already in
