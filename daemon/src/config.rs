@@ -9,10 +9,12 @@ use std::{
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
-use crate::bpf::{AccountingChoice, EventMemory, FaultSourceChoice};
+use crate::bpf::{AccountingChoice, FaultSourceChoice};
 
+mod capture;
 mod file;
 mod rules;
+pub use capture::{BackendChoice, CaptureSettings};
 use file::read_config_file;
 pub use file::{bounded, MAX_CONFIG_BYTES, MAX_MESSAGE_BYTES};
 pub use rules::{Metric, Prelude, RecordingSpec, Rule, Watch};
@@ -171,66 +173,6 @@ pub struct Config {
     pub capture: CaptureSettings,
     #[serde(rename = "rule")]
     pub rules: Vec<Rule>,
-}
-
-/// `capture.backend`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BackendChoice {
-    /// The first registered backend available on the daemon's tier: eBPF
-    /// when the daemon has eBPF accounting, else Perfetto.
-    #[default]
-    Auto,
-    Ebpf,
-    Perfetto,
-}
-
-impl BackendChoice {
-    /// The registered backend's name this choice asks for; None: auto.
-    pub fn named(self) -> Option<&'static str> {
-        match self {
-            BackendChoice::Auto => None,
-            BackendChoice::Ebpf => Some("ebpf"),
-            BackendChoice::Perfetto => Some("perfetto"),
-        }
-    }
-}
-
-/// How the daemon's captures (rules', `vitalsctl capture`) record, and the
-/// kernel memory the eBPF capture tier reserves at start.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CaptureSettings {
-    /// "auto": the eBPF capture tier when the daemon has eBPF accounting,
-    /// else a Perfetto session of traced's own data sources; "ebpf" (a
-    /// capture /proc-only then fails); "perfetto" (through
-    /// `heapprofd.consumer`, as heap profiles).
-    pub backend: BackendChoice,
-    /// The eBPF capture ring buffer (see [`EventMemory`]).
-    pub buffer_bytes: u32,
-    /// The eBPF sampled-fault stack map's entries (see [`EventMemory`]).
-    pub stack_entries: u32,
-}
-
-impl Default for CaptureSettings {
-    fn default() -> Self {
-        let m = EventMemory::default();
-        Self {
-            backend: Default::default(),
-            buffer_bytes: m.buffer_bytes,
-            stack_entries: m.stack_entries,
-        }
-    }
-}
-
-impl CaptureSettings {
-    /// The eBPF capture tier's memory, as the programs are loaded with.
-    pub fn memory(&self) -> EventMemory {
-        EventMemory {
-            buffer_bytes: self.buffer_bytes,
-            stack_entries: self.stack_entries,
-        }
-    }
 }
 
 /// `vitalsd run` as a producer of the system tracing service (traced), in
@@ -569,6 +511,9 @@ impl Config {
         if let Err((key, message)) = self.capture.memory().check() {
             return bad(&format!("capture.{key}"), message);
         }
+        if let Err((key, message)) = self.capture.check_offcpu() {
+            return bad(&format!("capture.{key}"), message);
+        }
         if self.store.quota_bytes < 1 << 20 {
             return bad("store.quota_bytes", "must be at least 1 MiB".into());
         }
@@ -672,12 +617,38 @@ impl Config {
                     );
                 }
             }
+            if r.capture.offcpu {
+                self.check_rule_offcpu(r)
+                    .or_else(|m| bad(&key("capture.offcpu"), m))?;
+            }
             if r.capture.heap_profile && r.capture.heap_allowlist.is_empty() {
                 return bad(
                     &key("capture.heap_allowlist"),
                     "heap_profile needs an allowlist".into(),
                 );
             }
+        }
+        Ok(())
+    }
+
+    /// A rule's `capture.offcpu`: a backend that records it, and processes
+    /// to watch when the metric has no offending process.
+    fn check_rule_offcpu(&self, r: &Rule) -> Result<(), String> {
+        if self.capture.backend == BackendChoice::Perfetto {
+            return Err(
+                "off-CPU stacks are recorded by the ebpf capture backend only \
+                        (capture.backend = \"perfetto\")"
+                    .into(),
+            );
+        }
+        if matches!(r.metric.watch(), Some(Watch::System { .. }))
+            && !self.capture.offcpu_watches_without_offender()
+        {
+            return Err(
+                "a system-wide metric has no offending process to watch: name \
+                        processes in capture.offcpu_watch (or set capture.offcpu_watch_all)"
+                    .into(),
+            );
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ use thiserror::Error;
 use crate::{
     bpf::denied::ProcOnly,
     event_set::EventSet,
+    events::OffcpuRequest,
     heapprofd::{in_session::HeapInSession, route::RunnerConfig},
     history::History,
     pipeline::Pipeline,
@@ -53,6 +54,9 @@ pub struct Window {
     /// A heap profile in the recording's own session, on a backend that
     /// has one ([`RecordingBackend::heap_in_session`]).
     pub heap: Option<HeapInSession>,
+    /// Off-CPU stacks of the watched processes (`capture = { offcpu =
+    /// true }`, `vitalsctl capture --offcpu`); the eBPF backend only.
+    pub offcpu: Option<OffcpuRequest>,
 }
 
 /// Where a recording goes.

@@ -137,6 +137,7 @@ impl Daemon {
             duration_s: 0.5,
             sched: false,
             faults: false,
+            offcpu: None,
         });
         let id = v["id"].as_str().unwrap().to_owned();
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -50,6 +50,7 @@ fn start_recording(d: &Daemon, duration_s: f64, sched: bool, faults: bool) -> St
         duration_s,
         sched,
         faults,
+        offcpu: None,
     });
     v["id"]
         .as_str()

@@ -123,6 +123,7 @@ fn kill_9_during_a_capture_salvages_its_whole_packets() {
         duration_s: 30.0,
         sched: false,
         faults: false,
+        offcpu: None,
     });
     let id = v["id"].as_str().unwrap().to_owned();
     d.wait_status("the capture to run", Duration::from_secs(10), |st| {
@@ -188,6 +189,7 @@ fn kill_9_during_a_capture_salvages_its_whole_packets() {
         duration_s: 0.5,
         sched: false,
         faults: false,
+        offcpu: None,
     });
     let id = v["id"].as_str().unwrap().to_owned();
     d.wait_status("the new capture", Duration::from_secs(15), |st| {
@@ -203,6 +205,7 @@ fn sigterm_cuts_a_running_capture_and_stores_it() {
         duration_s: 60.0,
         sched: false,
         faults: false,
+        offcpu: None,
     });
     let id = v["id"].as_str().unwrap().to_owned();
     std::thread::sleep(Duration::from_millis(1500));
@@ -263,6 +266,7 @@ fn a_full_disk_costs_at_most_that_capture_and_the_daemon_keeps_going() {
         duration_s: 3.0,
         sched: true,
         faults: false,
+        offcpu: None,
     });
     let id = v["id"].as_str().unwrap().to_owned();
     let st = d.wait_status("the capture to end", Duration::from_secs(30), |st| {
@@ -313,6 +317,7 @@ fn a_full_disk_costs_at_most_that_capture_and_the_daemon_keeps_going() {
         duration_s: 0.3,
         sched: false,
         faults: false,
+        offcpu: None,
     });
     let id2 = v["id"].as_str().unwrap().to_owned();
     d.wait_status("the small capture", Duration::from_secs(15), |st| {
@@ -380,6 +385,7 @@ fn a_capture_reaching_max_capture_bytes_is_cut_and_older_captures_survive() {
             duration_s,
             sched,
             faults: false,
+            offcpu: None,
         });
         let id = v["id"].as_str().unwrap_or_else(|| panic!("{v}")).to_owned();
         d.wait_status("the capture to end", Duration::from_secs(60), |st| {
@@ -463,6 +469,7 @@ fn the_capture_ring_is_mapped_only_while_a_capture_runs() {
             duration_s: 2.0,
             sched: true,
             faults: false,
+            offcpu: None,
         });
         let id = v["id"].as_str().unwrap().to_owned();
         let mut most_kb = 0;

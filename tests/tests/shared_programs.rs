@@ -65,6 +65,7 @@ fn a_daemon_capture_runs_the_daemons_one_set_of_programs() {
         duration_s: 3.0,
         sched: true,
         faults: false,
+        offcpu: None,
     });
     let id = started["id"].as_str().unwrap().to_owned();
     d.wait_status("the capture to run", Duration::from_secs(10), |st| {

@@ -284,6 +284,7 @@ fn service_capture_and_its_export_import_like_a_recording() {
         duration_s: 5.0,
         sched: true,
         faults: true,
+        offcpu: None,
     });
     let id = v["id"].as_str().unwrap().to_owned();
     d.wait_status("the capture to run", Duration::from_secs(10), |st| {

@@ -16,7 +16,11 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use serde::Serialize;
 use vitalsd::{
-    control::{printable, protocol::Status, render, Client},
+    control::{
+        printable,
+        protocol::{OffcpuAsk, Status},
+        render, Client,
+    },
     heapprofd::TraceOutcome,
     store::EntryMeta,
 };
@@ -84,6 +88,14 @@ enum Cmd {
         sched: bool,
         #[arg(long)]
         faults: bool,
+        /// Off-CPU stacks (each long block's, and its waker's) of the
+        /// processes the daemon's config lists in capture.offcpu_watch;
+        /// implies --sched.
+        #[arg(long)]
+        offcpu: bool,
+        /// Watch this process too (repeatable); implies --offcpu.
+        #[arg(long)]
+        offcpu_pid: Vec<u32>,
         /// Return as soon as the capture has started.
         #[arg(long)]
         no_wait: bool,
@@ -149,8 +161,15 @@ fn run() -> Result<()> {
             duration,
             sched,
             faults,
+            offcpu,
+            offcpu_pid,
             no_wait,
-        } => capture(&mut c, json, duration, sched, faults, no_wait)?,
+        } => {
+            let offcpu =
+                (offcpu || !offcpu_pid.is_empty()).then_some(OffcpuAsk { pids: offcpu_pid });
+            let sched = sched || offcpu.is_some();
+            capture(&mut c, json, duration, (sched, faults, offcpu), no_wait)?
+        }
         Cmd::Heap {
             name,
             pid,
@@ -198,11 +217,10 @@ fn capture(
     c: &mut Client,
     json: bool,
     duration: Duration,
-    sched: bool,
-    faults: bool,
+    (sched, faults, offcpu): (bool, bool, Option<OffcpuAsk>),
     no_wait: bool,
 ) -> Result<()> {
-    let v = c.capture(duration.as_secs_f64(), sched, faults)?;
+    let v = c.capture(duration.as_secs_f64(), sched, faults, offcpu)?;
     let id = v.id.clone();
     if !json {
         eprintln!("capture {id} started ({duration:?})");

@@ -113,12 +113,17 @@ pub struct Rule {
 
 /// The capture a rule asks for (`capture = { … }`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(from = "RecordingSpecFile", into = "RecordingSpecFile")]
+#[serde(try_from = "RecordingSpecFile", into = "RecordingSpecFile")]
 pub struct RecordingSpec {
     pub duration: Dur,
     /// The kernel events the window records (`sched`, `faults` in the
     /// file); [`EventSet::RULE_DEFAULT`] when it names neither.
     pub events: EventSet,
+    /// Off-CPU stacks (issue #24): each long block (`sampling.long_block`)
+    /// of a watched thread with its stack at switch-out and its waker's at
+    /// sched_waking. Watched: the rule's offending process, and the
+    /// processes `capture.offcpu_watch` names. Needs `sched`.
+    pub offcpu: bool,
     /// heapprofd profile of the offending process when allowlisted.
     pub heap_profile: bool,
     /// Process names (normalised cmdline) a heap profile may target.
@@ -145,6 +150,7 @@ impl Default for RecordingSpec {
         Self {
             duration: Dur(Duration::from_secs(10)),
             events: EventSet::RULE_DEFAULT,
+            offcpu: false,
             heap_profile: false,
             heap_allowlist: Vec::new(),
             heap_installers: Vec::new(),
@@ -162,6 +168,7 @@ struct RecordingSpecFile {
     duration: Dur,
     sched: bool,
     faults: bool,
+    offcpu: bool,
     heap_profile: bool,
     heap_allowlist: Vec<String>,
     heap_installers: Vec<String>,
@@ -174,19 +181,30 @@ impl Default for RecordingSpecFile {
     }
 }
 
-impl From<RecordingSpecFile> for RecordingSpec {
-    fn from(f: RecordingSpecFile) -> Self {
-        Self {
+impl TryFrom<RecordingSpecFile> for RecordingSpec {
+    type Error = &'static str;
+
+    fn try_from(f: RecordingSpecFile) -> Result<Self, Self::Error> {
+        // The blocks are cut from the capture's own sched_switch and
+        // sched_waking records; with sched off none are taken.
+        if f.offcpu && !f.sched {
+            return Err(
+                "capture.offcpu needs the CPU timeline: drop `sched = false` \
+                        (the blocks are found in its sched_switch/sched_waking records)",
+            );
+        }
+        Ok(Self {
             duration: f.duration,
             events: EventSet {
                 sched: f.sched,
                 faults: f.faults,
             },
+            offcpu: f.offcpu,
             heap_profile: f.heap_profile,
             heap_allowlist: f.heap_allowlist,
             heap_installers: f.heap_installers,
             prelude: f.prelude,
-        }
+        })
     }
 }
 
@@ -196,6 +214,7 @@ impl From<RecordingSpec> for RecordingSpecFile {
             duration: s.duration,
             sched: s.events.sched,
             faults: s.events.faults,
+            offcpu: s.offcpu,
             heap_profile: s.heap_profile,
             heap_allowlist: s.heap_allowlist,
             heap_installers: s.heap_installers,

@@ -130,6 +130,103 @@ fn a_rules_capture_records_sched_unless_it_says_otherwise() {
     assert!(e.contains("shed"), "{e}");
 }
 
+/// `capture = { offcpu = true }` and `[capture] offcpu_watch`: a
+/// process rule watches its offender; a system-wide rule needs the list
+/// (or offcpu_watch_all); every bad input names its key.
+#[test]
+fn offcpu_capture_keys_parse_and_bad_ones_name_the_key() {
+    let cfg = |capture_table: &str, metric: &str, capture: &str| {
+        parse(&format!(
+            "{capture_table}\n[[rule]]\nname = \"r\"\nmetric = {metric}\n\
+             threshold = 2\nwindow = \"10s\"\ncooldown = \"1m\"\ncapture = {capture}\n"
+        ))
+    };
+    const PROCESS: &str = r#"{ kind = "main_thread_long_blocks", process = "app" }"#;
+    const SYSTEM: &str = r#"{ kind = "system_cpu_busy_pct" }"#;
+    let c = cfg("", PROCESS, "{ offcpu = true }").unwrap();
+    assert!(c.rules[0].capture.offcpu);
+    // The CPU timeline stays on (a rule's default): the blocks are cut
+    // from it.
+    assert!(c.rules[0].capture.events.sched);
+    assert!(c.capture.offcpu_watch.is_empty() && !c.capture.offcpu_watch_all);
+    assert!(
+        !cfg("", PROCESS, "{ duration = \"2s\" }").unwrap().rules[0]
+            .capture
+            .offcpu
+    );
+    let c = cfg(
+        "[capture]\noffcpu_watch = [\"surfaceflinger\", \"system_server\"]",
+        SYSTEM,
+        "{ offcpu = true, faults = true }",
+    )
+    .unwrap();
+    assert_eq!(c.capture.offcpu_watch, ["surfaceflinger", "system_server"]);
+    assert!(c.rules[0].capture.offcpu && c.rules[0].capture.events.faults);
+    let c = cfg(
+        "[capture]\noffcpu_watch_all = true",
+        SYSTEM,
+        "{ offcpu = true }",
+    )
+    .unwrap();
+    assert!(c.capture.offcpu_watch_all);
+    // Round trip through the effective config.
+    assert_eq!(parse(&c.to_toml()).unwrap(), c);
+
+    let err = |t: &str, m: &str, cap: &str| cfg(t, m, cap).unwrap_err().to_string();
+    let e = err("", SYSTEM, "{ offcpu = true }");
+    assert!(
+        e.contains("capture.offcpu") && e.contains("offcpu_watch") && e.contains("system-wide"),
+        "{e}"
+    );
+    let e = err("", PROCESS, "{ offcpu = true, sched = false }");
+    assert!(e.contains("offcpu needs the CPU timeline"), "{e}");
+    let e = err("", PROCESS, "{ ofcpu = true }");
+    assert!(e.contains("ofcpu"), "{e}");
+    let e = err("", PROCESS, "{ offcpu = \"yes\" }");
+    assert!(e.contains("offcpu") || e.contains("yes"), "{e}");
+    let e = err("[capture]\noffcpu_watch = [\"sys*\"]", PROCESS, "{}");
+    assert!(
+        e.contains("capture.offcpu_watch") && e.contains("no globs"),
+        "{e}"
+    );
+    let e = err(
+        "[capture]\noffcpu_watch = [\"/system/bin/surfaceflinger\"]",
+        PROCESS,
+        "{}",
+    );
+    assert!(
+        e.contains("capture.offcpu_watch") && e.contains("sys"),
+        "{e}"
+    );
+    let e = err("[capture]\noffcpu_watch = [\"\"]", PROCESS, "{}");
+    assert!(e.contains("capture.offcpu_watch"), "{e}");
+    let e = err(
+        "[capture]\noffcpu_watch = \"surfaceflinger\"",
+        PROCESS,
+        "{}",
+    );
+    assert!(e.contains("offcpu_watch"), "{e}");
+    let e = err(
+        "[capture]\noffcpu_watch = [\"a\"]\noffcpu_watch_all = true",
+        PROCESS,
+        "{}",
+    );
+    assert!(e.contains("capture.offcpu_watch_all"), "{e}");
+    let many: Vec<String> = (0..65).map(|i| format!("\"p{i}\"")).collect();
+    let e = err(
+        &format!("[capture]\noffcpu_watch = [{}]", many.join(", ")),
+        PROCESS,
+        "{}",
+    );
+    assert!(e.contains("at most 64"), "{e}");
+    let e = err(
+        "[capture]\nbackend = \"perfetto\"",
+        PROCESS,
+        "{ offcpu = true }",
+    );
+    assert!(e.contains("capture.offcpu") && e.contains("ebpf"), "{e}");
+}
+
 #[test]
 fn durations() {
     assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));

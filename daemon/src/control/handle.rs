@@ -24,14 +24,19 @@ pub(super) async fn handle(req: Request, shared: &Shared) -> Vec<u8> {
             duration_s,
             sched,
             faults,
+            offcpu,
         } => {
             if !(duration_s.is_finite() && duration_s > 0.0 && duration_s <= 3600.0) {
                 return refuse("duration_s must be in (0, 3600]");
+            }
+            if let Some(Err(e)) = offcpu.as_ref().map(|o| o.check(sched)) {
+                return refuse(e);
             }
             frame(
                 &ask_main_loop(shared, |reply| Command::Capture {
                     duration: Duration::from_secs_f64(duration_s),
                     events: EventSet { sched, faults },
+                    offcpu_pids: offcpu.map(|o| o.pids),
                     reply,
                 })
                 .await,

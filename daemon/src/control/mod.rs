@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 use thiserror::Error;
 
 use crate::store::EntryMeta;
-use protocol::{ConfigReply, Deleted, DumpReply, ExportHead, Started, Status, TopReply};
+use protocol::{ConfigReply, Deleted, DumpReply, ExportHead, OffcpuAsk, Started, Status, TopReply};
 pub use protocol::{Request, Response};
 
 #[derive(Debug, Error)]
@@ -153,11 +153,13 @@ impl Client {
         duration_s: f64,
         sched: bool,
         faults: bool,
+        offcpu: Option<OffcpuAsk>,
     ) -> Result<Started, ClientError> {
         self.call(&Request::Capture {
             duration_s,
             sched,
             faults,
+            offcpu,
         })
     }
 

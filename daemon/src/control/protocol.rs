@@ -37,6 +37,10 @@ pub enum Request {
         sched: bool,
         #[serde(default)]
         faults: bool,
+        /// Off-CPU stacks of the watched processes (issue #24); absent:
+        /// none. Needs `sched`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        offcpu: Option<OffcpuAsk>,
     },
     /// A heapprofd profile of a process (by name and/or pid), stored as a
     /// capture. Replies [`Started`].
@@ -59,6 +63,38 @@ pub enum Request {
     /// A bugreport section: status, recent triggers, store summary.
     /// Replies [`DumpReply`].
     Dump {},
+}
+
+/// `capture`'s `offcpu`: `{}` watches the processes `capture.offcpu_watch`
+/// names (or every thread with `capture.offcpu_watch_all`); `pids` adds
+/// these processes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OffcpuAsk {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pids: Vec<u32>,
+}
+
+impl OffcpuAsk {
+    /// What the request itself gets wrong, before the daemon looks at its
+    /// config (`capture.offcpu_watch`).
+    pub fn check(&self, sched: bool) -> Result<(), String> {
+        let max = vitals_common::capture::OFFCPU_WATCH_MAX_TGIDS as usize;
+        if !sched {
+            return Err(
+                "offcpu needs sched: true (the blocks are cut from the CPU timeline's \
+                        sched_switch and sched_waking records)"
+                    .into(),
+            );
+        }
+        if self.pids.contains(&0) {
+            return Err("offcpu.pids: 0 is not a process (pid 0 is the idle task)".into());
+        }
+        if self.pids.len() > max {
+            return Err(format!("offcpu.pids: at most {max} processes"));
+        }
+        Ok(())
+    }
 }
 
 fn default_top() -> usize {
@@ -334,7 +370,8 @@ mod tests {
             Request::Capture {
                 duration_s: 2.0,
                 sched: true,
-                faults: false
+                faults: false,
+                offcpu: None,
             }
         );
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"reboot"}"#).is_err());
@@ -424,5 +461,52 @@ mod tests {
             crate::event_set::EventSet { sched, faults },
             crate::event_set::EventSet::NONE
         );
+    }
+
+    /// `offcpu` is an object with `pids` only; a request the daemon could
+    /// not act on is refused before it reaches the main loop.
+    #[test]
+    fn an_offcpu_capture_request_is_checked() {
+        let parse = |s: &str| serde_json::from_str::<Request>(s);
+        let Request::Capture { offcpu, sched, .. } =
+            parse(r#"{"cmd":"capture","sched":true,"offcpu":{"pids":[42,7]}}"#).unwrap()
+        else {
+            panic!("not a capture");
+        };
+        let ask = offcpu.unwrap();
+        assert_eq!(ask.pids, vec![42, 7]);
+        assert_eq!(ask.check(sched), Ok(()));
+        let Request::Capture { offcpu, .. } =
+            parse(r#"{"cmd":"capture","sched":true,"offcpu":{}}"#).unwrap()
+        else {
+            panic!("not a capture");
+        };
+        assert_eq!(offcpu, Some(OffcpuAsk::default()));
+        // Malformed: the daemon never sees these.
+        for bad in [
+            r#"{"cmd":"capture","offcpu":true}"#,
+            r#"{"cmd":"capture","offcpu":{"pid":3}}"#,
+            r#"{"cmd":"capture","offcpu":{"pids":[-1]}}"#,
+            r#"{"cmd":"capture","offcpu":{"pids":"3"}}"#,
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        let e = OffcpuAsk { pids: vec![3] }.check(false).unwrap_err();
+        assert!(e.contains("needs sched"), "{e}");
+        let e = OffcpuAsk { pids: vec![0] }.check(true).unwrap_err();
+        assert!(e.contains("pid 0"), "{e}");
+        let many = OffcpuAsk {
+            pids: (1..=65).collect(),
+        };
+        assert!(many.check(true).unwrap_err().contains("at most 64"));
+        // Absent from the wire when off: older daemons read the request.
+        let wire = serde_json::to_string(&Request::Capture {
+            duration_s: 1.0,
+            sched: true,
+            faults: false,
+            offcpu: None,
+        })
+        .unwrap();
+        assert!(!wire.contains("offcpu"), "{wire}");
     }
 }

@@ -25,6 +25,9 @@ pub enum Command {
     Capture {
         duration: Duration,
         events: EventSet,
+        /// Off-CPU stacks of these processes and `capture.offcpu_watch`'s;
+        /// None: off.
+        offcpu_pids: Option<Vec<u32>>,
         reply: oneshot::Sender<Result<String, String>>,
     },
     Heap {

@@ -19,7 +19,7 @@ mod mapped_files;
 pub mod offcpu_watch;
 pub mod transport;
 
-pub use offcpu_watch::{OffcpuWatch, WatchedProcesses};
+pub use offcpu_watch::{OffcpuRequest, OffcpuWatch, WatchedProcesses};
 
 use std::{
     collections::{HashMap, HashSet},

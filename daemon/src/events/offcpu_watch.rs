@@ -40,6 +40,34 @@ impl Default for OffcpuWatch {
     }
 }
 
+/// What a daemon capture asks to watch, before it starts: resolved to
+/// [`OffcpuWatch`] in the recording's thread as it starts (a /proc walk
+/// for the names), not on the daemon's main loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffcpuRequest {
+    /// `sampling.long_block`: the same "long" as the off-CPU accounting.
+    pub min_block_ns: u64,
+    /// The rule's offending process, or `vitalsctl capture --offcpu-pid`.
+    pub pids: Vec<u32>,
+    /// `capture.offcpu_watch`.
+    pub names: Vec<String>,
+    /// `capture.offcpu_watch_all`.
+    pub all: bool,
+}
+
+impl OffcpuRequest {
+    pub fn resolve(&self, proc_root: &Path) -> OffcpuWatch {
+        OffcpuWatch {
+            min_block_ns: self.min_block_ns,
+            processes: if self.all {
+                WatchedProcesses::All
+            } else {
+                WatchedProcesses::resolve(proc_root, &self.pids, &self.names)
+            },
+        }
+    }
+}
+
 impl WatchedProcesses {
     /// The processes `pids`, each once.
     pub fn of_pids(pids: &[u32]) -> Self {

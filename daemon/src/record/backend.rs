@@ -14,7 +14,7 @@ use std::sync::mpsc;
 
 use super::{record_fed, Feed, RecordError, RecordOptions};
 use crate::{
-    events::EventOptions,
+    events::{EventOptions, OffcpuWatch, WatchedProcesses},
     export,
     history::VitalsSample,
     recording_backend::{
@@ -41,7 +41,7 @@ impl RecordingBackend for EbpfBackend {
             origin: daemon.pipeline.origin(),
             ticks,
         };
-        let opts = RecordOptions {
+        let mut opts = RecordOptions {
             duration: window.duration,
             out: target.out.clone(),
             interval: window.interval,
@@ -54,19 +54,34 @@ impl RecordingBackend for EbpfBackend {
             max_bytes: Some(window.max_bytes),
         };
         let samples: Vec<VitalsSample> = daemon.history.iter().cloned().collect();
+        let offcpu = window.offcpu;
         Prepared {
             run: Box::new(move |_stop| {
+                // Resolved here, off the main loop: the names need a walk
+                // of /proc. Processes started after this are not watched.
+                opts.capture.offcpu = offcpu.map(|r| r.resolve(&opts.proc_root));
+                let notes = opts.capture.offcpu.iter().map(watched_note).collect();
                 let summary = record_fed(feed, &opts, |w| export::write_history(w, &samples))
                     .map_err(failed)?;
                 Ok(Recorded {
                     wall_ms: summary.wall_monotonic_ns / 1_000_000,
                     cut_at_bytes: summary.cut_at_max_bytes.then_some(summary.bytes_written),
-                    notes: Vec::new(),
+                    notes,
                     heapprofd: None,
                 })
             }),
             ticks: Some(tx),
             session_out: None,
+        }
+    }
+}
+
+/// The store entry's note of what the off-CPU stacks watched.
+fn watched_note(w: &OffcpuWatch) -> String {
+    match &w.processes {
+        WatchedProcesses::All => format!("off-cpu: every thread, blocks >= {} ns", w.min_block_ns),
+        WatchedProcesses::Tgids(t) => {
+            format!("off-cpu: pids {t:?}, blocks >= {} ns", w.min_block_ns)
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::{
     bpf::denied::ProcOnly,
     config::{Config, RecordingSpec},
     control::protocol::{RecordingProgress, TriggerOutcome},
+    events::OffcpuRequest,
     heapprofd::in_session::HeapInSession,
     recording_backend::{Daemon, RecordingBackend, Running, Target, Window},
     store::{self, BackendInfo, EntryMeta, EntryStatus, Pending, Store, TriggerInfo},
@@ -59,13 +60,16 @@ impl Service {
     }
 
     /// Starts a capture of `spec` on `backend` in a thread of its own;
-    /// `heap`: a heap profile in the same session (a backend that has one).
+    /// `heap`: a heap profile in the same session (a backend that has one);
+    /// `offcpu_pids`: the processes its off-CPU stacks watch (the rule's
+    /// offender) beside `capture.offcpu_watch`.
     pub(super) fn start_recording(
         &self,
         backend: &'static dyn RecordingBackend,
         heap: Option<HeapInSession>,
         spec: &RecordingSpec,
         trigger: TriggerInfo,
+        offcpu_pids: &[u32],
     ) -> RunningRecording {
         let (pending, session_dir) = {
             let mut store = self.store.lock().unwrap();
@@ -77,8 +81,15 @@ impl Service {
             out: pending.tmp_path.clone(),
             session_dir,
         };
-        let prepared = backend.prepare(self.daemon_side(), window(&self.cfg, spec, heap), &target);
+        let window = window(&self.cfg, spec, heap, offcpu_pids);
         let name = backend.name();
+        if window.offcpu.is_some() && name != "ebpf" {
+            log::warn!(
+                "capture {}: off-CPU stacks need the ebpf backend; {name} records none",
+                pending.id
+            );
+        }
+        let prepared = backend.prepare(self.daemon_side(), window, &target);
         log::info!(
             "capture {} started ({} for {:?}, backend {name})",
             pending.id,
@@ -120,8 +131,14 @@ impl Service {
     }
 }
 
-/// The window and limits of a capture of `spec` under `cfg`.
-pub(super) fn window(cfg: &Config, spec: &RecordingSpec, heap: Option<HeapInSession>) -> Window {
+/// The window and limits of a capture of `spec` under `cfg`; its off-CPU
+/// stacks watch `offcpu_pids` and the processes `capture.offcpu_watch` names.
+pub(super) fn window(
+    cfg: &Config,
+    spec: &RecordingSpec,
+    heap: Option<HeapInSession>,
+    offcpu_pids: &[u32],
+) -> Window {
     Window {
         duration: spec.duration.0,
         events: spec.events,
@@ -131,6 +148,12 @@ pub(super) fn window(cfg: &Config, spec: &RecordingSpec, heap: Option<HeapInSess
         vitals_data_source: (cfg!(feature = "producer") && cfg.producer.enabled)
             .then(|| cfg.producer.data_source.clone()),
         heap,
+        offcpu: (spec.offcpu && spec.events.sched).then(|| OffcpuRequest {
+            min_block_ns: cfg.sampling.long_block.0.as_nanos() as u64,
+            pids: offcpu_pids.to_vec(),
+            names: cfg.capture.offcpu_watch.clone(),
+            all: cfg.capture.offcpu_watch_all,
+        }),
     }
 }
 

@@ -28,8 +28,9 @@ impl Service {
                 Command::Capture {
                     duration,
                     events,
+                    offcpu_pids,
                     reply,
-                } => self.manual_capture(duration, events, reply),
+                } => self.manual_capture(duration, events, offcpu_pids, reply),
                 Command::Heap {
                     name,
                     pid,
@@ -44,10 +45,20 @@ impl Service {
         &mut self,
         duration: Duration,
         events: EventSet,
+        offcpu_pids: Option<Vec<u32>>,
         reply: oneshot::Sender<Result<String, String>>,
     ) {
         if self.capture.is_some() {
             let _ = reply.send(Err("a capture is already running (one at a time)".into()));
+            return;
+        }
+        if offcpu_pids.as_ref().is_some_and(Vec::is_empty)
+            && !self.cfg.capture.offcpu_watches_without_offender()
+        {
+            let _ = reply.send(Err("offcpu: no process to watch: give pids, or name \
+                                    processes in the config's capture.offcpu_watch (or set \
+                                    capture.offcpu_watch_all)"
+                .into()));
             return;
         }
         if let Err(why) = self.admit_manual(false) {
@@ -57,6 +68,7 @@ impl Service {
         let spec = RecordingSpec {
             duration: crate::config::Dur(duration),
             events,
+            offcpu: offcpu_pids.is_some(),
             ..RecordingSpec::default()
         };
         let trigger = TriggerInfo {
@@ -66,7 +78,8 @@ impl Service {
             offender_pid: None,
             offender_name: None,
         };
-        let c = self.start_recording(self.recording_backend(), None, &spec, trigger);
+        let pids = offcpu_pids.unwrap_or_default();
+        let c = self.start_recording(self.recording_backend(), None, &spec, trigger, &pids);
         let _ = reply.send(Ok(c.pending.id.clone()));
         self.capture = Some(c);
     }

@@ -154,7 +154,7 @@ pub(super) fn longest_session() -> Duration {
 }
 
 fn start_ring(svc: &Service, rule: &str, spec: &RecordingSpec) -> RunningRing {
-    let req = capture_request(window(&svc.cfg, spec, None));
+    let req = capture_request(window(&svc.cfg, spec, None, &[]));
     let config = ring::ring_config(&req, rule);
     let session_ms = ring::session_ms(&req);
     let dir = svc.store.lock().unwrap().heapprofd_dir();

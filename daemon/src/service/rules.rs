@@ -62,7 +62,14 @@ impl Service {
         if from_ring {
             return;
         }
-        self.capture = Some(self.start_recording(backend, heap, &fired.capture, trigger));
+        // The process the rule fired for; none for a system-wide metric.
+        let offender: Vec<u32> = trigger
+            .offender_pid
+            .and_then(|p| u32::try_from(p).ok())
+            .into_iter()
+            .collect();
+        self.capture =
+            Some(self.start_recording(backend, heap, &fired.capture, trigger, &offender));
     }
 }
 

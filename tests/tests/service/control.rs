@@ -117,6 +117,7 @@ fn manual_requests_obey_the_allowlist_the_manual_budget_and_the_conditions() {
                 duration_s: 1.0,
                 sched: false,
                 faults: false,
+                offcpu: None,
             })
             .map_err(|e| e.to_string())
     };

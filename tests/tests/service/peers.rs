@@ -36,6 +36,7 @@ fn stored_capture(d: &Daemon, duration_s: f64, sched: bool) -> String {
         duration_s,
         sched,
         faults: false,
+        offcpu: None,
     });
     let id = v["id"].as_str().unwrap_or_else(|| panic!("{v}")).to_owned();
     d.wait_status("the capture to be stored", Duration::from_secs(60), |st| {

@@ -12,6 +12,7 @@ fn stored_capture(d: &Daemon) -> String {
         duration_s: 0.3,
         sched: false,
         faults: false,
+        offcpu: None,
     });
     let id = v["id"].as_str().unwrap_or_else(|| panic!("{v}")).to_owned();
     d.wait_status("the capture to be stored", Duration::from_secs(60), |st| {
