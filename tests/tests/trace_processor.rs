@@ -38,6 +38,8 @@ use vitalsd::control::Request;
 mod model;
 #[path = "trace_processor/offcpu.rs"]
 mod offcpu;
+#[path = "trace_processor/offcpu_rules.rs"]
+mod offcpu_rules;
 #[path = "trace_processor/process_model.rs"]
 mod process_model;
 #[path = "trace_processor/timeline.rs"]

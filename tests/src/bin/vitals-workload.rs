@@ -372,9 +372,14 @@ fn main() {
         // context switches as the kernel counted them (getrusage
         // RUSAGE_THREAD) when its last round ended.
         Some("pingpong") => ping_pong(arg(&args, 2)),
-        // block-release <times> <ms>: a thread blocks reading a pipe that
-        // a second thread writes after sleeping <ms>, <times> times.
-        Some("block-release") => block_release(arg(&args, 2), arg(&args, 3)),
+        // block-release <times> <ms> [main]: a thread blocks reading a
+        // pipe that a second thread writes after sleeping <ms>, <times>
+        // times; with `main` the waiter is the main thread (tid == pid).
+        Some("block-release") => block_release(
+            arg(&args, 2),
+            arg(&args, 3),
+            args.get(4).is_some_and(|a| a == "main"),
+        ),
         // children <n> <ms>: after a line on stdin, runs n short-lived
         // children one after the other (this binary, `spin-exit <ms>`),
         // printing "child <pid>" as each is reaped, then "done".
@@ -517,11 +522,35 @@ fn vitals_release_after_sleep(fd: i32, ms: u64) {
 /// `block-release`: prints `tids <waiter> <releaser>` and `ready`, and on
 /// a line from stdin runs the rounds: the waiter (thread `vitals-waiter`)
 /// blocks in `vitals_wait_for_release`, the releaser (`vitals-release`)
-/// wakes it from `vitals_release_after_sleep` after `ms`.
-fn block_release(times: u64, ms: u64) {
+/// wakes it from `vitals_release_after_sleep` after `ms`. `on_main`: the
+/// main thread waits (what `main_thread_long_blocks` watches).
+fn block_release(times: u64, ms: u64, on_main: bool) {
     let mut p = [0i32; 2];
     unsafe { assert_eq!(libc::pipe(p.as_mut_ptr()), 0) };
     let (rd, wr) = (p[0], p[1]);
+    if on_main {
+        let go = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let g = go.clone();
+        let (tx, rx) = std::sync::mpsc::channel::<i64>();
+        let releaser = std::thread::Builder::new()
+            .name("vitals-release".into())
+            .spawn(move || {
+                tx.send(unsafe { libc::gettid() } as i64).unwrap();
+                g.wait();
+                (0..times).for_each(|_| vitals_release_after_sleep(wr, ms));
+            })
+            .unwrap();
+        let r = rx.recv().unwrap();
+        say(&format!("tids {} {r}", unsafe { libc::gettid() }));
+        say("ready");
+        wait_line();
+        go.wait();
+        (0..times).for_each(|_| vitals_wait_for_release(rd));
+        releaser.join().unwrap();
+        say("done");
+        wait_eof();
+        return;
+    }
     let go = std::sync::Arc::new(std::sync::Barrier::new(3));
     let spawn = |name: &str, body: Box<dyn FnOnce() + Send>| {
         let (tx, rx) = std::sync::mpsc::channel::<i64>();
