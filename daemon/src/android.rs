@@ -202,9 +202,10 @@ pub const SOURCE_SCAN_EXEMPT: &[(&str, &str)] = &[
     ),
     (
         "/proc/kallsyms",
-        "events::kernel_stacks, `vitalsd record --offcpu` only: the service's captures do not \
-         record long blocks, so vitalsd on Android never opens it (kptr_restrict 2 hides its \
-         addresses there anyway); list it with a policy entry when they do",
+        "events::kernel_stacks, off-CPU captures only (`vitalsd record --offcpu`, a rule's \
+         `capture = { offcpu = true }`): the policy does not grant it, and a denied open \
+         or kptr_restrict 2 (Android's default; vitalsd keeps no CAP_SYSLOG) both leave \
+         kernel frames saying 'kernel symbols hidden' while user frames resolve",
     ),
     (
         "/run/vitalsd/vitalsd.sock",

@@ -118,7 +118,7 @@ pub fn tgids_named(proc_root: &Path, names: &[String]) -> Vec<u32> {
         } else {
             name_from_cmdline(&cmdline).to_owned()
         };
-        if names.iter().any(|n| *n == name) {
+        if names.contains(&name) {
             out.push(pid);
         }
     }
