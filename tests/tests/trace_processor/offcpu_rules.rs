@@ -180,3 +180,51 @@ capture = { duration = "2s", offcpu = true }
     );
     drop((w, other));
 }
+
+/// `vitalsctl capture --offcpu-pid <pid>` (the control request's `offcpu`)
+/// watches that process; `--offcpu` with no pid and no
+/// `capture.offcpu_watch` is refused with the reason, nothing stored.
+#[test]
+fn vitalsctl_capture_offcpu_pid_watches_that_process() {
+    let tp = trace_processor();
+    require_root();
+    let d = Daemon::start("");
+    let refused = d.vitalsctl(&["capture", "--offcpu", "--duration", "1s"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("no process to watch"), "{stderr}");
+    let zero = d.vitalsctl(&["capture", "--offcpu-pid", "0", "--duration", "1s"]);
+    let stderr = String::from_utf8_lossy(&zero.stderr);
+    assert!(
+        !zero.status.success() && stderr.contains("pid 0"),
+        "{stderr}"
+    );
+    assert!(d.list().is_empty());
+
+    let (other, other_waiter, _) = blocking("vitals-unwatched", false);
+    let (w, waiter, releaser) = blocking("vitals-offcpu-ctl", false);
+    let pid = w.pid();
+    let out = d.vitalsctl(&[
+        "capture",
+        "--offcpu-pid",
+        &pid.to_string(),
+        "--duration",
+        "2s",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (m, t) = stored_capture(&d, &tp);
+    assert_eq!(m["trigger"]["rule"], "manual", "{m}");
+    print_ui_view(&t, "vitalsctl offcpu capture", Some(pid));
+    assert_watched_only(
+        &t,
+        "vitalsctl offcpu capture",
+        (waiter, releaser),
+        &[pid],
+        other_waiter,
+    );
+    drop((w, other));
+}
