@@ -446,6 +446,7 @@ fn lib_capture(
         offcpu: Some(OffcpuWatch {
             min_block_ns: 0,
             processes: WatchedProcesses::All,
+            follow_names: Vec::new(),
         }),
         ..EventOptions::default()
     };

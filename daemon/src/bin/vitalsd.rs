@@ -411,6 +411,7 @@ fn record_options(args: RecordArgs) -> (AccountingConfig, RecordOptions) {
         } else {
             WatchedProcesses::of_pids(&offcpu_pid)
         },
+        follow_names: Vec::new(),
     });
     let capture = EventOptions {
         events: EventSet {
@@ -664,6 +665,7 @@ mod tests {
             Some(OffcpuWatch {
                 min_block_ns: 100_000_000,
                 processes: WatchedProcesses::Tgids(vec![42]),
+                follow_names: Vec::new(),
             })
         );
         let two = capture(&["--offcpu-pid", "43", "--offcpu-pid", "42"]);

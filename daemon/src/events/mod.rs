@@ -108,6 +108,8 @@ pub struct EventStats {
     /// Watched processes (tgids) the capture's `OFFCPU_WATCH` had no
     /// room for: their blocks are not recorded.
     pub offcpu_watch_dropped: u64,
+    /// Processes started during the capture that joined the watch.
+    pub offcpu_watched_later: u64,
     /// Perf array only: samples the perf buffers reported lost
     /// (PERF_RECORD_LOST), summed over CPUs. The same drops the kernel-side
     /// counter sees as -ENOSPC, so a cross-check, not extra loss.
@@ -122,7 +124,7 @@ pub struct EventStats {
 impl EventStats {
     pub fn render(&self) -> String {
         format!(
-            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); {} long blocks ({} weighed as 10 s); ring buffer lost: {} sched, {} fault, {} long-block records; {} watched processes dropped; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
+            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); {} long blocks ({} weighed as 10 s); ring buffer lost: {} sched, {} fault, {} long-block records; {} watched processes dropped, {} joined later; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
             self.switch_events,
             self.waking_events,
             self.bundles,
@@ -139,6 +141,7 @@ impl EventStats {
             self.lost_faults,
             self.lost_offcpu,
             self.offcpu_watch_dropped,
+            self.offcpu_watched_later,
             self.lost_stacks,
             self.transport.map_or("none", EventTransport::name),
             self.perf_reported_lost,
@@ -171,6 +174,8 @@ pub struct EventRecorder {
     /// Long blocks not written yet, and their tracks' state.
     blocks: Vec<LongBlock>,
     block_tracks: OffcpuBlocks,
+    /// Names whose new processes join the off-CPU watch.
+    offcpu_follow: offcpu_watch::Follow,
     stats: EventStats,
 }
 
@@ -226,6 +231,7 @@ impl EventRecorder {
             faults: FaultStacks::new(proc_root),
             blocks: Vec::new(),
             block_tracks: OffcpuBlocks::new(),
+            offcpu_follow: offcpu_watch::Follow::of(offcpu),
             stats: EventStats {
                 transport: Some(transport),
                 offcpu_watch_dropped: started.offcpu_watch_dropped,

@@ -4,9 +4,13 @@
 //! and the processes `[capture] offcpu_watch` names), resolved to tgids
 //! when the capture starts.
 
-use std::path::Path;
+use std::{collections::HashSet, path::Path};
 
-use crate::procfs::cmdline::{name_from_cmdline, parse_cmdline};
+use super::{transport, EventRecorder, EventsError};
+use crate::{
+    bpf::Accounting,
+    procfs::cmdline::{name_from_cmdline, parse_cmdline},
+};
 
 /// Which blocks a capture records with their stacks: a watched thread's
 /// block (switch-out while not runnable to the sched_waking ending it)
@@ -15,6 +19,10 @@ use crate::procfs::cmdline::{name_from_cmdline, parse_cmdline};
 pub struct OffcpuWatch {
     pub min_block_ns: u64,
     pub processes: WatchedProcesses,
+    /// With `Tgids`: a process that starts during the capture with one of
+    /// these names joins the watch at the first tick whose scan sees it
+    /// (`capture.offcpu_watch`); its blocks before then are not recorded.
+    pub follow_names: Vec<String>,
 }
 
 /// The processes whose threads are watched.
@@ -36,6 +44,7 @@ impl Default for OffcpuWatch {
         Self {
             min_block_ns: Self::DEFAULT_MIN_BLOCK_NS,
             processes: WatchedProcesses::All,
+            follow_names: Vec::new(),
         }
     }
 }
@@ -63,6 +72,11 @@ impl OffcpuRequest {
                 WatchedProcesses::All
             } else {
                 WatchedProcesses::resolve(proc_root, &self.pids, &self.names)
+            },
+            follow_names: if self.all {
+                Vec::new()
+            } else {
+                self.names.clone()
             },
         }
     }
@@ -123,6 +137,59 @@ pub fn tgids_named(proc_root: &Path, names: &[String]) -> Vec<u32> {
         }
     }
     out
+}
+
+/// A running capture's names to follow and the tgids it watches.
+#[derive(Debug, Default)]
+pub(super) struct Follow {
+    names: Vec<String>,
+    watched: HashSet<u32>,
+}
+
+impl Follow {
+    pub(super) fn of(watch: Option<&OffcpuWatch>) -> Self {
+        match watch {
+            Some(OffcpuWatch {
+                processes: WatchedProcesses::Tgids(tgids),
+                follow_names,
+                ..
+            }) => Self {
+                names: follow_names.clone(),
+                watched: tgids.iter().copied().collect(),
+            },
+            _ => Self::default(),
+        }
+    }
+}
+
+impl EventRecorder {
+    /// Processes first seen during the capture, as (tgid, name matched
+    /// like a rule's `process`): those the off-CPU watch follows by name
+    /// join it from now on.
+    pub fn follow_new_processes<'a>(
+        &mut self,
+        acc: &mut Accounting,
+        new: impl IntoIterator<Item = (u32, &'a str)>,
+    ) -> Result<(), EventsError> {
+        let f = &mut self.offcpu_follow;
+        if f.names.is_empty() {
+            return Ok(());
+        }
+        let join: Vec<u32> = new
+            .into_iter()
+            .filter(|(tgid, name)| f.names.iter().any(|n| n == name) && !f.watched.contains(tgid))
+            .map(|(tgid, _)| tgid)
+            .collect();
+        if join.is_empty() {
+            return Ok(());
+        }
+        let dropped = transport::watch_more(acc, &join)?;
+        f.watched.extend(&join);
+        log::info!("capture: off-CPU watch joined by pids {join:?} (started during it)");
+        self.stats.offcpu_watched_later += join.len() as u64 - dropped;
+        self.stats.offcpu_watch_dropped += dropped;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -241,6 +241,7 @@ impl Recording {
         let (new, mut entries) = self.name_new_processes(new, &tick.sample);
         self.write_counters(&new, ts_boot_ns)?;
         entries.extend(self.name_scanned_only(&tick.sample));
+        self.tier.follow_new_processes(&entries)?;
         // The ProcessTree entries after the new instances' counters:
         // trace_processor starts a new process for a pid when a process
         // track descriptor with a new uuid resolves (its first counter);

@@ -63,6 +63,20 @@ impl Tier {
         }
     }
 
+    /// Processes first seen this tick join the off-CPU watch when it
+    /// follows their name (`capture.offcpu_watch`).
+    pub(super) fn follow_new_processes(
+        &mut self,
+        new: &[crate::process_tracks::ProcessIdentity],
+    ) -> Result<(), EventsError> {
+        match (self.capture.as_mut(), self.accounting.as_ref()) {
+            (Some(c), Some(r)) if !new.is_empty() => {
+                r.with(|acc| c.follow_new_processes(acc, new.iter().map(|p| (p.pid, p.name()))))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Stops the capture (draining and writing what is left); None
     /// without one.
     pub(super) fn stop<W: Write>(

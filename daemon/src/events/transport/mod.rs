@@ -166,6 +166,23 @@ fn watch_tgids(acc: &mut Accounting, tgids: &[u32]) -> Result<u64, BpfError> {
     for tgid in old {
         let _ = watch.remove(&tgid);
     }
+    Ok(add_watched(&mut watch, tgids))
+}
+
+/// Adds `tgids` to the running capture's `OFFCPU_WATCH` (processes that
+/// started during it); returns how many did not fit. The programs see
+/// each from its insert on.
+pub fn watch_more(acc: &mut Accounting, tgids: &[u32]) -> Result<u64, BpfError> {
+    let Ok(map) = acc.map_mut(names::OFFCPU_WATCH) else {
+        return Ok(tgids.len() as u64);
+    };
+    let mut watch: HashMap<_, u32, u32> =
+        HashMap::try_from(map).map_err(map_err(names::OFFCPU_WATCH))?;
+    Ok(add_watched(&mut watch, tgids))
+}
+
+/// Inserts `tgids`; returns how many did not fit.
+fn add_watched(watch: &mut HashMap<&mut MapData, u32, u32>, tgids: &[u32]) -> u64 {
     let mut dropped = 0;
     for &tgid in tgids {
         // E2BIG once full: counted, the capture goes on with the others.
@@ -181,7 +198,7 @@ fn watch_tgids(acc: &mut Accounting, tgids: &[u32]) -> Result<u64, BpfError> {
             capture::OFFCPU_WATCH_MAX_TGIDS
         );
     }
-    Ok(dropped)
+    dropped
 }
 
 /// Clears the CAPTURE flag and detaches sched_waking. Records already in
