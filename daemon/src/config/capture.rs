@@ -46,8 +46,8 @@ pub struct CaptureSettings {
     /// basename, else comm) whose long blocks every capture that records
     /// off-CPU stacks watches (`capture = { offcpu = true }`, `vitalsctl
     /// capture --offcpu`), beside a rule's offending process. Resolved to
-    /// pids when the capture starts: a process started later is not
-    /// watched in that capture.
+    /// pids when the capture starts; a process started during it joins at
+    /// the daemon's next scan.
     pub offcpu_watch: Vec<String>,
     /// Watch every thread instead (costs a stack walk per long block of
     /// any thread); exclusive with `offcpu_watch`.

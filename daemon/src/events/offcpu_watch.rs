@@ -2,7 +2,8 @@
 //! thread (`vitalsd record --offcpu`), or the threads of a set of processes
 //! (a rule's offender, `--offcpu-pid`, `vitalsctl capture --offcpu-pid`,
 //! and the processes `[capture] offcpu_watch` names), resolved to tgids
-//! when the capture starts.
+//! when the capture starts; processes started during it with one of the
+//! names join when the recording's tick first sees them.
 
 use std::{collections::HashSet, path::Path};
 

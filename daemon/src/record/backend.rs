@@ -58,7 +58,8 @@ impl RecordingBackend for EbpfBackend {
         Prepared {
             run: Box::new(move |_stop| {
                 // Resolved here, off the main loop: the names need a walk
-                // of /proc. Processes started after this are not watched.
+                // of /proc. Processes started after this join by name at
+                // a later tick (`Recording::take`).
                 opts.capture.offcpu = offcpu.map(|r| r.resolve(&opts.proc_root));
                 let notes = opts.capture.offcpu.iter().map(watched_note).collect();
                 let summary = record_fed(feed, &opts, |w| export::write_history(w, &samples))
