@@ -16,6 +16,7 @@ pub mod drain;
 pub mod fault_stacks;
 mod kernel_stacks;
 mod mapped_files;
+mod offcpu_follow;
 pub mod offcpu_watch;
 pub mod transport;
 
@@ -175,7 +176,7 @@ pub struct EventRecorder {
     blocks: Vec<LongBlock>,
     block_tracks: OffcpuBlocks,
     /// Names whose new processes join the off-CPU watch.
-    offcpu_follow: offcpu_watch::Follow,
+    offcpu_follow: offcpu_follow::Follow,
     stats: EventStats,
 }
 
@@ -231,7 +232,7 @@ impl EventRecorder {
             faults: FaultStacks::new(proc_root),
             blocks: Vec::new(),
             block_tracks: OffcpuBlocks::new(),
-            offcpu_follow: offcpu_watch::Follow::of(offcpu),
+            offcpu_follow: offcpu_follow::Follow::of(offcpu),
             stats: EventStats {
                 transport: Some(transport),
                 offcpu_watch_dropped: started.offcpu_watch_dropped,

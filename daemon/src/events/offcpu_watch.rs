@@ -5,13 +5,9 @@
 //! when the capture starts; processes started during it with one of the
 //! names join when the recording's tick first sees them.
 
-use std::{collections::HashSet, path::Path};
+use std::path::Path;
 
-use super::{transport, EventRecorder, EventsError};
-use crate::{
-    bpf::Accounting,
-    procfs::cmdline::{name_from_cmdline, parse_cmdline},
-};
+use crate::procfs::cmdline::{name_from_cmdline, parse_cmdline};
 
 /// Which blocks a capture records with their stacks: a watched thread's
 /// block (switch-out while not runnable to the sched_waking ending it)
@@ -138,59 +134,6 @@ pub fn tgids_named(proc_root: &Path, names: &[String]) -> Vec<u32> {
         }
     }
     out
-}
-
-/// A running capture's names to follow and the tgids it watches.
-#[derive(Debug, Default)]
-pub(super) struct Follow {
-    names: Vec<String>,
-    watched: HashSet<u32>,
-}
-
-impl Follow {
-    pub(super) fn of(watch: Option<&OffcpuWatch>) -> Self {
-        match watch {
-            Some(OffcpuWatch {
-                processes: WatchedProcesses::Tgids(tgids),
-                follow_names,
-                ..
-            }) => Self {
-                names: follow_names.clone(),
-                watched: tgids.iter().copied().collect(),
-            },
-            _ => Self::default(),
-        }
-    }
-}
-
-impl EventRecorder {
-    /// Processes first seen during the capture, as (tgid, name matched
-    /// like a rule's `process`): those the off-CPU watch follows by name
-    /// join it from now on.
-    pub fn follow_new_processes<'a>(
-        &mut self,
-        acc: &mut Accounting,
-        new: impl IntoIterator<Item = (u32, &'a str)>,
-    ) -> Result<(), EventsError> {
-        let f = &mut self.offcpu_follow;
-        if f.names.is_empty() {
-            return Ok(());
-        }
-        let join: Vec<u32> = new
-            .into_iter()
-            .filter(|(tgid, name)| f.names.iter().any(|n| n == name) && !f.watched.contains(tgid))
-            .map(|(tgid, _)| tgid)
-            .collect();
-        if join.is_empty() {
-            return Ok(());
-        }
-        let dropped = transport::watch_more(acc, &join)?;
-        f.watched.extend(&join);
-        log::info!("capture: off-CPU watch joined by pids {join:?} (started during it)");
-        self.stats.offcpu_watched_later += join.len() as u64 - dropped;
-        self.stats.offcpu_watch_dropped += dropped;
-        Ok(())
-    }
 }
 
 #[cfg(test)]
