@@ -229,13 +229,14 @@ fn offcpu(n: u64, long_ms: u64, short_ms: u64) {
     say(&format!("ready helper {helper}"));
     let t = std::time::Instant::now();
     wait_line();
-    let mut s_ns = t.elapsed().as_nanos();
+    let go_ns = t.elapsed().as_nanos();
     let mut b = 0u8;
     unsafe { libc::write(go[1], &b as *const u8 as *const libc::c_void, 1) };
+    let mut pipe_ns = 0;
     for _ in 0..2 * n {
         let t = std::time::Instant::now();
         let r = unsafe { libc::read(data[0], &mut b as *mut u8 as *mut libc::c_void, 1) };
-        s_ns += t.elapsed().as_nanos();
+        pipe_ns += t.elapsed().as_nanos();
         assert_eq!(r, 1, "reading the helper's pipe");
     }
     let mut d_ns = 0;
@@ -262,7 +263,7 @@ fn offcpu(n: u64, long_ms: u64, short_ms: u64) {
     for pid in pids {
         say(&format!("vfork {pid}"));
     }
-    say(&format!("blocking {s_ns} {d_ns}"));
+    say(&format!("blocking {go_ns} {pipe_ns} {d_ns}"));
     say("done");
     wait_eof();
 }
@@ -404,10 +405,11 @@ fn main() {
         // <long_ms> then n times <short_ms>; then n vforks (D: the parent
         // waits in wait_for_vfork_done, TASK_KILLABLE) of a child that
         // sleeps <long_ms> and exits, printing "vfork <pid>" for each;
-        // then "blocking <s_ns> <d_ns>": the wall time its main thread
-        // spent in the calls that block in S (the stdin read of the go
-        // line, the pipe reads) and in D (the vfork clones), measured
-        // around each call (CLOCK_MONOTONIC), then "done".
+        // then "blocking <go_ns> <pipe_ns> <d_ns>": the wall time its
+        // main thread spent in the calls that block in S (the stdin read
+        // of the go line, timed from its "ready helper" line on; the
+        // pipe reads, all after the go line) and in D (the vfork clones),
+        // measured around each call (CLOCK_MONOTONIC), then "done".
         Some("offcpu") => offcpu(arg(&args, 2), arg(&args, 3), arg(&args, 4)),
         _ => {
             eprintln!("usage: vitals-workload spin|pinned-spin|pinned-waker|pinned-timers|pinned-udp-flood|spin-exit|touch|sleep|threads|thread-churn|pingpong|children|reuse-pid|heap-churn|exec-from-thread|offcpu ...");

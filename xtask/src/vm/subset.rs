@@ -59,6 +59,11 @@ pub(super) const CI_SUBSET: &[(&str, &str, &[Arch])] = &[
     ("cts_tier", "pinned_spinners_wait_as_run_delay_says", &[]),
     ("cts_tier", "sleeper_switches_equal_status", &[]),
     ("cts_tier", "short_lived_threads_keep_their_time", &[]),
+    // Off-CPU accounting (#24) with the programs the kernel gets by default
+    // and with the classic ones: S/D time within the workload's calls and
+    // all of them but the schedstat on-CPU and run_delay, and who woke it.
+    ("offcpu", "blocked_time_and_wakers_default_programs", &[]),
+    ("offcpu", "blocked_time_and_wakers_classic", &[]),
 ];
 
 /// Tests `--full` leaves out, and why (`cargo xtask test` runs them all
