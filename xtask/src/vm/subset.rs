@@ -64,6 +64,14 @@ pub(super) const CI_SUBSET: &[(&str, &str, &[Arch])] = &[
     // all of them but the schedstat on-CPU and run_delay, and who woke it.
     ("offcpu", "blocked_time_and_wakers_default_programs", &[]),
     ("offcpu", "blocked_time_and_wakers_classic", &[]),
+    // record --offcpu-pid, queried by trace_processor on the host over the
+    // relay: the blocked and the waker's stacks name the workload's
+    // functions.
+    (
+        "offcpu",
+        "offcpu_capture_stacks_name_the_blocked_and_the_waking_function",
+        &[],
+    ),
 ];
 
 /// Tests `--full` leaves out, and why (`cargo xtask test` runs them all
