@@ -410,7 +410,14 @@ fn main() {
         // of the go line, timed from its "ready helper" line on; the
         // pipe reads, all after the go line) and in D (the vfork clones),
         // measured around each call (CLOCK_MONOTONIC), then "done".
-        Some("offcpu") => offcpu(arg(&args, 2), arg(&args, 3), arg(&args, 4)),
+        // With a fifth argument <cpu>, it runs on that CPU, and so do the
+        // helper and the vfork children, which inherit the affinity.
+        Some("offcpu") => {
+            if args.len() > 5 {
+                pin_to(arg(&args, 5) as usize);
+            }
+            offcpu(arg(&args, 2), arg(&args, 3), arg(&args, 4))
+        }
         _ => {
             eprintln!("usage: vitals-workload spin|pinned-spin|pinned-waker|pinned-timers|pinned-udp-flood|spin-exit|touch|sleep|threads|thread-churn|pingpong|children|reuse-pid|heap-churn|exec-from-thread|offcpu ...");
             std::process::exit(2);
