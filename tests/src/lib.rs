@@ -266,8 +266,17 @@ impl Drop for Sysctls {
 pub struct DelayAcct;
 
 impl DelayAcct {
+    const SYSCTL: &'static str = "/proc/sys/kernel/task_delayacct";
+
+    /// Before Linux 5.14 there is no such sysctl: delay accounting is on
+    /// from boot unless `nodelayacct` is given, and run_delay kept; then
+    /// there is nothing to set (an empty guard).
     pub fn enable() -> Sysctls {
-        Sysctls::set(&[("/proc/sys/kernel/task_delayacct", "1")])
+        if std::path::Path::new(Self::SYSCTL).exists() {
+            Sysctls::set(&[(Self::SYSCTL, "1")])
+        } else {
+            Sysctls(Vec::new())
+        }
     }
 }
 

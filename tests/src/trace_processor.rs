@@ -24,10 +24,13 @@ use crate::workspace_root;
 /// One result row: column name -> value (JSON null for SQL NULL).
 pub type Row = Map<String, Value>;
 
-/// A trace_processor_shell binary.
+/// A trace_processor_shell binary, run directly or through
+/// tests/python/trace_processor_shell.py (see [`TraceProcessor::through_python`]).
 #[derive(Debug, Clone)]
 pub struct TraceProcessor {
+    /// The shell, or the script that runs it.
     pub bin: PathBuf,
+    through_python: bool,
 }
 
 const ENV: &str = "TRACE_PROCESSOR_SHELL";
@@ -48,7 +51,10 @@ const JSON_COLUMN: &str = "vitals_rows_json";
 pub fn trace_processor() -> TraceProcessor {
     static FOUND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     match FOUND.get_or_init(find) {
-        Ok(bin) => TraceProcessor { bin: bin.clone() },
+        Ok(bin) => TraceProcessor {
+            bin: bin.clone(),
+            through_python: false,
+        },
         Err(e) => panic!("{e}"),
     }
 }
@@ -192,9 +198,32 @@ fn ident(s: &str) -> String {
 }
 
 impl TraceProcessor {
+    /// The shell run by tests/python/trace_processor_shell.py under
+    /// [`crate::python`], which finds it as [`trace_processor`] does. Where
+    /// VITALS_PYTHON is the decoder relay (a guest of the kernel matrix has
+    /// neither the shell nor Python) the script runs on the host, on the
+    /// trace the relay sends over; `run`'s last argument must be the trace.
+    pub fn through_python() -> Self {
+        Self {
+            bin: workspace_root().join("tests/python/trace_processor_shell.py"),
+            through_python: true,
+        }
+    }
+
+    fn command(&self) -> Command {
+        if self.through_python {
+            let mut c = Command::new(crate::python());
+            c.arg(&self.bin);
+            c
+        } else {
+            Command::new(&self.bin)
+        }
+    }
+
     /// `trace_processor_shell --version`, first line.
     pub fn version(&self) -> String {
-        let out = Command::new(&self.bin)
+        let out = self
+            .command()
             .arg("--version")
             .output()
             .unwrap_or_else(|e| panic!("running {}: {e}", self.bin.display()));
@@ -208,7 +237,8 @@ impl TraceProcessor {
     /// Runs the shell with `args` (e.g. `--summary`), returning stdout;
     /// fails the test on a non-zero exit.
     pub fn run(&self, args: &[&str]) -> String {
-        let out = Command::new(&self.bin)
+        let out = self
+            .command()
             .args(args)
             .output()
             .unwrap_or_else(|e| panic!("running {}: {e}", self.bin.display()));
@@ -224,13 +254,20 @@ impl TraceProcessor {
 
     /// `-q FILE TRACE` with `statements` in FILE; stdout.
     fn run_statements(&self, trace: &Path, statements: &[String]) -> String {
+        let trace = trace.to_str().unwrap();
+        if self.through_python {
+            // The script writes them to its -q file where it runs (the host,
+            // for a guest).
+            let sql: String = statements.iter().map(|s| format!("{s};\n")).collect();
+            return self.run(&["--statements", &sql, trace]);
+        }
         let mut f = tempfile::NamedTempFile::new().unwrap();
         for s in statements {
             writeln!(f, "{s};").unwrap();
         }
         f.flush().unwrap();
         let path = f.path().to_str().unwrap().to_owned();
-        self.run(&["-q", &path, trace.to_str().unwrap()])
+        self.run(&["-q", &path, trace])
     }
 
     /// The rows of one query.
@@ -318,6 +355,20 @@ impl TraceProcessor {
             })
             .collect()
     }
+}
+
+/// The ```sql block after `<!-- offcpu-query: {name} -->` in README.md,
+/// built into the test binary (a guest of the kernel matrix has no
+/// checkout): the documented query is the one the tests run.
+pub fn readme_offcpu_query(name: &str) -> String {
+    const README: &str = include_str!("../../README.md");
+    let marker = format!("<!-- offcpu-query: {name} -->");
+    let after = &README[README
+        .find(&marker)
+        .unwrap_or_else(|| panic!("README.md has no {marker}"))..];
+    let start = after.find("```sql").expect("a sql block after the marker") + 6;
+    let end = start + after[start..].find("```").expect("the sql block's end");
+    after[start..end].trim().to_owned()
 }
 
 /// The import-error query of issue #13: every stat trace_processor counts

@@ -110,20 +110,25 @@ fn kernel_frame(addr: u64, function: String) -> SampleFrame {
     }
 }
 
-/// Whether `kallsyms` shows real addresses: its first line's is not 0.
+/// Whether `kallsyms` shows real addresses: any line's is not 0. Hidden,
+/// every line reads 0; shown, the first lines may still read 0: x86_64
+/// lists its per-CPU symbols first, at their offsets from 0
+/// (`0000000000000000 A fixed_percpu_data` until Linux 6.15), so the first
+/// line alone hid the kernel frames of every 5.10 and 6.1 x86_64 guest.
 fn kallsyms_visible(kallsyms: &Path) -> bool {
     use std::io::BufRead;
     let Ok(f) = std::fs::File::open(kallsyms) else {
         return false;
     };
-    let mut line = String::new();
-    if std::io::BufReader::new(f).read_line(&mut line).is_err() {
-        return false;
-    }
-    line.split_whitespace()
-        .next()
-        .and_then(|a| u64::from_str_radix(a, 16).ok())
-        .is_some_and(|a| a != 0)
+    std::io::BufReader::new(f)
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| {
+            line.split_whitespace()
+                .next()
+                .and_then(|a| u64::from_str_radix(a, 16).ok())
+                .is_some_and(|a| a != 0)
+        })
 }
 
 /// The names blazesym found, owned (its results borrow the symbolizer);
@@ -149,6 +154,21 @@ mod tests {
         assert!(!kallsyms_visible(&p));
         std::fs::write(&p, "ffffffff81000000 T _stext\n").unwrap();
         assert!(kallsyms_visible(&p));
+        // x86_64 before 6.15: per-CPU symbols first, the first at 0.
+        std::fs::write(
+            &p,
+            "0000000000000000 A fixed_percpu_data\n\
+             0000000000000000 A __per_cpu_start\n\
+             ffffffff81000000 T _stext\n",
+        )
+        .unwrap();
+        assert!(kallsyms_visible(&p));
+        std::fs::write(
+            &p,
+            "0000000000000000 A fixed_percpu_data\n0000000000000000 T _stext\n",
+        )
+        .unwrap();
+        assert!(!kallsyms_visible(&p));
         assert!(!kallsyms_visible(&dir.path().join("none")));
     }
 

@@ -229,16 +229,17 @@ fn offcpu(n: u64, long_ms: u64, short_ms: u64) {
     say(&format!("ready helper {helper}"));
     let t = std::time::Instant::now();
     wait_line();
-    let mut s_ns = t.elapsed().as_nanos();
+    let go_ns = t.elapsed().as_nanos();
     let mut b = 0u8;
     unsafe { libc::write(go[1], &b as *const u8 as *const libc::c_void, 1) };
+    // Each call's time, so a test can tell which could hold a long block.
+    let mut calls_ns = Vec::new();
     for _ in 0..2 * n {
         let t = std::time::Instant::now();
         let r = unsafe { libc::read(data[0], &mut b as *mut u8 as *mut libc::c_void, 1) };
-        s_ns += t.elapsed().as_nanos();
+        calls_ns.push(t.elapsed().as_nanos());
         assert_eq!(r, 1, "reading the helper's pipe");
     }
-    let mut d_ns = 0;
     // u128: the stack's top must be 16-byte aligned.
     let mut stack = vec![0u128; 4096];
     let mut pids = Vec::new();
@@ -255,14 +256,15 @@ fn offcpu(n: u64, long_ms: u64, short_ms: u64) {
                 &mut ms as *mut u64 as *mut libc::c_void,
             )
         };
-        d_ns += t.elapsed().as_nanos();
+        calls_ns.push(t.elapsed().as_nanos());
         assert!(pid > 0, "clone(CLONE_VFORK)");
         pids.push(pid);
     }
     for pid in pids {
         say(&format!("vfork {pid}"));
     }
-    say(&format!("blocking {s_ns} {d_ns}"));
+    let calls: Vec<String> = calls_ns.iter().map(u128::to_string).collect();
+    say(&format!("blocking {go_ns} {}", calls.join(" ")));
     say("done");
     wait_eof();
 }
@@ -409,11 +411,20 @@ fn main() {
         // <long_ms> then n times <short_ms>; then n vforks (D: the parent
         // waits in wait_for_vfork_done, TASK_KILLABLE) of a child that
         // sleeps <long_ms> and exits, printing "vfork <pid>" for each;
-        // then "blocking <s_ns> <d_ns>": the wall time its main thread
-        // spent in the calls that block in S (the stdin read of the go
-        // line, the pipe reads) and in D (the vfork clones), measured
-        // around each call (CLOCK_MONOTONIC), then "done".
-        Some("offcpu") => offcpu(arg(&args, 2), arg(&args, 3), arg(&args, 4)),
+        // then "blocking <go_ns> <2n pipe reads' ns> <n vforks' ns>": the
+        // wall time its main thread spent in each call that blocks, in S
+        // (the stdin read of the go line, timed from its "ready helper"
+        // line on; the pipe reads, all after the go line) and in D (the
+        // vfork clones), measured around the call (CLOCK_MONOTONIC), then
+        // "done".
+        // With a fifth argument <cpu>, it runs on that CPU, and so do the
+        // helper and the vfork children, which inherit the affinity.
+        Some("offcpu") => {
+            if args.len() > 5 {
+                pin_to(arg(&args, 5) as usize);
+            }
+            offcpu(arg(&args, 2), arg(&args, 3), arg(&args, 4))
+        }
         _ => {
             eprintln!("usage: vitals-workload spin|pinned-spin|pinned-waker|pinned-timers|pinned-udp-flood|spin-exit|touch|sleep|threads|thread-churn|pingpong|children|reuse-pid|heap-churn|exec-from-thread|offcpu ...");
             std::process::exit(2);

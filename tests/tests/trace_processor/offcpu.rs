@@ -4,18 +4,7 @@
 //! workload with its waker and both stacks.
 
 use super::*;
-
-/// The ```sql block after `<!-- offcpu-query: {name} -->` in README.md.
-pub fn readme_query(name: &str) -> String {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
-    let marker = format!("<!-- offcpu-query: {name} -->");
-    let after = &readme[readme
-        .find(&marker)
-        .unwrap_or_else(|| panic!("README.md has no {marker}"))..];
-    let start = after.find("```sql").expect("a sql block after the marker") + 6;
-    let end = start + after[start..].find("```").expect("the sql block's end");
-    after[start..end].trim().to_owned()
-}
+use vitals_tests::trace_processor::readme_offcpu_query;
 
 /// One row of the README's "blocks" query.
 #[derive(Debug)]
@@ -30,7 +19,7 @@ pub struct Block {
 }
 
 pub fn blocks(t: &Imported) -> Vec<Block> {
-    t.q(&readme_query("blocks"))
+    t.q(&readme_offcpu_query("blocks"))
         .iter()
         .map(|r| Block {
             ts: int(r, "ts"),
@@ -66,7 +55,7 @@ pub fn sample_kinds(t: &Imported, tids: &[i64]) -> HashMap<String, i64> {
     t.q(&format!(
         "select k.kind, count(*) as n from ({}) k join perf_sample ps on ps.id = k.sample_id \
          join thread using(utid) where tid in ({}) group by 1",
-        readme_query("kinds"),
+        readme_offcpu_query("kinds"),
         tids.join(", ")
     ))
     .iter()

@@ -18,12 +18,12 @@ use anyhow::{bail, Context, Result};
 use super::{
     binaries::Binaries,
     bpfloader::{self, Bpfloader},
-    Arch,
+    Arch, Cell,
 };
 use crate::util::workspace_root;
 
 pub use super::subset::TEST_FILES;
-use super::subset::{ARCH_ONLY, CI_SUBSET, LEFT_OUT};
+use super::subset::{ARCH_ONLY, CELLS_ONLY, CI_SUBSET, LEFT_OUT};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CheckId {
@@ -108,12 +108,16 @@ impl Paths {
     }
 }
 
+#[derive(Clone)]
 struct TestCheck {
     file: String,
     name: String,
     arches: Vec<Arch>,
+    /// The guest cells (arch, kernel series) that run it; empty = all.
+    cells: Vec<(Arch, &'static str)>,
 }
 
+#[derive(Clone)]
 pub struct Plan {
     tests: Vec<TestCheck>,
     /// The android::bpfloader-pins row (x86_64 cells); None when `--only`
@@ -129,10 +133,16 @@ impl Plan {
         let mut tests = Vec::new();
         if !full {
             for (file, name, arches) in CI_SUBSET {
+                let cells = CELLS_ONLY
+                    .iter()
+                    .filter(|(n, _)| n == name)
+                    .flat_map(|(_, c)| c.iter().copied())
+                    .collect();
                 tests.push(TestCheck {
                     file: file.to_string(),
                     name: name.to_string(),
                     arches: arches.to_vec(),
+                    cells,
                 });
             }
         } else {
@@ -164,6 +174,7 @@ impl Plan {
                         file: file.to_string(),
                         name: name.to_owned(),
                         arches,
+                        cells: Vec::new(),
                     });
                 }
             }
@@ -194,6 +205,17 @@ impl Plan {
             }
         }
         self
+    }
+
+    /// The plan of one cell: without the tests CELLS_ONLY keeps to other
+    /// guest cells.
+    pub fn for_cell(&self, cell: &Cell) -> Self {
+        let mut plan = self.clone();
+        if let Cell::Guest { arch, series, .. } = cell {
+            plan.tests
+                .retain(|t| t.cells.is_empty() || t.cells.contains(&(*arch, *series)));
+        }
+        plan
     }
 
     /// The android row's state on `arch`'s cells (x86_64 only, see bpfloader.rs).
@@ -492,16 +514,19 @@ mod tests {
                     file: "accounting".into(),
                     name: "a".into(),
                     arches: vec![],
+                    cells: vec![],
                 },
                 TestCheck {
                     file: "accounting".into(),
                     name: "b".into(),
                     arches: vec![],
+                    cells: vec![],
                 },
                 TestCheck {
                     file: "pins".into(),
                     name: "c".into(),
                     arches: vec![Arch::X86_64],
+                    cells: vec![(Arch::X86_64, "5.10")],
                 },
             ],
             bpfloader: None,
@@ -611,6 +636,38 @@ mod tests {
             .only(Some("oncpu"))
             .bpfloader
             .is_none());
+    }
+
+    #[test]
+    fn a_test_kept_to_some_cells_runs_on_those_and_the_host_only() {
+        let cell = |arch, series| Cell::Guest {
+            arch,
+            series,
+            suite: "",
+        };
+        let has_c = |c: &Cell| {
+            plan()
+                .for_cell(c)
+                .for_arch(c.arch())
+                .iter()
+                .any(|id| id.to_string() == "pins::c")
+        };
+        assert!(has_c(&cell(Arch::X86_64, "5.10")));
+        assert!(!has_c(&cell(Arch::X86_64, "6.1")));
+        assert!(has_c(&Cell::Host));
+        // CELLS_ONLY names tests of the subset, on cells of the matrix.
+        for (name, cells) in CELLS_ONLY {
+            assert!(CI_SUBSET.iter().any(|(_, n, _)| n == name), "{name}");
+            for (arch, series) in *cells {
+                assert!(
+                    super::super::KERNELS
+                        .iter()
+                        .any(|(s, _, a)| s == series && a.contains(arch)),
+                    "{name}: no {series} {arch:?} cell"
+                );
+            }
+        }
+        assert_eq!(plan().for_cell(&cell(Arch::X86_64, "6.1")).tests.len(), 2);
     }
 
     #[test]

@@ -227,6 +227,7 @@ pub fn run(opts: Opts) -> Result<()> {
 
     let mut runs = Vec::new();
     for cell in &cells {
+        let plan = plan.for_cell(cell);
         let log = logs.join(format!("{}.log", cell.tag()));
         eprintln!("== vm-test: {} {} ==", cell.arch().name(), cell.series());
         let t0 = Instant::now();

@@ -59,6 +59,32 @@ pub(super) const CI_SUBSET: &[(&str, &str, &[Arch])] = &[
     ("cts_tier", "pinned_spinners_wait_as_run_delay_says", &[]),
     ("cts_tier", "sleeper_switches_equal_status", &[]),
     ("cts_tier", "short_lived_threads_keep_their_time", &[]),
+    // Off-CPU accounting (#24) with the programs the kernel gets by default
+    // and with the classic ones: S/D time within the workload's calls and
+    // all of them but the schedstat on-CPU and run_delay, and who woke it.
+    ("offcpu", "blocked_time_and_wakers_default_programs", &[]),
+    ("offcpu", "blocked_time_and_wakers_classic", &[]),
+    // record --offcpu-pid, queried by trace_processor on the host over the
+    // relay: the blocked and the waker's stacks name the workload's
+    // functions (on the cells of CELLS_ONLY).
+    (
+        "offcpu",
+        "offcpu_capture_stacks_name_the_blocked_and_the_waking_function",
+        &[],
+    ),
+];
+
+/// Tests of the CI subset that its guests run on these cells only (arch,
+/// kernel series), for CI time; the host cell and `--full` run them
+/// everywhere.
+pub(super) const CELLS_ONLY: &[(&str, &[(Arch, &str)])] = &[
+    // 18-28 s an x86_64 guest (a 2 s recording, symbolisation and two
+    // trace_processor runs over the relay). 5.10 x86_64: the oldest
+    // kernel, classic programs, and kallsyms's per-CPU symbols first.
+    (
+        "offcpu_capture_stacks_name_the_blocked_and_the_waking_function",
+        &[(Arch::X86_64, "5.10"), (Arch::Arm64, "6.1")],
+    ),
 ];
 
 /// Tests `--full` leaves out, and why (`cargo xtask test` runs them all
