@@ -262,12 +262,19 @@ impl Drop for Sysctls {
 }
 
 /// Turns on kernel.task_delayacct (which keeps sched_info.run_delay, our
-/// independent reference for runqueue wait) until the guard drops.
+/// independent reference for runqueue wait) until the guard drops. None
+/// before Linux 5.14, which has no such sysctl: there delay accounting is
+/// on unless booted with `nodelayacct` (and CONFIG_SCHEDSTATS keeps
+/// sched_info on regardless); the tests' own check that run_delay grew
+/// says so if it is not.
 pub struct DelayAcct;
 
 impl DelayAcct {
-    pub fn enable() -> Sysctls {
-        Sysctls::set(&[("/proc/sys/kernel/task_delayacct", "1")])
+    pub fn enable() -> Option<Sysctls> {
+        const SYSCTL: &str = "/proc/sys/kernel/task_delayacct";
+        std::path::Path::new(SYSCTL)
+            .exists()
+            .then(|| Sysctls::set(&[(SYSCTL, "1")]))
     }
 }
 

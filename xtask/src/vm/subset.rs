@@ -39,6 +39,29 @@ pub(super) const CI_SUBSET: &[(&str, &str, &[Arch])] = &[
         &[Arch::X86_64],
     ),
     ("accounting", "sleeping_child_switches_voluntarily", &[]),
+    // #22 item 1: on-CPU time and runqueue wait are the kernel's own
+    // (schedstat sum_exec_runtime, run_delay; status switch counts) on
+    // each kernel, tp_btf on all of them (5.10's pre-5.18 prototype too).
+    (
+        "accounting",
+        "runq_wait_and_switches_are_the_kernels_beside_a_spinner",
+        &[],
+    ),
+    (
+        "accounting",
+        "oncpu_time_is_the_kernels_charge_beside_a_frequent_waker",
+        &[],
+    ),
+    (
+        "accounting",
+        "oncpu_time_is_the_kernels_charge_beside_a_timer_storm",
+        &[],
+    ),
+    (
+        "accounting",
+        "oncpu_time_is_the_kernels_charge_beside_a_loopback_flood",
+        &[],
+    ),
     ("accounting", "exited_child_keeps_its_final_counters", &[]),
     // record --sched, decoded with the official schema: >= 2N switches for
     // a ping-pong of N.
@@ -50,6 +73,13 @@ pub(super) const CI_SUBSET: &[(&str, &str, &[Arch])] = &[
     (
         "pins",
         "daemon_attaches_pinned_programs_and_reads_pinned_maps",
+        &[],
+    ),
+    // The classic programs (bpfloader's kind) with the recorder on a
+    // spinner's CPU: no switch missed on stock kernels.
+    (
+        "record",
+        "classic_programs_miss_no_switch_with_the_reader_beside_a_spinner",
         &[],
     ),
     // The CTS tier's always-on accounting (no eBPF) against the kernel's
