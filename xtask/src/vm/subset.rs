@@ -42,6 +42,10 @@ pub(super) const CI_SUBSET: &[(&str, &str, &[Arch])] = &[
     // #22 item 1: on-CPU time and runqueue wait are the kernel's own
     // (schedstat sum_exec_runtime, run_delay; status switch counts) on
     // each kernel, tp_btf on all of them (5.10's pre-5.18 prototype too).
+    // Guest seconds each (x86_64 5.10 / arm64 5.10): run_delay 8 / 8,
+    // waker 8 / 10, loopback flood 9 / 11, timer storm 9 / 13. The
+    // softirq (NET_RX) path is arch-independent code, so x86_64 only; the
+    // timer storm's hard-irq path is the waker's, so the host alone.
     (
         "accounting",
         "runq_wait_and_switches_are_the_kernels_beside_a_spinner",
@@ -54,13 +58,8 @@ pub(super) const CI_SUBSET: &[(&str, &str, &[Arch])] = &[
     ),
     (
         "accounting",
-        "oncpu_time_is_the_kernels_charge_beside_a_timer_storm",
-        &[],
-    ),
-    (
-        "accounting",
         "oncpu_time_is_the_kernels_charge_beside_a_loopback_flood",
-        &[],
+        &[Arch::X86_64],
     ),
     ("accounting", "exited_child_keeps_its_final_counters", &[]),
     // record --sched, decoded with the official schema: >= 2N switches for
@@ -76,7 +75,9 @@ pub(super) const CI_SUBSET: &[(&str, &str, &[Arch])] = &[
         &[],
     ),
     // The classic programs (bpfloader's kind) with the recorder on a
-    // spinner's CPU: no switch missed on stock kernels.
+    // spinner's CPU: no switch missed on stock kernels (9 s x86_64, 14 s
+    // arm64). Also the matrix's explicit classic check beside
+    // running_task's second half, now that every cell gets tp_btf.
     (
         "record",
         "classic_programs_miss_no_switch_with_the_reader_beside_a_spinner",
