@@ -31,6 +31,7 @@ mod miss_log;
 mod offcpu;
 mod offcpu_capture;
 mod sched_info;
+mod switch_btf;
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -42,8 +43,8 @@ use aya_ebpf::{
 };
 use capture_tier::{capture_control, ctx_comm, emit_switch};
 use vitals_common::{
-    capture, comm_prefix, drop_reason, fixed_layout, free_comm_field, free_pid_offset,
-    reported_prev_state, ExitKey, ExitedTask, FaultCounters, TaskCounters, PREV_STATE_BLOCKED_MASK,
+    capture, comm_prefix, drop_reason, fixed_layout, free_comm_field, free_pid_offset, ExitKey,
+    ExitedTask, FaultCounters, TaskCounters, PREV_STATE_BLOCKED_MASK,
 };
 
 // ---- load-time settings (.rodata, set by the loader; the verifier treats
@@ -392,70 +393,6 @@ fn current_tgid() -> u32 {
 #[inline(always)]
 unsafe fn task_field<T: Copy>(task: *const u8, off: &'static u32) -> T {
     unsafe { *(task.add(setting(off) as usize) as *const T) }
-}
-
-/// BTF variant (tp_btf) for kernels with /sys/kernel/btf/vmlinux. A raw
-/// tracepoint skips what a classic one does before the program runs
-/// (perf_trace_sched_switch filling a perf buffer record, trace_call_bpf),
-/// and it is not skipped while user space is inside a bpf() syscall on
-/// this CPU (raw tracepoints use a per-program recursion guard, not
-/// bpf_prog_active), so the reader's own map reads cannot hide a switch.
-/// Arguments: (bool preempt, struct task_struct *prev, struct task_struct
-/// *next, unsigned int prev_state), since Linux 5.18 (prev_state moved to the end).
-#[btf_tracepoint(function = "sched_switch")]
-pub fn sched_switch_btf(ctx: BtfTracePointContext) -> u32 {
-    let preempt: u64 = ctx.arg(0);
-    let prev_task: *const u8 = ctx.arg(1);
-    let next_task: *const u8 = ctx.arg(2);
-    let prev_state: u64 = ctx.arg(3);
-    let (prev, next) = unsafe {
-        (
-            task_field::<i32>(prev_task, &TASK_PID_OFF) as u32,
-            task_field::<i32>(next_task, &TASK_PID_OFF) as u32,
-        )
-    };
-    // __schedule counts a voluntary switch (nvcsw) exactly when it was not
-    // a preemption and the raw task state was not TASK_RUNNING.
-    let blocked = preempt as u8 == 0 && prev_state as u32 != 0;
-    on_switch(
-        prev,
-        blocked,
-        next,
-        || unsafe { task_field::<i32>(prev_task, &TASK_TGID_OFF) as u32 },
-        Some(sched_info::read(prev_task, next_task)),
-        vitals_common::offcpu::raw_state(preempt as u8 != 0, prev_state as u32),
-    );
-    if capture_control().flags & capture::FLAG_SCHED != 0 {
-        let (prev_prio, next_prio, exit_state, next_tgid, comm) = unsafe {
-            (
-                task_field::<i32>(prev_task, &TASK_PRIO_OFF),
-                task_field::<i32>(next_task, &TASK_PRIO_OFF),
-                task_field::<u32>(prev_task, &TASK_EXIT_STATE_OFF),
-                task_field::<i32>(next_task, &TASK_TGID_OFF) as u32,
-                [
-                    task_field::<u64>(next_task, &TASK_COMM_OFF),
-                    *(next_task.add(setting(&TASK_COMM_OFF) as usize + 8) as *const u64),
-                ],
-            )
-        };
-        // The classic tracepoint's prev_state encoding, so the capture
-        // decoder sees one format whichever program recorded it.
-        emit_switch(
-            ctx.as_ptr(),
-            prev,
-            reported_prev_state(preempt as u8 != 0, prev_state as u32, exit_state),
-            next,
-            prev_prio,
-            next_prio,
-            unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(comm) },
-            // The idle task's tgid is 0 as well: "unknown" and "swapper"
-            // agree.
-            next_tgid,
-        );
-        let state = reported_prev_state(preempt as u8 != 0, prev_state as u32, exit_state);
-        offcpu_capture::on_switch_out(&ctx, prev, state);
-    }
-    0
 }
 
 #[inline(always)]

@@ -20,6 +20,8 @@ mod kernel_charge;
 mod run_delay;
 #[path = "accounting/running_task.rs"]
 mod running_task;
+#[path = "accounting/switch_program.rs"]
+mod switch_program;
 
 fn load(source: FaultSourceChoice) -> Accounting {
     require_root();
@@ -28,13 +30,13 @@ fn load(source: FaultSourceChoice) -> Accounting {
         ..Default::default()
     })
     .expect("loading the accounting programs");
-    // With BTF, 5.18+ kernels (sched_switch's prev_state moved to the end of
-    // its arguments) must get tp_btf; older ones the classic programs (the
-    // 5.10 guests of the kernel matrix have BTF with the old prototype).
-    // Every mainline kernel from 5.10 on has the standard sched_switch and
-    // sched_wakeup layout, so the fast fixed-layout programs must be chosen.
+    // With BTF, every kernel must get tp_btf: 5.18+ with sched_switch's
+    // prev_state argument, older ones (the 5.10 and 5.15 guests of the
+    // kernel matrix) with prev's state read from the task. Every mainline
+    // kernel from 5.10 on has the standard sched_switch and sched_wakeup
+    // layout, so the fast fixed-layout programs must be chosen.
     let btf = std::path::Path::new("/sys/kernel/btf/vmlinux").exists();
-    let expected = if btf && kernel_version() >= (5, 18) {
+    let expected = if btf {
         SchedPrograms::Btf
     } else {
         SchedPrograms::Classic
@@ -46,6 +48,20 @@ fn load(source: FaultSourceChoice) -> Accounting {
         kernel_version()
     );
     assert_eq!(acc.layout(), TracepointLayout::Fixed);
+    // Which sched_switch program the kernel holds: before 5.18 the one
+    // that reads prev's state from the task.
+    if btf {
+        assert_eq!(
+            switch_program::names(),
+            [if kernel_version() >= (5, 18) {
+                "sched_switch_bt"
+            } else {
+                "switch_pre5_18"
+            }],
+            "kernel {:?}",
+            kernel_version()
+        );
+    }
     acc
 }
 
@@ -170,6 +186,17 @@ fn oncpu_time_is_the_kernels_charge_beside_a_loopback_flood() {
 #[test]
 fn runq_wait_and_switches_are_the_kernels_beside_a_spinner() {
     run_delay::check(load(FaultSourceChoice::Off));
+}
+
+/// The pre-5.18 tp_btf sched_switch program on this kernel: runqueue
+/// wait and switch counts are the kernel's, sleeps switch voluntarily,
+/// on-CPU time is sum_exec_runtime.
+#[test]
+fn pre_5_18_switch_program_counts_as_the_kernel() {
+    use switch_program::load_task_state;
+    run_delay::check(load_task_state());
+    sleep_check(load_task_state());
+    kernel_charge::check(load_task_state(), kernel_charge::FREQUENT_WAKER);
 }
 
 #[test]

@@ -212,6 +212,10 @@ pub struct AccountingConfig {
     /// Attach the classic scheduler tracepoints even where the kernel's BTF
     /// allows the raw (tp_btf) ones; for tests of that path.
     pub force_classic_tracepoints: bool,
+    /// Attach the pre-5.18 tp_btf sched_switch program (prev's state read
+    /// from the task) on a kernel with the 5.18+ prototype too, which only
+    /// adds an argument it does not read; for tests of that path.
+    pub force_switch_task_state: bool,
     /// Keep wakeup times in the bounded hash even where pid_max would
     /// allow the array; for tests of that path.
     pub force_wake_hash: bool,
@@ -379,6 +383,7 @@ impl Default for AccountingConfig {
             offcpu: Some(OffcpuSettings::default()),
             force_portable_layout: false,
             force_classic_tracepoints: false,
+            force_switch_task_state: false,
             force_wake_hash: false,
             force_task_hash: false,
             force_exited_hash: false,

@@ -492,6 +492,8 @@ pub mod names {
     pub const PROG_SCHED_WAKEUP_FIXED: &str = "sched_wakeup_fixed";
     pub const PROG_SCHED_WAKEUP_NEW_FIXED: &str = "sched_wakeup_new_fixed";
     pub const PROG_SCHED_SWITCH_BTF: &str = "sched_switch_btf";
+    /// Before Linux 5.18 (no `prev_state` argument; the task's own state).
+    pub const PROG_SWITCH_PRE5_18: &str = "switch_pre5_18";
     pub const PROG_SCHED_WAKEUP_BTF: &str = "sched_wakeup_btf";
     pub const PROG_SCHED_WAKEUP_NEW_BTF: &str = "sched_wakeup_new_btf";
     pub const PROG_SCHED_PROCESS_FREE: &str = "sched_process_free";
@@ -525,6 +527,7 @@ pub mod names {
     pub const G_TASK_EXIT_STATE: &str = "TASK_EXIT_STATE_OFF";
     pub const G_TASK_SUM_EXEC: &str = "TASK_SUM_EXEC_OFF";
     pub const G_TASK_RUN_DELAY: &str = "TASK_RUN_DELAY_OFF";
+    pub const G_TASK_STATE: &str = "TASK_STATE_OFF";
     pub const G_TRACK_OFFCPU: &str = "TRACK_OFFCPU";
     pub const G_LONG_BLOCK_US: &str = "LONG_BLOCK_US";
     /// WAKERS' slots per CPU and half, and its CPU regions per half.

@@ -20,13 +20,6 @@ fn missed(acc: &mut Accounting) -> u64 {
     acc.read().expect("reading maps").drops[drop_reason::SWITCH_MISSED as usize]
 }
 
-/// This host's Firecracker guest kernel fires no tracepoint while its pid 1
-/// is current (README "Reliability"): a few misses a second that no
-/// program can avoid. Stock kernels trace every switch.
-fn untraced_pid1() -> bool {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease").is_ok_and(|r| r.trim().contains("-fc"))
-}
-
 pub fn check(mut acc: Accounting) {
     let btf = acc.sched_programs() == SchedPrograms::Btf;
     let mut w = Workload::spawn(&["exec-from-thread", &EXECS.to_string()]);

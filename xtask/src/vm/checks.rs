@@ -432,16 +432,15 @@ fn test_outcome(block: Option<&Block>, name: &str) -> Outcome {
         });
     };
     // The verdict follows on the same line, or (when a child process wrote
-    // to the console meanwhile) on a later line of its own.
+    // to the console meanwhile, from a new line or right after the marker)
+    // on a later line of its own.
+    const VERDICTS: [&str; 3] = ["ok", "FAILED", "ignored"];
     let after = &b.body[i + marker.len()..];
     let mut lines = after.lines();
     let first = lines.next().unwrap_or("").trim();
-    let verdict = if !first.is_empty() {
-        Some(first.split_whitespace().next().unwrap_or(""))
-    } else {
-        lines
-            .map(str::trim)
-            .find(|l| ["ok", "FAILED", "ignored"].contains(l))
+    let verdict = match first.split_whitespace().next() {
+        Some(word) if VERDICTS.contains(&word) => Some(word),
+        _ => lines.map(str::trim).find(|l| VERDICTS.contains(l)),
     };
     match verdict {
         Some("ok") => Outcome::Pass,
@@ -543,7 +542,7 @@ mod tests {
             @@vm end daemon 0\n\
             @@vm begin accounting\r\n\
             running 2 tests\n\
-            test a ... ok\n\
+            test a ... [INFO vitalsd] a child's log on the verdict's line\nok\n\
             test b ... \nchild noise\nFAILED\n\n\
             failures:\n\n---- b stdout ----\n\n\
             thread 'b' panicked at tests/tests/accounting.rs:1:2:\n\

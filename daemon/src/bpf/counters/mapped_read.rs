@@ -97,6 +97,18 @@ impl Accounting {
         Ok(out)
     }
 
+    /// One task's counters from its TASKS_BY_TID slot, if it has a live
+    /// one: tids past the array are not looked up (a bpf() lookup raises
+    /// bpf_prog_active, blinding the classic programs on this CPU).
+    pub(super) fn read_task_slot(&self, tid: u32) -> Option<TaskCounters> {
+        let a = self.mappings().tasks.as_ref().expect("mapped");
+        if tid == 0 || tid >= a.entries() {
+            return None;
+        }
+        let t = a.read_stable(tid);
+        (t.born_ns != 0).then_some(t)
+    }
+
     /// Processes' fault counters: FAULTS_BY_TGID's non-zero slots, then
     /// the PROCESS_FAULTS hash of tgids past the array.
     pub(super) fn read_process_faults(&mut self) -> Result<HashMap<u32, FaultCounters>, BpfError> {

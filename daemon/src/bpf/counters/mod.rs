@@ -18,7 +18,8 @@ use std::{collections::HashMap, os::fd::AsFd};
 
 use aya::maps::{HashMap as AyaHashMap, MapData, MapError};
 use vitals_common::{
-    drop_reason, names, ExitKey, ExitedTask, FaultCounters, TaskCounters, WakerCounters, WakerKey,
+    drop_reason, names, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters, WakerCounters,
+    WakerKey,
 };
 
 use super::{
@@ -111,14 +112,12 @@ impl Accounting {
                 .iter()
                 .zip(&after)
                 .all(|(b, a)| b.last_switch_ns == a.last_switch_ns);
-            per_cpu = after;
+            let walked_from = std::mem::replace(&mut per_cpu, after);
             if settled {
                 break;
             }
             if attempt == 3 {
-                log::debug!(
-                    "switches kept landing while reading TASKS; this read may miss a slice"
-                );
+                per_cpu = self.reread_switched_out(&mut snap.tasks, walked_from, per_cpu);
             }
         }
         snap.monotonic_ns = crate::clock::monotonic_ns();
@@ -140,6 +139,44 @@ impl Accounting {
             *full = full.wrapping_add(self.wakers_dropped());
         }
         Ok(snap)
+    }
+
+    /// After walks of TASKS that each saw a switch land (a slow reader: in a
+    /// loaded QEMU TCG guest one walk took over a second): a CPU that
+    /// switched during the last walk may have ended the slice of the task
+    /// running there (`from`) after that task's entry was read, and
+    /// CPU_STATE (`to`) no longer shows it in flight, so a spinner's whole
+    /// slice could be in neither. Re-reads those tasks' slots (one copy
+    /// each, microseconds) and CPU_STATE again, until no CPU switched in
+    /// between; returns the CPU states to take in-flight time from. A slice
+    /// that began and ended inside the walk can still be missed, and is
+    /// shorter than the walk.
+    fn reread_switched_out(
+        &self,
+        tasks: &mut HashMap<u32, TaskCounters>,
+        mut from: Vec<CpuState>,
+        mut to: Vec<CpuState>,
+    ) -> Vec<CpuState> {
+        for _ in 0..8 {
+            let switched_out: Vec<u32> = from
+                .iter()
+                .zip(&to)
+                .filter(|(f, t)| f.last_switch_ns != t.last_switch_ns && f.valid != 0)
+                .map(|(f, _)| f.running_tid)
+                .filter(|&tid| tid != 0)
+                .collect();
+            if switched_out.is_empty() {
+                return to;
+            }
+            for tid in switched_out {
+                if let Some(t) = self.read_task_slot(tid) {
+                    tasks.insert(tid, t);
+                }
+            }
+            from = std::mem::replace(&mut to, self.cpu_states());
+        }
+        log::debug!("switches kept landing while reading TASKS; this read may miss a slice");
+        to
     }
 
     /// One BPF_MAP_TYPE_HASH with u32 keys: iterated while it held at most

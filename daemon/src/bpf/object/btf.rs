@@ -29,8 +29,8 @@ pub enum BtfError {
     Malformed { path: PathBuf, what: String },
     #[error("{path}: no {what}")]
     Missing { path: PathBuf, what: String },
-    /// A raw tracepoint's argument list is not what the programs read
-    /// (sched_switch's before 5.18), or its typedef is absent.
+    /// A raw tracepoint's argument list is none the programs read, or its
+    /// typedef is absent.
     #[error("{path}: no {what}")]
     Prototype { path: PathBuf, what: String },
 }
@@ -48,16 +48,28 @@ pub struct TaskStructOffsets {
     /// `sched_info.run_delay`: the task's runqueue wait as schedstat
     /// reports it; None without CONFIG_SCHED_INFO (no `sched_info` member).
     pub run_delay: Option<u32>,
+    /// `__state` (5.14+), or `state` (a `long`) before: what the pre-5.18
+    /// sched_switch program reads prev's state from.
+    pub state: Option<u32>,
 }
 
-/// The raw tracepoints' prototypes this crate's programs read their
-/// arguments by position from, as `btf_trace_<event>` typedefs declare them
-/// (a pointer to a function prototype whose first parameter is the BPF
-/// context `void *`), typedefs resolved (`bool` is `_Bool`).
-const EXPECTED_PROTOS: [(&str, &[&str]); 4] = [
-    // Since Linux 5.18: prev_state moved to the end.
+/// The argument lists of `btf_trace_sched_switch` the programs can read,
+/// named by where prev's state comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SwitchPrototype {
+    /// Since Linux 5.18: `(void *, bool preempt, prev, next, unsigned int
+    /// prev_state)`, the state __schedule loaded and decided by.
+    StateArgument,
+    /// Before: `(void *, bool preempt, prev, next)`; the program reads
+    /// `prev->__state` (`state` before 5.14) at the tracepoint, as the
+    /// classic tracepoint's `__trace_sched_switch_state` does.
+    StateInTask,
+}
+
+/// `btf_trace_sched_switch`'s parameter lists, typedefs resolved.
+const SWITCH_PROTOS: [(SwitchPrototype, &[&str]); 2] = [
     (
-        "btf_trace_sched_switch",
+        SwitchPrototype::StateArgument,
         &[
             "void",
             "_Bool",
@@ -66,6 +78,19 @@ const EXPECTED_PROTOS: [(&str, &[&str]); 4] = [
             "unsigned int",
         ],
     ),
+    (
+        SwitchPrototype::StateInTask,
+        &["void", "_Bool", "task_struct", "task_struct"],
+    ),
+];
+
+/// The raw tracepoints' prototypes this crate's programs read their
+/// arguments by position from, as `btf_trace_<event>` typedefs declare them
+/// (a pointer to a function prototype whose first parameter is the BPF
+/// context `void *`), typedefs resolved (`bool` is `_Bool`).
+/// sched_switch's has two forms (`SWITCH_PROTOS`); its list here is unused.
+const EXPECTED_PROTOS: [(&str, &[&str]); 4] = [
+    ("btf_trace_sched_switch", &[]),
     ("btf_trace_sched_wakeup", &["void", "task_struct"]),
     ("btf_trace_sched_wakeup_new", &["void", "task_struct"]),
     // The off-CPU accounting's waker side (`offcpu_waking_btf`).
@@ -76,6 +101,9 @@ const EXPECTED_PROTOS: [(&str, &[&str]); 4] = [
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelBtf {
     pub task: TaskStructOffsets,
+    /// Which `btf_trace_sched_switch` the kernel has, so which program
+    /// attaches to it.
+    pub switch: SwitchPrototype,
     /// The type id of each `btf_trace_<event>` typedef of
     /// [`EXPECTED_PROTOS`], in that order: a tp_btf program's attach
     /// target (BPF_PROG_LOAD's attach_btf_id).
@@ -185,7 +213,7 @@ fn kernel_btf_in<R: Read + Seek>(file: &mut R) -> Result<KernelBtf, Lookup> {
 }
 
 fn lookup(types: &Types) -> Result<KernelBtf, Lookup> {
-    let task = task_struct_offsets_from(types)?;
+    let (task, switch) = task_struct_offsets_from(types)?;
     let mut attach_targets = [0; EXPECTED_PROTOS.len()];
     for (id, (typedef, _)) in attach_targets.iter_mut().zip(EXPECTED_PROTOS) {
         *id = types
@@ -195,6 +223,7 @@ fn lookup(types: &Types) -> Result<KernelBtf, Lookup> {
     }
     Ok(KernelBtf {
         task,
+        switch,
         attach_targets,
     })
 }
@@ -204,8 +233,22 @@ fn task_struct_offsets_in(data: &[u8]) -> Result<TaskStructOffsets, Lookup> {
     kernel_btf_in(&mut std::io::Cursor::new(data)).map(|k| k.task)
 }
 
-fn task_struct_offsets_from(types: &Types) -> Result<TaskStructOffsets, Lookup> {
-    for (typedef, expected) in EXPECTED_PROTOS {
+fn task_struct_offsets_from(types: &Types) -> Result<(TaskStructOffsets, SwitchPrototype), Lookup> {
+    const SWITCH: &str = "btf_trace_sched_switch";
+    let switch = match types.proto_params(SWITCH) {
+        Some(params) => SWITCH_PROTOS
+            .iter()
+            .find(|(_, expected)| params == *expected)
+            .map(|&(proto, _)| proto)
+            .ok_or_else(|| {
+                Lookup::Prototype(format!(
+                    "{SWITCH} with parameters {:?} or {:?} (it has {params:?})",
+                    SWITCH_PROTOS[0].1, SWITCH_PROTOS[1].1
+                ))
+            })?,
+        None => return Err(Lookup::Prototype(format!("typedef {SWITCH}"))),
+    };
+    for (typedef, expected) in EXPECTED_PROTOS.into_iter().filter(|(t, _)| *t != SWITCH) {
         match types.proto_params(typedef) {
             Some(params) if params == expected => {}
             Some(params) => {
@@ -231,7 +274,13 @@ fn task_struct_offsets_from(types: &Types) -> Result<TaskStructOffsets, Lookup> 
             .and_then(|r| types.member_offset(&r, name))
             .ok_or_else(|| Lookup::Missing(format!("{strukt}.{name}")))
     };
-    Ok(TaskStructOffsets {
+    let state = field("__state").or_else(|_| field("state")).ok();
+    if switch == SwitchPrototype::StateInTask && state.is_none() {
+        return Err(Lookup::Missing(
+            "task_struct.__state or task_struct.state (the pre-5.18 sched_switch reads it)".into(),
+        ));
+    }
+    let offsets = TaskStructOffsets {
         pid: field("pid")?,
         tgid: field("tgid")?,
         prio: field("prio")?,
@@ -241,7 +290,9 @@ fn task_struct_offsets_from(types: &Types) -> Result<TaskStructOffsets, Lookup> 
         run_delay: field("sched_info")
             .and_then(|o| Ok(o + nested("sched_info", "run_delay")?))
             .ok(),
-    })
+        state,
+    };
+    Ok((offsets, switch))
 }
 
 #[cfg(test)]
@@ -338,10 +389,30 @@ mod tests {
         kernel_with(switch_params_old_order, true)
     }
 
-    /// `sched_info`: with CONFIG_SCHED_INFO's task_struct member.
+    /// `sched_info`: with CONFIG_SCHED_INFO's task_struct member. The old
+    /// argument order comes with 5.10's `long state`, the new one with
+    /// `unsigned int __state`.
     fn kernel_with(switch_params_old_order: bool, sched_info: bool) -> Vec<u8> {
+        let state = if switch_params_old_order {
+            "state"
+        } else {
+            "__state"
+        };
+        kernel_built(switch_params_old_order, sched_info, Some(state), false)
+    }
+
+    /// `state`: the name of task_struct's state member at offset 0 (none:
+    /// no such member); `odd_switch`: a sched_switch prototype of neither
+    /// form.
+    fn kernel_built(
+        switch_params_old_order: bool,
+        sched_info: bool,
+        state: Option<&str>,
+        odd_switch: bool,
+    ) -> Vec<u8> {
         let mut b = Builder::new();
         let int = b.int("int", 4);
+        let long = b.int("long int", 8);
         let uint = b.int("unsigned int", 4);
         let c_bool = b.int("_Bool", 1);
         let boolean = b.push("bool", KIND_TYPEDEF, 0, false, c_bool, &[]);
@@ -364,7 +435,6 @@ mod tests {
         );
         let task_fwd_id = b.next_id;
         let mut members = vec![
-            ("__state", uint, 0),
             ("prio", int, 32 * 8),
             ("exit_state", int, 100 * 8),
             ("se", se, 128 * 8),
@@ -374,11 +444,18 @@ mod tests {
         if sched_info {
             members.push(("sched_info", info, 1500 * 8));
         }
+        match state {
+            Some("state") => members.push(("state", long, 0)),
+            Some(name) => members.push((name, uint, 0)),
+            None => {}
+        }
         let task = b.strukt("task_struct", 4096, &members);
         assert_eq!(task, task_fwd_id);
         let task_ptr = b.ptr(task);
         let void_ptr = b.ptr(0);
-        if switch_params_old_order {
+        if odd_switch {
+            b.proto("btf_trace_sched_switch", &[void_ptr, task_ptr, task_ptr]);
+        } else if switch_params_old_order {
             // Before 5.18: (void *, bool preempt, prev, next).
             b.proto(
                 "btf_trace_sched_switch",
@@ -409,6 +486,7 @@ mod tests {
                 exit_state: 100,
                 sum_exec_runtime: 128 + 72,
                 run_delay: Some(1500 + 8),
+                state: Some(0),
             }
         );
     }
@@ -452,12 +530,40 @@ mod tests {
     }
 
     #[test]
-    fn refuses_an_older_sched_switch_prototype() {
-        match task_struct_offsets_in(&kernel_like(true)) {
+    fn takes_the_pre_5_18_sched_switch_prototype_with_the_tasks_state() {
+        for (old_order, proto, state) in [
+            (false, SwitchPrototype::StateArgument, "__state"),
+            (true, SwitchPrototype::StateInTask, "state"),
+        ] {
+            let blob = kernel_like(old_order);
+            let kernel = kernel_btf_in(&mut std::io::Cursor::new(&blob)).unwrap();
+            assert_eq!(kernel.switch, proto, "{state}");
+            assert_eq!(kernel.task.state, Some(0), "{state}");
+            assert_eq!(kernel.task.pid, 1264);
+        }
+        // A 5.14-5.17 kernel: `__state`, still the old argument list.
+        let blob = kernel_built(true, true, Some("__state"), false);
+        let kernel = kernel_btf_in(&mut std::io::Cursor::new(&blob)).unwrap();
+        assert_eq!(
+            (kernel.switch, kernel.task.state),
+            (SwitchPrototype::StateInTask, Some(0))
+        );
+    }
+
+    #[test]
+    fn refuses_the_old_prototype_without_a_state_member_and_any_other_one() {
+        match task_struct_offsets_in(&kernel_built(true, true, None, false)) {
+            Err(Lookup::Missing(what)) => assert!(what.contains("state"), "{what}"),
+            other => panic!("no state to read prev's from: {other:?}"),
+        }
+        // 5.18+ passes the state: the member is not needed.
+        let offsets = task_struct_offsets_in(&kernel_built(false, true, None, false)).unwrap();
+        assert_eq!(offsets.state, None);
+        match task_struct_offsets_in(&kernel_built(false, true, Some("__state"), true)) {
             Err(Lookup::Prototype(what)) => {
                 assert!(what.contains("btf_trace_sched_switch"), "{what}")
             }
-            _ => panic!("the pre-5.18 argument order must not be accepted"),
+            other => panic!("an unknown argument list must not be accepted: {other:?}"),
         }
     }
 
@@ -525,6 +631,8 @@ mod tests {
         assert_eq!(offsets.prio, bpftool_offset("prio"));
         assert_eq!(offsets.comm, bpftool_offset("comm"));
         assert_eq!(offsets.exit_state, bpftool_offset("exit_state"));
+        // 5.14+ calls it `__state`.
+        assert_eq!(offsets.state, Some(bpftool_offset("__state")));
         assert_eq!(
             offsets.sum_exec_runtime,
             bpftool_offset("se") + member_offset("sched_entity", "sum_exec_runtime")

@@ -82,8 +82,8 @@ impl Feature {
                 "refused: vitalsd does not load (the scheduler programs call it)",
             ),
             Feature::BtfSchedSwitch => (
-                "tp_btf sched_switch with `prev_state` last",
-                "5.18",
+                "tp_btf sched_switch in a known prototype (`prev_state` last since 5.18; before, prev's state read from the task)",
+                "5.5",
                 "the `btf_trace_sched_switch` prototype in kernel BTF",
                 "classic tracepoints",
             ),

@@ -17,7 +17,7 @@ use super::{
         attach_err,
         features::{self, VMLINUX_BTF},
         object::{
-            btf::KernelBtf,
+            btf::{KernelBtf, SwitchPrototype},
             feature_table::{log_missing, Feature},
             pinned_map_path, sched_program, MapRead, SchedPrograms, TracepointLayout,
         },
@@ -95,7 +95,13 @@ impl Accounting {
             if pin_to.is_some() { "loaded" } else { "attached" },
             fault_source.describe(),
             match sched_programs {
-                SchedPrograms::Btf => "tp_btf".to_string(),
+                SchedPrograms::Btf => match settings.btf_offsets.map(|k| k.switch) {
+                    Some(SwitchPrototype::StateInTask) => {
+                        "tp_btf (pre-5.18 sched_switch: prev's state read from the task)"
+                            .to_string()
+                    }
+                    _ => "tp_btf".to_string(),
+                },
                 SchedPrograms::Classic => format!("classic tracepoints, {layout:?} layout"),
             },
             match (cfg.runq_wait, wait_from_kernel, settings.wake_array) {
@@ -226,7 +232,9 @@ fn attach_sched(
         }
         // A kernel or policy that refuses them (verifier, LSM) costs
         // the cheaper attach, not the accounting.
-        match attach_btf_sched(ebpf, &sched_events(runq_wait, run_delay, offcpu), btf) {
+        let switch = kernel_btf.map_or(SwitchPrototype::StateArgument, |k| k.switch);
+        let events = sched_events(runq_wait, run_delay, offcpu);
+        match attach_btf_sched(ebpf, &events, switch, btf) {
             Ok(()) => sched_programs = SchedPrograms::Btf,
             // Surprising where the probes said yes, hence a warning.
             Err(e) => log::warn!(
@@ -354,19 +362,33 @@ fn check_capabilities() -> Result<(), BpfError> {
     })
 }
 
+/// The tp_btf program for `event`; sched_switch's by the kernel's
+/// prototype of it (`switch`).
+fn btf_sched_program(event: &str, switch: SwitchPrototype) -> &'static str {
+    match (event, switch) {
+        ("sched_switch", SwitchPrototype::StateInTask) => names::PROG_SWITCH_PRE5_18,
+        _ => sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event),
+    }
+}
+
 /// Loads (verifies) every tp_btf scheduler program, then attaches them;
 /// all or none: on an error the ones loaded are unloaded again, which
 /// detaches them.
-fn attach_btf_sched(ebpf: &mut Ebpf, events: &[&str], btf: &Btf) -> Result<(), BpfError> {
+fn attach_btf_sched(
+    ebpf: &mut Ebpf,
+    events: &[&str],
+    switch: SwitchPrototype,
+    btf: &Btf,
+) -> Result<(), BpfError> {
     let result = (|| {
         for event in events {
-            let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
+            let name = btf_sched_program(event, switch);
             program::<BtfTracePoint>(ebpf, name)?
                 .load(event, btf)
                 .map_err(program_err(name))?;
         }
         for event in events {
-            let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
+            let name = btf_sched_program(event, switch);
             program::<BtfTracePoint>(ebpf, name)?
                 .attach()
                 .map_err(attach_err(name, format!("tp_btf/{event}")))?;
@@ -375,7 +397,7 @@ fn attach_btf_sched(ebpf: &mut Ebpf, events: &[&str], btf: &Btf) -> Result<(), B
     })();
     if result.is_err() {
         for event in events {
-            let name = sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event);
+            let name = btf_sched_program(event, switch);
             if let Ok(p) = program::<BtfTracePoint>(ebpf, name) {
                 let _ = p.unload();
             }

@@ -309,6 +309,9 @@ impl LoadSettings {
                 (names::G_TASK_SUM_EXEC, o.sum_exec_runtime),
                 // 0: no run_delay, the wakeup programs measure the wait.
                 (names::G_TASK_RUN_DELAY, o.run_delay.unwrap_or(0)),
+                // Read by the pre-5.18 sched_switch program only, which
+                // the loader attaches only where the offset was found.
+                (names::G_TASK_STATE, o.state.unwrap_or(0)),
             ]);
         }
         globals.extend([
@@ -435,7 +438,12 @@ fn choose_btf_offsets(
         return None;
     }
     match btf::kernel_btf(Path::new(VMLINUX_BTF)) {
-        Ok(o) => Some(o),
+        Ok(mut o) => {
+            if cfg.force_switch_task_state && o.task.state.is_some() {
+                o.switch = btf::SwitchPrototype::StateInTask;
+            }
+            Some(o)
+        }
         Err(e @ btf::BtfError::Prototype { .. }) => {
             log_missing(Feature::BtfSchedSwitch, e);
             None
