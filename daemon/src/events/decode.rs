@@ -5,9 +5,15 @@
 //! CompactSched writer's rows, fault samples into `FaultRec` for the
 //! symboliser.
 
-use vitals_common::{capture, FaultEvent, OffcpuEvent, SwitchEvent, WakingEvent};
+use vitals_common::{
+    blind::{self, BlindWindowEvent},
+    capture, FaultEvent, OffcpuEvent, SwitchEvent, WakingEvent,
+};
 
-use crate::perfetto::compact_sched::{SwitchRec, WakingRec};
+use crate::perfetto::{
+    blind_windows::BlindWindow,
+    compact_sched::{SwitchRec, WakingRec},
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Record {
@@ -25,6 +31,8 @@ pub enum Record {
     Fault(FaultRec),
     /// A long block of a watched thread, with its waker.
     Offcpu(OffcpuEvent),
+    /// Switches a CPU made that no classic program saw.
+    BlindWindow(BlindWindow),
     /// Perf array only: the perf buffer of `cpu` reported `count` samples
     /// it had no room for (PERF_RECORD_LOST).
     Lost {
@@ -124,6 +132,16 @@ pub fn decode(b: &[u8]) -> Option<Record> {
             }))
         }
         capture::KIND_OFFCPU => Some(Record::Offcpu(read(b)?)),
+        blind::KIND_BLIND_WINDOW => {
+            let e: BlindWindowEvent = read(b)?;
+            Some(Record::BlindWindow(BlindWindow {
+                cpu: e.hdr.cpu,
+                start_ts: e.start_ts,
+                end_ts: e.hdr.ts,
+                unseen_switches: e.unseen_switches,
+                seen_by: e.seen_by,
+            }))
+        }
         _ => None,
     }
 }

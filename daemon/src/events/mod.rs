@@ -34,6 +34,7 @@ use crate::{
     bpf::{Accounting, BpfError, EventTransport},
     event_set::EventSet,
     perfetto::{
+        blind_windows::{BlindWindow, BlindWindowTracks},
         compact_sched::{build_bundle, comm_str, Comm, CpuEvents},
         offcpu_blocks::{LongBlock, OffcpuBlocks},
         CounterSpec, CounterUnit, CounterValue, PerfettoError, TraceWriter, TrackUuid,
@@ -135,6 +136,14 @@ pub struct EventStats {
     /// Threads seen in sched records whose thread group never became
     /// known, left out of ProcessTree (see `write_thread_names`).
     pub threads_without_process: u64,
+    /// Blind windows of the classic sched_switch programs, and the
+    /// switches the kernel made in them unseen (`vitals_common::blind`).
+    pub blind_windows: u64,
+    pub unseen_switches: u64,
+    /// Of those, the windows only the switch counter revealed: the task
+    /// switching out was the one last seen switching in (`switch_missed`
+    /// cannot see them).
+    pub blind_windows_counter_only: u64,
 }
 
 impl EventStats {
@@ -188,6 +197,9 @@ pub struct EventRecorder {
     /// Long blocks not written yet, and their tracks' state.
     blocks: Vec<LongBlock>,
     block_tracks: OffcpuBlocks,
+    /// Blind windows not written yet, and their tracks' state.
+    windows: Vec<BlindWindow>,
+    window_tracks: BlindWindowTracks,
     stats: EventStats,
 }
 
@@ -243,6 +255,8 @@ impl EventRecorder {
             faults: FaultStacks::new(proc_root),
             blocks: Vec::new(),
             block_tracks: OffcpuBlocks::new(),
+            windows: Vec::new(),
+            window_tracks: BlindWindowTracks::new(),
             stats: EventStats {
                 transport: Some(transport),
                 ..EventStats::default()
@@ -293,6 +307,14 @@ impl EventRecorder {
                     self.faults.push(f);
                 }
                 Record::Offcpu(e) => self.absorb_block(&e),
+                Record::BlindWindow(w) => {
+                    self.stats.blind_windows += 1;
+                    self.stats.unseen_switches += u64::from(w.unseen_switches);
+                    if w.seen_by == vitals_common::blind::SEEN_BY_COUNTER {
+                        self.stats.blind_windows_counter_only += 1;
+                    }
+                    self.windows.push(w);
+                }
                 Record::Lost { cpu, count } => {
                     let i = cpu as usize;
                     if self.perf_lost.len() <= i {
@@ -404,6 +426,11 @@ impl EventRecorder {
         self.write_fault_samples(acc, writer, last)?;
         for b in std::mem::take(&mut self.blocks) {
             for p in self.block_tracks.packets(&b) {
+                writer.write_packet(p)?;
+            }
+        }
+        for w in std::mem::take(&mut self.windows) {
+            for p in self.window_tracks.packets(&w) {
                 writer.write_packet(p)?;
             }
         }

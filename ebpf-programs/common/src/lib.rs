@@ -20,6 +20,7 @@ pub struct FaultCounters {
     pub majflt: u64,
 }
 
+pub mod blind;
 pub mod mapped;
 pub mod offcpu;
 pub use mapped::ExitRecord;
@@ -347,7 +348,8 @@ pub struct CaptureControl {
     pub offcpu_min_ns: u64,
     /// FLAG_OFFCPU: the watched process (tgid); 0 watches every thread.
     pub offcpu_tgid: u32,
-    pub _pad: u32,
+    /// Tells one capture from the next (`blind::BlindState`).
+    pub capture_id: u32,
 }
 
 /// Common prefix of every capture record.

@@ -1,0 +1,93 @@
+//! Capture tier, classic sched_switch programs only: blind windows
+//! (`vitals_common::blind`). At every seen switch of a `--sched` capture
+//! this CPU's PERF_COUNT_SW_CONTEXT_SWITCHES counter is read; when it
+//! advanced by more than one since the last seen switch here, or the task
+//! switching out is not the one last switched in, the stretch in between
+//! goes out as a `BlindWindowEvent`. Only called in the programs' capture
+//! branch, so the always-on path pays nothing for it. The tp_btf programs
+//! never call it: raw tracepoints do not take bpf_prog_active.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::{bpf_perf_event_value, BPF_F_CURRENT_CPU},
+    helpers::{bpf_ktime_get_boot_ns, generated::bpf_perf_event_read_value},
+    macros::map,
+    maps::{PerCpuArray, PerfEventByteArray},
+};
+use vitals_common::{
+    blind::{
+        BlindState, BlindWindowEvent, KIND_BLIND_WINDOW, SEEN_BY_COUNTER, SEEN_BY_RUNNING_TID,
+    },
+    capture,
+};
+
+use crate::capture_tier::{capture_control, emit, header};
+
+/// One CPU-wide context-switch counter per CPU, put here by the loader
+/// for a capture tier (max_entries 0: aya sizes it to the possible CPUs;
+/// 8 bytes a slot). Empty (bpfloader's pins): the read fails with -ENOENT
+/// and only `SEEN_BY_RUNNING_TID` windows are found.
+#[map(name = "SWITCH_COUNTERS")]
+static SWITCH_COUNTERS: PerfEventByteArray = PerfEventByteArray::new(0);
+
+/// This CPU's last seen switch in the running capture.
+#[map(name = "BLIND_STATE")]
+static BLIND_STATE: PerCpuArray<BlindState> = PerCpuArray::with_max_entries(1, 0);
+
+/// A seen switch on this CPU; `missed`: on_switch found the task switching
+/// out was not the one running (`switch_missed`).
+#[inline(always)]
+pub(crate) fn on_switch(ctx: *mut c_void, missed: bool) {
+    let Some(state) = BLIND_STATE.get_ptr_mut(0) else {
+        return;
+    };
+    let state = unsafe { &mut *state };
+    let id = capture_control().capture_id;
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    let mut value = bpf_perf_event_value {
+        counter: 0,
+        enabled: 0,
+        running: 0,
+    };
+    let read = unsafe {
+        bpf_perf_event_read_value(
+            &SWITCH_COUNTERS as *const _ as *mut c_void,
+            BPF_F_CURRENT_CPU,
+            &mut value,
+            core::mem::size_of::<bpf_perf_event_value>() as u32,
+        )
+    } == 0;
+    if state.capture_id == id && state.ts != 0 {
+        let mut unseen = 0u64;
+        let mut seen_by = 0u32;
+        // The counter has counted the earlier seen switch too: 1 is none
+        // unseen. Below 1 it was reopened: no comparison.
+        if read && state.counted != 0 && value.counter > state.switch_count + 1 {
+            unseen = value.counter - state.switch_count - 1;
+            seen_by |= SEEN_BY_COUNTER;
+        }
+        if missed {
+            seen_by |= SEEN_BY_RUNNING_TID;
+            if unseen == 0 {
+                unseen = 1;
+            }
+        }
+        if seen_by != 0 {
+            emit(
+                ctx,
+                BlindWindowEvent {
+                    hdr: header(KIND_BLIND_WINDOW),
+                    start_ts: state.ts,
+                    unseen_switches: unseen as u32,
+                    seen_by,
+                },
+                capture::lost::SCHED,
+            );
+        }
+    }
+    state.capture_id = id;
+    state.ts = now;
+    state.switch_count = value.counter;
+    state.counted = read as u32;
+}
