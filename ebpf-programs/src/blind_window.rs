@@ -10,8 +10,8 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::{bpf_perf_event_value, BPF_F_CURRENT_CPU},
-    helpers::{bpf_ktime_get_boot_ns, generated::bpf_perf_event_read_value},
+    bindings::BPF_F_CURRENT_CPU,
+    helpers::{bpf_ktime_get_ns, generated::bpf_perf_event_read},
     macros::map,
     maps::{PerCpuArray, PerfEventByteArray},
 };
@@ -44,27 +44,30 @@ pub(crate) fn on_switch(ctx: *mut c_void, missed: bool) {
     };
     let state = unsafe { &mut *state };
     let id = capture_control().capture_id;
-    let now = unsafe { bpf_ktime_get_boot_ns() };
-    let mut value = bpf_perf_event_value {
-        counter: 0,
-        enabled: 0,
-        running: 0,
+    // This switch's CLOCK_MONOTONIC time as on_switch stamped it: no clock
+    // read per switch (one cost as much as the counter read, measured);
+    // moved to CLOCK_BOOTTIME only when a window goes out.
+    let Some(now) = crate::mapped::cpu_state().map(|c| c.last_switch_ns) else {
+        return;
     };
-    let read = unsafe {
-        bpf_perf_event_read_value(
+    // bpf_perf_event_read (4.3), not _read_value: the counter alone, without
+    // the enabled/running times it would compute at every switch (half of
+    // what the read cost, measured). Errors come back as -errno in the u64;
+    // a context-switch count never gets near those values.
+    let count = unsafe {
+        bpf_perf_event_read(
             &SWITCH_COUNTERS as *const _ as *mut c_void,
             BPF_F_CURRENT_CPU,
-            &mut value,
-            core::mem::size_of::<bpf_perf_event_value>() as u32,
         )
-    } == 0;
+    };
+    let read = count < (-4095i64) as u64;
     if state.capture_id == id && state.ts != 0 {
         let mut unseen = 0u64;
         let mut seen_by = 0u32;
         // The counter has counted the earlier seen switch too: 1 is none
         // unseen. Below 1 it was reopened: no comparison.
-        if read && state.counted != 0 && value.counter > state.switch_count + 1 {
-            unseen = value.counter - state.switch_count - 1;
+        if read && state.counted != 0 && count > state.switch_count + 1 {
+            unseen = count - state.switch_count - 1;
             seen_by |= SEEN_BY_COUNTER;
         }
         if missed {
@@ -74,11 +77,13 @@ pub(crate) fn on_switch(ctx: *mut c_void, missed: bool) {
             }
         }
         if seen_by != 0 {
+            let hdr = header(KIND_BLIND_WINDOW);
+            let boot_minus_mono = hdr.ts.wrapping_sub(unsafe { bpf_ktime_get_ns() });
             emit(
                 ctx,
                 BlindWindowEvent {
-                    hdr: header(KIND_BLIND_WINDOW),
-                    start_ts: state.ts,
+                    hdr,
+                    start_ts: state.ts.wrapping_add(boot_minus_mono),
                     unseen_switches: unseen as u32,
                     seen_by,
                 },
@@ -88,6 +93,6 @@ pub(crate) fn on_switch(ctx: *mut c_void, missed: bool) {
     }
     state.capture_id = id;
     state.ts = now;
-    state.switch_count = value.counter;
+    state.switch_count = if read { count } else { 0 };
     state.counted = read as u32;
 }

@@ -49,7 +49,7 @@ pub struct BlindWindowEvent {
 pub struct BlindState {
     /// SWITCH_COUNTERS' count read at that switch; valid with `counted` 1.
     pub switch_count: u64,
-    /// CLOCK_BOOTTIME of that switch.
+    /// CLOCK_MONOTONIC of that switch (`CpuState::last_switch_ns`).
     pub ts: u64,
     /// `CaptureControl::capture_id` of the capture that wrote it: a state
     /// left by an earlier capture (pinned maps outlive a recording, and
