@@ -180,16 +180,20 @@ impl Drop for SwitchTracer {
 }
 
 /// #22 item 2: a `--sched` capture on the classic tracepoints marks where
-/// its programs were blind. The witness is ftrace's sched_switch on the
-/// same CPUs: every switch ftrace recorded that the capture lacks must lie
-/// inside a marked window on that CPU, each window's count must equal the
-/// switches ftrace has in it that the capture lacks, and the summary's
-/// count must equal the slices trace_processor imports. Blindness needs a
-/// task inside a bpf() map syscall when a switch happens: the workload
-/// reads a BPF map beside a spinner on CPU 0 (which blinds CPU 0 on a
-/// kernel that preempts there), and any other process's bpf() calls blind
-/// other CPUs the same way. Without the windows (main before this) the
-/// first unmatched switch fails it.
+/// its programs were blind, checked against ftrace's own sched_switch on
+/// the same CPUs:
+/// - recall: every switch ftrace recorded that the capture lacks lies in a
+///   marked window on that CPU, which counts at least as many;
+/// - precision: every window holds such a switch, or a switch ftrace
+///   lacks too (the task it saw switch in is not the next one it sees
+///   switch out: the CPU ran another in between);
+/// - the summary counts the windows and unseen switches trace_processor
+///   imports; at least one window is marked (main before this marks none).
+/// Blindness: the workload reads a large BPF hash beside a spinner on CPU
+/// 0, which blinds CPU 0 where the kernel preempts inside bpf() (5.11+,
+/// preempt=full/lazy; not this VM's preempt=none), and this VM's agent
+/// switches out without any tracepoint firing (README, Kernel support). A
+/// host with neither has nothing to mark, and the test fails saying so.
 #[test]
 fn classic_capture_marks_every_switch_ftrace_saw_and_it_missed() {
     require_root();

@@ -209,6 +209,27 @@ mod tests {
         };
         assert_eq!(decode(&bytes(&o)), Some(Record::Offcpu(o)));
         assert_eq!(decode(&bytes(&o)[..40]), None);
+        let w = BlindWindowEvent {
+            hdr: EventHeader {
+                kind: blind::KIND_BLIND_WINDOW,
+                cpu: 1,
+                ts: 900,
+            },
+            start_ts: 100,
+            unseen_switches: 3,
+            seen_by: blind::SEEN_BY_COUNTER,
+        };
+        assert_eq!(
+            decode(&bytes(&w)),
+            Some(Record::BlindWindow(BlindWindow {
+                cpu: 1,
+                start_ts: 100,
+                end_ts: 900,
+                unseen_switches: 3,
+                seen_by: blind::SEEN_BY_COUNTER,
+            }))
+        );
+        assert_eq!(decode(&bytes(&w)[..20]), None);
         assert_eq!(decode(&[9, 0, 0, 0, 0, 0, 0, 0]), None);
     }
 }
