@@ -189,6 +189,7 @@ impl Drop for SwitchTracer {
 ///   switch out: the CPU ran another in between);
 /// - the summary counts the windows and unseen switches trace_processor
 ///   imports; at least one window is marked (main before this marks none).
+///
 /// Blindness: the workload reads a large BPF hash beside a spinner on CPU
 /// 0, which blinds CPU 0 where the kernel preempts inside bpf() (5.11+,
 /// preempt=full/lazy; not this VM's preempt=none), and this VM's agent
