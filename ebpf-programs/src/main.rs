@@ -22,6 +22,7 @@
 // aya-ebpf turns on the same feature on bpf targets.
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
+mod blind_window;
 mod capture_tier;
 mod exec;
 mod faults;
@@ -58,8 +59,7 @@ static SWITCH_PREV_STATE_OFF: u32 = 32;
 static SWITCH_NEXT_PID_OFF: u32 = 56;
 #[no_mangle]
 static WAKEUP_PID_OFF: u32 = 24;
-/// 0: not set (bpfloader): sched_process_free tells it from the record
-/// (`vitals_common::free_pid_offset`).
+/// 0 (bpfloader): sched_process_free tells it (`free_pid_offset`).
 #[no_mangle]
 static FREE_PID_OFF: u32 = 0;
 /// 0: runqueue-wait accounting off (no wakeup programs attached either).
@@ -146,9 +146,8 @@ fn setting(v: &'static u32) -> u32 {
 ///   given that tid within the grace period would share the old one's value
 ///   until the free deletes it. alloc_pid hands out pids cyclically, so that
 ///   takes a pid_max wrap-around within a grace period.)
-/// With the value in one place, sched_process_free needs one lookup (no
-/// bpf_map_lookup_percpu_elem, Linux 5.19) and the map costs 1/ncpus of the
-/// memory of a per-CPU hash.
+/// One value: sched_process_free needs one lookup (no 5.19
+/// bpf_map_lookup_percpu_elem), and 1/ncpus of a per-CPU hash's memory.
 #[map(name = "TASKS")]
 static TASKS: HashMap<u32, TaskCounters> = HashMap::with_max_entries(16384, 0);
 /// One all-zero TaskCounters, never written; `task_slot` inserts it.
@@ -293,7 +292,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         )
     };
     if let (Ok(prev), Ok(state), Ok(next)) = fields {
-        on_switch(
+        let missed = on_switch(
             prev as u32,
             reported_blocked(state),
             next as u32,
@@ -322,6 +321,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
                 0,
             );
             offcpu_capture::on_switch_out(&ctx, prev as u32, state);
+            blind_window::on_switch(ctx.as_ptr(), missed);
         }
     }
     0
@@ -340,7 +340,7 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
         )
     };
     let offcpu_state = vitals_common::offcpu::reported_state(state);
-    on_switch(
+    let missed = on_switch(
         prev,
         reported_blocked(state),
         next,
@@ -368,6 +368,7 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
             0,
         );
         offcpu_capture::on_switch_out(&ctx, prev, state);
+        blind_window::on_switch(ctx.as_ptr(), missed);
     }
     0
 }
@@ -403,30 +404,28 @@ fn on_switch(
     prev_tgid: impl FnOnce() -> u32,
     kernel: Option<sched_info::KernelFigures>,
     offcpu_state: u32,
-) {
+) -> bool {
     let now = unsafe { bpf_ktime_get_ns() };
-    let cpu = match mapped::cpu_state() {
-        Some(p) => p,
-        None => return,
+    let Some(cpu) = mapped::cpu_state() else {
+        return false;
     };
     sched_info::follow_exec(cpu, prev, &kernel);
 
     // On-CPU time of `prev` since its switch-in.
-    let mut ran_ns = 0;
+    let (mut ran_ns, mut missed) = (0, false);
     if cpu.valid != 0 && now > cpu.last_switch_ns {
         ran_ns = now - cpu.last_switch_ns;
         if cpu.running_tid != prev {
-            // A switch on this CPU was not seen: trace_call_bpf skips
-            // programs while bpf_prog_active is raised, e.g. when a task
-            // is preempted inside a bpf() map syscall. `prev` has run
-            // since some time after last_switch_ns; giving it the whole
-            // interval conserves CPU time (only the split with the task
-            // before it is approximate) where dropping it could lose a
-            // spinner's entire run. Counted so it is never silent. Exec
-            // by a non-leader thread, which takes the leader's pid while
-            // on the CPU (de_thread -> exchange_tids), is no miss: see
-            // `sched_info::follow_exec` and `exec`.
+            // A switch here went unseen (a blind window, `blind_window`).
+            // `prev` has run since some time after last_switch_ns; giving
+            // it the whole interval conserves CPU time (only the split
+            // with the task before it is approximate) where dropping it
+            // could lose a spinner's entire run. Counted, and marked in
+            // captures. Exec by a non-leader thread, which takes the
+            // leader's pid on the CPU (de_thread -> exchange_tids), is no
+            // miss: see `sched_info::follow_exec` and `exec`.
             count_drop(drop_reason::SWITCH_MISSED);
+            missed = true;
             #[cfg(feature = "miss-log")]
             miss_log::record(
                 now,
@@ -481,6 +480,7 @@ fn on_switch(
     cpu.last_switch_ns = now;
     cpu.valid = 1;
     sched_info::switch_in(cpu, &kernel);
+    missed
 }
 
 #[inline(always)]

@@ -86,3 +86,291 @@ fn always_on_read_copies_no_counters_through_bpf() {
         assert_eq!(count(copying), 0, "{copying} during the reads: {seen:?}");
     }
 }
+
+/// The number right after the first `word` in `text`.
+fn number_after(text: &str, word: &str) -> i64 {
+    let rest = &text[text
+        .find(word)
+        .unwrap_or_else(|| panic!("no {word:?} in {text:?}"))
+        + word.len()..];
+    let digits: String = rest
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after {word:?} in {text:?}"))
+}
+
+/// A tracefs instance recording every sched_switch with CLOCK_BOOTTIME
+/// stamps (trace_clock "boot", Perfetto's clock): the kernel's own tracer,
+/// which writes its ring buffer whatever bpf_prog_active says, so it sees
+/// the switches the classic BPF programs are skipped for. Removed on drop.
+struct SwitchTracer {
+    dir: std::path::PathBuf,
+}
+
+impl SwitchTracer {
+    fn start() -> Self {
+        let root = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .into_iter()
+            .map(Path::new)
+            .find(|p| p.join("instances").is_dir())
+            .expect("tracefs not mounted");
+        let dir = root.join(format!("instances/vitals-blind-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        let t = Self { dir };
+        t.write("trace_clock", "boot");
+        t.write("buffer_size_kb", "8192");
+        t.write("events/sched/sched_switch/enable", "1");
+        t.write("tracing_on", "1");
+        t
+    }
+
+    fn write(&self, file: &str, v: &str) {
+        std::fs::write(self.dir.join(file), v).unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+
+    /// Stops recording; (cpu, ts_us, prev_pid, next_pid) of every switch,
+    /// and whether a CPU's buffer overran (then the comparison is void).
+    fn stop(&self) -> (Vec<(u32, u64, i64, i64)>, bool) {
+        self.write("tracing_on", "0");
+        let mut overrun = false;
+        let mut out = Vec::new();
+        let mut cpu = 0u32;
+        while self.dir.join(format!("per_cpu/cpu{cpu}")).is_dir() {
+            let base = self.dir.join(format!("per_cpu/cpu{cpu}"));
+            let stats = std::fs::read_to_string(base.join("stats")).unwrap();
+            overrun |= number_after(&stats, "overrun:") > 0;
+            let text = std::fs::read_to_string(base.join("trace")).unwrap();
+            for line in text.lines().filter(|l| l.contains(" sched_switch: ")) {
+                // "<comm>-<pid> [000] d..2. 123.456789: sched_switch: ..."
+                let Some(ts) = line
+                    .split(": sched_switch: ")
+                    .next()
+                    .and_then(|h| h.rsplit(' ').next())
+                else {
+                    continue;
+                };
+                let (s, us) = ts.split_once('.').unwrap();
+                let ts_us = s.parse::<u64>().unwrap() * 1_000_000 + us.parse::<u64>().unwrap();
+                let field = |name: &str| -> i64 {
+                    line.split(name)
+                        .nth(1)
+                        .and_then(|r| r.split(' ').next())
+                        .unwrap()
+                        .parse()
+                        .unwrap()
+                };
+                out.push((cpu, ts_us, field(" prev_pid="), field(" next_pid=")));
+            }
+            cpu += 1;
+        }
+        (out, overrun)
+    }
+}
+
+impl Drop for SwitchTracer {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("tracing_on"), "0");
+        let _ = std::fs::write(self.dir.join("events/sched/sched_switch/enable"), "0");
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// #22 item 2: a `--sched` capture on the classic tracepoints marks where
+/// its programs were blind, checked against ftrace's own sched_switch on
+/// the same CPUs:
+/// - recall: every switch ftrace recorded that the capture lacks lies in a
+///   marked window on that CPU, which counts at least as many;
+/// - precision is printed, not asserted: how many windows hold a switch
+///   ftrace lacks too (the task it saw switch in is not the next one it
+///   sees switch out). This VM's ftrace loses switches itself (out of
+///   idle on a quiet CPU: 61 gaps in 110 records on CPU 1 in 2 s), and a
+///   lost pair (X -> Y -> X) leaves no gap, so it cannot refute a window;
+/// - the summary counts the windows and unseen switches trace_processor
+///   imports; at least one window is marked (main before this marks none).
+///
+/// Blindness: the workload reads a large BPF hash beside a spinner on CPU
+/// 0, which blinds CPU 0 where the kernel preempts inside bpf() (5.11+,
+/// preempt=full/lazy; not this VM's preempt=none), and this VM's agent
+/// switches out without any tracepoint firing (README, Kernel support). A
+/// host with neither has nothing to mark, and the test fails saying so.
+#[test]
+fn classic_capture_marks_every_switch_ftrace_saw_and_it_missed() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.pftrace");
+    let tracer = SwitchTracer::start();
+    let mut reader = Workload::spawn(&["pinned-bpf-reader", "0", "4194304"]);
+    reader.expect("ready");
+    reader.go();
+    let mut run = Workload::spawn_exe(
+        &vitalsd_bin(),
+        &[
+            "record",
+            "--classic-tracepoints",
+            "--sched",
+            "--duration",
+            "4s",
+            "--out",
+            trace.to_str().unwrap(),
+        ],
+    );
+    let mut summary = Vec::new();
+    loop {
+        let l = run.read_line();
+        if l.is_empty() {
+            break;
+        }
+        summary.push(l);
+    }
+    run.finish();
+    let (ftrace, overrun) = tracer.stop();
+    reader.finish();
+    assert!(!overrun, "the ftrace buffer overran: no reference");
+
+    let tp = vitals_tests::trace_processor::trace_processor();
+    let [switches, windows] = <[_; 2]>::try_from(tp.query_many(
+        &trace,
+        &[
+            "select ts, cpu, extract_arg(arg_set_id, 'prev_pid') as prev, \
+             extract_arg(arg_set_id, 'next_pid') as next \
+             from ftrace_event where name = 'sched_switch' order by ts",
+            "select s.ts as ts, s.dur as dur, s.name as name, t.name as cpu \
+             from slice s join track t on s.track_id = t.id \
+             join track p on t.parent_id = p.id \
+             where p.name = 'blind windows (classic sched_switch)'",
+        ],
+    ))
+    .unwrap();
+    let int = |r: &vitals_tests::trace_processor::Row, k: &str| r[k].as_i64().unwrap();
+    // (cpu, start_ns, end_ns, unseen) of each window.
+    let windows: Vec<(u32, u64, u64, u64)> = windows
+        .iter()
+        .map(|r| {
+            let cpu = r["cpu"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("cpu ")
+                .parse()
+                .unwrap();
+            let unseen = number_after(r["name"].as_str().unwrap(), "");
+            let ts = int(r, "ts") as u64;
+            (cpu, ts, ts + int(r, "dur") as u64, unseen as u64)
+        })
+        .collect();
+    // Per CPU, the capture's switches: (ts_ns, prev, next, matched).
+    let mut ours: std::collections::BTreeMap<u32, Vec<(u64, i64, i64, bool)>> = Default::default();
+    for r in &switches {
+        ours.entry(int(r, "cpu") as u32).or_default().push((
+            int(r, "ts") as u64,
+            int(r, "prev"),
+            int(r, "next"),
+            false,
+        ));
+    }
+    // Both stamps are read in the same __schedule (ftrace's probe runs
+    // before the BPF one), ftrace's in µs; a vCPU the host preempts in
+    // between stretches that to tens of µs.
+    const SLOP_NS: u64 = 1_000_000;
+    // Switches the capture lacks, each as the span on its CPU where it
+    // happened: (cpu, from_ns, to_ns, what).
+    let mut hidden: Vec<(u32, u64, u64, String)> = Vec::new();
+    let mut compared = 0;
+    let mut last_on_cpu: std::collections::HashMap<u32, (u64, i64)> = Default::default();
+    for &(cpu, ts_us, prev, next) in &ftrace {
+        let ts = ts_us * 1000;
+        let Some(list) = ours.get_mut(&cpu) else {
+            continue;
+        };
+        // Only inside the capture's span on this CPU (attach to detach).
+        let (first, last) = (list[0].0, list[list.len() - 1].0);
+        let before = last_on_cpu.insert(cpu, (ts, next));
+        if ts < first + SLOP_NS || ts + SLOP_NS > last {
+            continue;
+        }
+        compared += 1;
+        // ftrace missed a switch too: the task it saw switch in is not the
+        // one switching out now. The kernel's own tracer cannot see it
+        // either, but the CPU ran another task in between.
+        if let Some((was_ts, was_next)) = before.filter(|b| b.1 != prev) {
+            hidden.push((
+                cpu,
+                was_ts,
+                ts,
+                format!("{was_next} -> .. -> {prev}, unseen by ftrace too"),
+            ));
+        }
+        // The capture's record of this switch: same CPU and next task (its
+        // prev is not in CompactSched: trace_processor infers it from the
+        // CPU's last switch), not before it.
+        let hit = list
+            .iter_mut()
+            .find(|(t, _, n, used)| !*used && *n == next && *t + 1000 >= ts && *t <= ts + SLOP_NS);
+        match hit {
+            Some(h) => h.3 = true,
+            None => hidden.push((
+                cpu,
+                ts,
+                ts,
+                format!("{prev} -> {next}, seen by ftrace only"),
+            )),
+        }
+    }
+    assert!(compared > 1000, "too few switches compared: {compared}");
+    assert!(
+        !windows.is_empty(),
+        "no blind window marked; ftrace shows {} switches the capture lacks, and {} it missed too ({compared} compared)",
+        hidden.iter().filter(|h| h.1 == h.2).count(),
+        hidden.iter().filter(|h| h.1 != h.2).count(),
+    );
+    // Recall: each switch ftrace saw and the capture lacks lies in a
+    // marked window on its CPU, which counts at least those in it.
+    let mut in_window = vec![0u64; windows.len()];
+    for (cpu, ts, _, what) in hidden.iter().filter(|h| h.1 == h.2) {
+        let w = windows
+            .iter()
+            .position(|&(c, s, e, _)| c == *cpu && s <= ts + SLOP_NS && e + SLOP_NS >= *ts);
+        match w {
+            Some(i) => in_window[i] += 1,
+            None => panic!(
+                "switch {what} on cpu {cpu} at {ts} ns is in no blind window; windows: {windows:?}"
+            ),
+        }
+    }
+    for (w, n) in windows.iter().zip(&in_window) {
+        assert!(
+            *n <= w.3,
+            "window {w:?} holds {n} switches only ftrace saw, more than it counts"
+        );
+    }
+    // Precision is reported, not asserted: ftrace is no witness of a
+    // window it shows nothing missing in, as this VM's ftrace loses
+    // switches itself, and a lost pair (X -> Y -> X) leaves no gap in it.
+    let confirmed = windows
+        .iter()
+        .filter(|w| {
+            hidden
+                .iter()
+                .any(|(c, from, to, _)| *c == w.0 && *from <= w.2 + SLOP_NS && to + SLOP_NS >= w.1)
+        })
+        .count();
+    let unseen: u64 = windows.iter().map(|w| w.3).sum();
+    let line = summary
+        .iter()
+        .find(|l| l.starts_with("blind windows: "))
+        .unwrap_or_else(|| panic!("no blind-window line in {summary:?}"));
+    assert_eq!(
+        number_after(line, "blind windows:") as usize,
+        windows.len(),
+        "{line}"
+    );
+    assert_eq!(number_after(line, "(") as u64, unseen, "{line}");
+    eprintln!(
+        "{} windows ({confirmed} where ftrace misses a switch too), {unseen} unseen switches; ftrace: {compared} switches compared, {} switches only it saw",
+        windows.len(),
+        hidden.iter().filter(|h| h.1 == h.2).count()
+    );
+}

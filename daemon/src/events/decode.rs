@@ -5,9 +5,15 @@
 //! CompactSched writer's rows, fault samples into `FaultRec` for the
 //! symboliser.
 
-use vitals_common::{capture, FaultEvent, OffcpuEvent, SwitchEvent, WakingEvent};
+use vitals_common::{
+    blind::{self, BlindWindowEvent},
+    capture, FaultEvent, OffcpuEvent, SwitchEvent, WakingEvent,
+};
 
-use crate::perfetto::compact_sched::{SwitchRec, WakingRec};
+use crate::perfetto::{
+    blind_windows::BlindWindow,
+    compact_sched::{SwitchRec, WakingRec},
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Record {
@@ -25,6 +31,8 @@ pub enum Record {
     Fault(FaultRec),
     /// A long block of a watched thread, with its waker.
     Offcpu(OffcpuEvent),
+    /// Switches a CPU made that no classic program saw.
+    BlindWindow(BlindWindow),
     /// Perf array only: the perf buffer of `cpu` reported `count` samples
     /// it had no room for (PERF_RECORD_LOST).
     Lost {
@@ -124,6 +132,16 @@ pub fn decode(b: &[u8]) -> Option<Record> {
             }))
         }
         capture::KIND_OFFCPU => Some(Record::Offcpu(read(b)?)),
+        blind::KIND_BLIND_WINDOW => {
+            let e: BlindWindowEvent = read(b)?;
+            Some(Record::BlindWindow(BlindWindow {
+                cpu: e.hdr.cpu,
+                start_ts: e.start_ts,
+                end_ts: e.hdr.ts,
+                unseen_switches: e.unseen_switches,
+                seen_by: e.seen_by,
+            }))
+        }
         _ => None,
     }
 }
@@ -191,6 +209,27 @@ mod tests {
         };
         assert_eq!(decode(&bytes(&o)), Some(Record::Offcpu(o)));
         assert_eq!(decode(&bytes(&o)[..40]), None);
+        let w = BlindWindowEvent {
+            hdr: EventHeader {
+                kind: blind::KIND_BLIND_WINDOW,
+                cpu: 1,
+                ts: 900,
+            },
+            start_ts: 100,
+            unseen_switches: 3,
+            seen_by: blind::SEEN_BY_COUNTER,
+        };
+        assert_eq!(
+            decode(&bytes(&w)),
+            Some(Record::BlindWindow(BlindWindow {
+                cpu: 1,
+                start_ts: 100,
+                end_ts: 900,
+                unseen_switches: 3,
+                seen_by: blind::SEEN_BY_COUNTER,
+            }))
+        );
+        assert_eq!(decode(&bytes(&w)[..20]), None);
         assert_eq!(decode(&[9, 0, 0, 0, 0, 0, 0, 0]), None);
     }
 }

@@ -38,6 +38,7 @@ use crate::{
     bpf::{Accounting, BpfError, EventTransport},
     event_set::EventSet,
     perfetto::{
+        blind_windows::{BlindWindow, BlindWindowTracks},
         compact_sched::{build_bundle, comm_str, Comm, CpuEvents},
         offcpu_blocks::{LongBlock, OffcpuBlocks},
         CounterSpec, CounterUnit, CounterValue, PerfettoError, TraceWriter, TrackUuid,
@@ -120,6 +121,14 @@ pub struct EventStats {
     /// Threads seen in sched records whose thread group never became
     /// known, left out of ProcessTree (see `write_thread_names`).
     pub threads_without_process: u64,
+    /// Blind windows of the classic sched_switch programs, and the
+    /// switches the kernel made in them unseen (`vitals_common::blind`).
+    pub blind_windows: u64,
+    pub unseen_switches: u64,
+    /// Of those, the windows only the switch counter revealed: the task
+    /// switching out was the one last seen switching in (`switch_missed`
+    /// cannot see them).
+    pub blind_windows_counter_only: u64,
 }
 
 impl EventStats {
@@ -177,6 +186,9 @@ pub struct EventRecorder {
     block_tracks: OffcpuBlocks,
     /// Names whose new processes join the off-CPU watch.
     offcpu_follow: offcpu_follow::Follow,
+    /// Blind windows not written yet, and their tracks' state.
+    windows: Vec<BlindWindow>,
+    window_tracks: BlindWindowTracks,
     stats: EventStats,
 }
 
@@ -233,6 +245,8 @@ impl EventRecorder {
             blocks: Vec::new(),
             block_tracks: OffcpuBlocks::new(),
             offcpu_follow: offcpu_follow::Follow::of(offcpu),
+            windows: Vec::new(),
+            window_tracks: BlindWindowTracks::new(),
             stats: EventStats {
                 transport: Some(transport),
                 offcpu_watch_dropped: started.offcpu_watch_dropped,
@@ -284,6 +298,14 @@ impl EventRecorder {
                     self.faults.push(f);
                 }
                 Record::Offcpu(e) => self.absorb_block(&e),
+                Record::BlindWindow(w) => {
+                    self.stats.blind_windows += 1;
+                    self.stats.unseen_switches += u64::from(w.unseen_switches);
+                    if w.seen_by == vitals_common::blind::SEEN_BY_COUNTER {
+                        self.stats.blind_windows_counter_only += 1;
+                    }
+                    self.windows.push(w);
+                }
                 Record::Lost { cpu, count } => {
                     let i = cpu as usize;
                     if self.perf_lost.len() <= i {
@@ -395,6 +417,11 @@ impl EventRecorder {
         self.write_fault_samples(acc, writer, last)?;
         for b in std::mem::take(&mut self.blocks) {
             for p in self.block_tracks.packets(&b) {
+                writer.write_packet(p)?;
+            }
+        }
+        for w in std::mem::take(&mut self.windows) {
+            for p in self.window_tracks.packets(&w) {
                 writer.write_packet(p)?;
             }
         }

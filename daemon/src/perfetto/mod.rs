@@ -15,8 +15,11 @@
 //! - capture packets: per-CPU FtraceEventBundle/CompactSched
 //!   ([`compact_sched`]), fault samples as interned callstacks
 //!   ([`fault_samples`]); a capture's long blocks as slices on their
-//!   thread's off-CPU track with a flow from the waker ([`offcpu_blocks`]).
+//!   thread's off-CPU track with a flow from the waker ([`offcpu_blocks`]);
+//!   blind windows of the classic sched programs as slices on per-CPU
+//!   tracks ([`blind_windows`]).
 
+pub mod blind_windows;
 pub mod compact_sched;
 mod error;
 pub mod fault_samples;

@@ -82,6 +82,13 @@ pub(crate) fn offcpu_thread_track(tid: u32) -> TrackUuid {
         .finish()
 }
 
+/// A capture's blind-window track of `cpu`; None: their parent.
+pub(crate) fn blind_window_track(cpu: Option<u32>) -> TrackUuid {
+    Hasher::new("vitalsd/blind_window")
+        .u64(cpu.map_or(u64::MAX, u64::from))
+        .finish()
+}
+
 /// Next candidate after a (practically impossible) collision, deterministic
 /// so the same sequence of requests always yields the same uuids.
 pub(crate) fn rehash(uuid: TrackUuid, attempt: u64) -> TrackUuid {

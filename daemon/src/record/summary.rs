@@ -80,6 +80,17 @@ impl RecordSummary {
         }
         if let Some(c) = &self.capture {
             let _ = writeln!(s, "{}", c.render());
+            if c.switch_events > 0 {
+                // Only the classic sched_switch programs can be blind.
+                let _ = writeln!(
+                    s,
+                    "blind windows: {} ({} switches unseen; {} only the context-switch counter shows), track \"{}\"",
+                    c.blind_windows,
+                    c.unseen_switches,
+                    c.blind_windows_counter_only,
+                    crate::perfetto::blind_windows::PARENT_TRACK_NAME
+                );
+            }
         }
         let _ = writeln!(
             s,

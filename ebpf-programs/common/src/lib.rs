@@ -20,6 +20,7 @@ pub struct FaultCounters {
     pub majflt: u64,
 }
 
+pub mod blind;
 pub mod mapped;
 pub mod offcpu;
 pub use mapped::ExitRecord;
@@ -358,7 +359,8 @@ pub struct CaptureControl {
     /// FLAG_OFFCPU: `capture::OFFCPU_SCOPE_*`, which threads' blocks:
     /// every thread's, or only those of the processes in `OFFCPU_WATCH`.
     pub offcpu_scope: u32,
-    pub _pad: u32,
+    /// Tells one capture from the next (`blind::BlindState`).
+    pub capture_id: u32,
 }
 
 /// Common prefix of every capture record.

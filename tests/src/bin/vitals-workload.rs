@@ -7,7 +7,7 @@
 #[path = "vitals-workload/pinned_loads.rs"]
 mod pinned_loads;
 
-use pinned_loads::{pinned_timers, pinned_udp_flood};
+use pinned_loads::{pinned_bpf_reader, pinned_timers, pinned_udp_flood};
 use std::{
     io::{BufRead, Write},
     os::unix::process::CommandExt,
@@ -321,6 +321,11 @@ fn main() {
         // sending CPU (netif_rx -> this CPU's backlog, processed when the
         // send re-enables bottom halves).
         Some("pinned-udp-flood") => pinned_udp_flood(arg(&args, 2) as usize),
+        // pinned-bpf-reader <cpu> <entries>: after a line on stdin, a
+        // spinner and a BPF hash map reader on <cpu> until stdin closes.
+        Some("pinned-bpf-reader") => {
+            pinned_bpf_reader(arg(&args, 2) as usize, arg(&args, 3) as u32)
+        }
         // spin-exit <ms>: spin, then exit without waiting.
         Some("spin-exit") => {
             spin_for(Duration::from_millis(arg(&args, 2)));

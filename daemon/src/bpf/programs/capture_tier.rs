@@ -32,6 +32,8 @@ pub(crate) struct TransportSlot {
     /// None: no capture tier, or its perf buffers were lost.
     pub(crate) idle: Option<IdleTransport>,
     pub(crate) lent: bool,
+    /// Blind-window witnesses (`switch_counters`), enabled for a capture.
+    pub(crate) switch_counters: super::SwitchCounters,
 }
 
 /// The capture transport between captures.

@@ -129,6 +129,8 @@ impl Accounting {
             settings.page,
             pin_to,
         )?;
+        let switch_counters =
+            blind_window_witness(&ebpf, cfg.capture.is_some(), sched_programs, pin_to);
         Ok(Self {
             ebpf: Some(ebpf),
             pinned_maps: HashMap::new(),
@@ -147,6 +149,7 @@ impl Accounting {
             slot: TransportSlot {
                 idle: ring,
                 lent: false,
+                switch_counters,
             },
             pinned_waking: None,
             waking_link: None,
@@ -154,6 +157,25 @@ impl Accounting {
             mapped: Default::default(),
         })
     }
+}
+
+/// The context-switch counters that reveal blind windows to the classic
+/// sched_switch programs during a capture (`switch_counters`). Not for
+/// tp_btf (never blind) nor pins (the fds would close with this process).
+/// Without them a capture still marks the windows `switch_missed` finds.
+fn blind_window_witness(
+    ebpf: &aya::Ebpf,
+    capture: bool,
+    sched: SchedPrograms,
+    pin_to: Option<&std::path::Path>,
+) -> super::SwitchCounters {
+    if !capture || sched != SchedPrograms::Classic || pin_to.is_some() {
+        return Default::default();
+    }
+    super::SwitchCounters::open(ebpf).unwrap_or_else(|e| {
+        log::warn!("blind windows: only those a running-task mismatch shows: {e}");
+        Default::default()
+    })
 }
 
 /// The fault source for `choice` on this kernel.

@@ -12,6 +12,7 @@ mod capture_tier;
 mod load;
 mod pins;
 mod settings;
+mod switch_counters;
 
 use std::collections::HashMap;
 
@@ -23,6 +24,7 @@ use aya::{
 pub(crate) use self::capture_tier::{IdleTransport, TransportSlot};
 use self::pins::PinnedProgram;
 pub use self::settings::WAKE_ARRAY_MAX_PIDS;
+pub(crate) use self::switch_counters::SwitchCounters;
 use super::{
     mapped::Mappings,
     object::{EventTransport, MapRead, SchedPrograms, TracepointLayout},

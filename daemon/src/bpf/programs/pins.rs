@@ -101,6 +101,9 @@ impl Accounting {
             slot: TransportSlot {
                 idle: ring,
                 lent: false,
+                // bpfloader's SWITCH_COUNTERS stays empty: its captures
+                // mark only the windows `switch_missed` finds.
+                switch_counters: Default::default(),
             },
             pinned_waking,
             waking_link: None,

@@ -129,6 +129,12 @@ pub fn start(
             return Err(e);
         }
     }
+    if events.sched {
+        // Blind windows: harmless to leave off on failure (fewer marked).
+        if let Err(e) = acc.transport_slot().switch_counters.set_enabled(true) {
+            log::warn!("capture: blind windows only from running-task mismatches: {e}");
+        }
+    }
     set_flag(
         acc,
         CaptureControl {
@@ -139,7 +145,7 @@ pub fn start(
                 Some(WatchedProcesses::Tgids(_)) => capture::OFFCPU_SCOPE_WATCHED,
                 _ => capture::OFFCPU_SCOPE_ALL,
             },
-            _pad: 0,
+            capture_id: capture_id(),
         },
     )?;
     Ok(Started {
@@ -235,7 +241,17 @@ fn take_back(acc: &mut Accounting, out: EventOutput) {
 pub fn pause(acc: &mut Accounting) -> Result<(), BpfError> {
     let res = set_flag(acc, CaptureControl::default());
     acc.detach_waking();
+    if let Err(e) = acc.transport_slot().switch_counters.set_enabled(false) {
+        log::warn!("capture end: {e}");
+    }
     res
+}
+
+/// Tells this capture's per-CPU blind-window state from an earlier one's
+/// (`vitals_common::blind::BlindState`): CLOCK_BOOTTIME in µs, never 0.
+fn capture_id() -> u32 {
+    let ns = crate::clock::boottime_ns();
+    ((ns / 1000) as u32).max(1)
 }
 
 /// The CAPTURE control flag the programs read before emitting anything.
