@@ -8,6 +8,7 @@
 //! unwatched workload blocked just as long meanwhile.
 
 use super::*;
+use vitals_tests::trace_processor::readme_offcpu_query;
 
 const SLEEP_MS: i64 = 50;
 /// Rounds of SLEEP_MS: long enough to outlast the rule's window and the
@@ -92,7 +93,7 @@ fn assert_watched_only(
          join perf_sample ps on ps.id = k.sample_id join thread t using(utid) \
          left join process p using(upid) \
          where k.kind = 'off-cpu' and (p.pid is null or p.pid not in ({})) group by 1, 2, 3",
-        readme_query("kinds"),
+        readme_offcpu_query("kinds"),
         watched_list.join(", ")
     ));
     assert!(
