@@ -24,10 +24,11 @@ pub mod mapped;
 pub mod offcpu;
 pub use mapped::ExitRecord;
 pub use offcpu::{OffcpuCounters, WakerCounters, WakerKey, WakerSlot};
+pub mod task_record;
+pub use task_record::{OffcpuRecord, TaskFaults, TaskRecord};
 
-/// Per-thread monotonic counters, the value of the `TASKS` hash keyed by tid.
-/// Only the task's own context writes them (see `TASKS` in the programs),
-/// so a plain hash value needs no per-CPU slots; user space takes deltas.
+/// Per-thread monotonic counters as user space keeps them: the kernel's
+/// `TaskRecord` with every count widened to u64 (`TaskRecord::widen`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TaskCounters {
@@ -106,7 +107,7 @@ pub struct ExitKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExitedTask {
-    pub counters: TaskCounters,
+    pub counters: TaskRecord,
     /// Whole-process fault counters, filled when the freed task was the
     /// thread-group leader (the leader is freed after its other threads).
     pub process_faults: FaultCounters,
@@ -524,6 +525,9 @@ pub mod names {
     pub const EXITED_RING: &str = "EXITED_RING";
     /// 1: sched_process_free writes EXITED_RING; 0: the EXITED hash.
     pub const G_EXIT_RING: &str = "EXIT_RING";
+    /// 1: the fault programs also count per process (FAULTS_BY_TGID);
+    /// 0: only per thread, where TASKS_BY_TID covers every tid.
+    pub const G_COUNT_PROCESS_FAULTS: &str = "COUNT_PROCESS_FAULTS";
 }
 
 #[cfg(feature = "user")]
@@ -531,6 +535,7 @@ mod pod {
     // SAFETY: all are repr(C), made of integers, with explicit padding.
     unsafe impl aya::Pod for super::FaultCounters {}
     unsafe impl aya::Pod for super::TaskCounters {}
+    unsafe impl aya::Pod for super::TaskRecord {}
     unsafe impl aya::Pod for super::CpuState {}
     unsafe impl aya::Pod for super::ExitedTask {}
     unsafe impl aya::Pod for super::ExitKey {}

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use vitals_common::{
-    drop_reason, names, CpuState, ExitKey, ExitRecord, ExitedTask, FaultCounters, TaskCounters,
+    drop_reason, names, CpuState, ExitKey, ExitRecord, ExitedTask, FaultCounters, TaskRecord,
 };
 
 use super::super::{
@@ -73,13 +73,13 @@ impl Accounting {
     /// Live tasks: TASKS_BY_TID's stamped slots (`born_ns` non-zero; the
     /// programs clear it first when the task is freed), then the TASKS
     /// hash of tids past the array.
-    pub(super) fn read_tasks(&mut self) -> Result<HashMap<u32, TaskCounters>, BpfError> {
+    pub(super) fn read_tasks(&mut self) -> Result<HashMap<u32, TaskRecord>, BpfError> {
         let mut out = HashMap::new();
         {
             let a = self.mappings().tasks.as_ref().expect("mapped");
             // Most slots are free: test the stamp alone before copying a
-            // slot until stable (two 128-byte copies a slot, every tick).
-            let stamp = std::mem::offset_of!(TaskCounters, born_ns);
+            // slot until stable (two record copies a slot, every tick).
+            let stamp = std::mem::offset_of!(TaskRecord, born_ns);
             for tid in 1..a.entries() {
                 if a.copy_u64(tid, stamp) == 0 {
                     continue;
@@ -91,7 +91,7 @@ impl Accounting {
             }
         }
         let last = self.mappings().tasks_hash_len;
-        let hash: HashMap<u32, TaskCounters> = self.read_hash(names::TASKS, last)?;
+        let hash: HashMap<u32, TaskRecord> = self.read_hash(names::TASKS, last)?;
         self.mappings_mut().tasks_hash_len = hash.len();
         out.extend(hash);
         Ok(out)

@@ -18,7 +18,7 @@ use std::{collections::HashMap, os::fd::AsFd};
 
 use aya::maps::{HashMap as AyaHashMap, MapData, MapError};
 use vitals_common::{
-    drop_reason, names, ExitKey, ExitedTask, FaultCounters, TaskCounters, WakerCounters, WakerKey,
+    drop_reason, names, ExitKey, ExitedTask, FaultCounters, TaskRecord, WakerCounters, WakerKey,
 };
 
 use super::{
@@ -37,7 +37,7 @@ pub struct BpfSnapshot {
     pub monotonic_ns: u64,
     /// Live tasks (never tid 0: see `idle_ns`). `oncpu_ns` here is only
     /// what was attributed at switch-outs; see `inflight_ns`.
-    pub tasks: HashMap<u32, TaskCounters>,
+    pub tasks: HashMap<u32, TaskRecord>,
     /// The idle tasks' attributed time, summed over CPUs; the in-flight
     /// part is `inflight_ns[0]`.
     pub idle_ns: u64,

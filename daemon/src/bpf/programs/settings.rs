@@ -45,6 +45,15 @@ fn mapped_tids(pid_max: u32, max_tasks: u32, max_processes: u32) -> (u32, u32, u
     }
 }
 
+/// Whether the fault programs must also count per process: only where a
+/// tid can be past TASKS_BY_TID (pid_max above it, unknown, or the hash
+/// forced). Where the array covers every tid, each thread's faults land
+/// in its own slot and reach user space live or in its free record, so
+/// the process's are their sum and FAULTS_BY_TGID can keep one entry.
+fn counts_process_faults(tid_array_len: u32, pid_max: u32) -> bool {
+    pid_max == u32::MAX || tid_array_len < pid_max
+}
+
 /// Slots of one CPU's WAKERS region: the pair bound shared out over the
 /// CPUs (a pair woken from several CPUs takes a slot in each region it is
 /// counted in, and the daemon sums them), but at least
@@ -202,6 +211,9 @@ pub(super) struct LoadSettings {
     tid_array_len: u32,
     tasks_hash_len: u32,
     processes_hash_len: u32,
+    /// Count faults per process too (`G_COUNT_PROCESS_FAULTS`): only
+    /// where some tid can miss TASKS_BY_TID (`counts_process_faults`).
+    count_process_faults: bool,
     /// Freed tasks' records in EXITED_RING, not the EXITED hash.
     exit_ring: bool,
     ringbuf_ok: bool,
@@ -277,7 +289,9 @@ impl LoadSettings {
             log_missing(Feature::RingBuf, "the kernel refused to create one");
             Some(object_without_ringbuf(EBPF_OBJECT)?)
         };
+        let count_process_faults = counts_process_faults(tid_array_len, pid_max);
         Ok(Self {
+            count_process_faults,
             nr_cpus,
             machine,
             wake_array,
@@ -317,6 +331,10 @@ impl LoadSettings {
             (names::G_EXIT_RING, u32::from(self.exit_ring)),
             (names::G_TRACK_WAIT, u32::from(cfg.runq_wait)),
             (names::G_TRACK_OFFCPU, u32::from(self.offcpu.is_some())),
+            (
+                names::G_COUNT_PROCESS_FAULTS,
+                u32::from(self.count_process_faults),
+            ),
         ]);
         if let Some(o) = self.offcpu {
             globals.extend([
@@ -349,7 +367,14 @@ impl LoadSettings {
             (names::WAKE_TS_ARRAY, self.wake_array_len),
             (names::PROCESS_FAULTS, self.processes_hash_len),
             (names::TASKS_BY_TID, self.tid_array_len),
-            (names::FAULTS_BY_TGID, self.tid_array_len),
+            (
+                names::FAULTS_BY_TGID,
+                if self.count_process_faults {
+                    self.tid_array_len
+                } else {
+                    1
+                },
+            ),
             // One row per possible CPU (bpf_get_smp_processor_id() is
             // below it).
             (names::CPU_STATE, self.nr_cpus),
@@ -476,6 +501,15 @@ mod tests {
             mapped_tids(u32::MAX, 16384, 8192),
             (mapped::DEFAULT_TIDS, 16384, 8192)
         );
+    }
+
+    #[test]
+    fn process_faults_are_counted_only_where_a_tid_can_miss_the_array() {
+        assert!(!counts_process_faults(32768, 32768));
+        assert!(counts_process_faults(mapped::MAX_TIDS, 4_194_304));
+        assert!(counts_process_faults(mapped::DEFAULT_TIDS, u32::MAX));
+        // `force_task_hash`: one array slot.
+        assert!(counts_process_faults(1, 32768));
     }
 
     #[test]
