@@ -17,7 +17,7 @@ use crate::{capture_tier::maybe_sample_fault, process_slot, setting, task_slot, 
 /// the freed ones' final records): the per-process map would only repeat
 /// them, at 24 bytes a possible tgid and one atomic add a fault.
 #[no_mangle]
-static COUNT_PROCESS_FAULTS: u32 = 1;
+pub(crate) static COUNT_PROCESS_FAULTS: u32 = 1;
 
 #[derive(Clone, Copy)]
 enum FaultKind {

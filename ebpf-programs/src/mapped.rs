@@ -27,7 +27,8 @@ use aya_ebpf::{
 };
 use core::ptr::{read_volatile, write_volatile};
 use vitals_common::{
-    drop_reason, mapped, CpuState, ExitKey, ExitRecord, ExitedTask, FaultCounters, TaskRecord,
+    drop_reason, mapped, CpuState, ExitKey, ExitRecord, ExitRecordShort, ExitedTask, FaultCounters,
+    TaskRecord,
 };
 
 #[map(name = "CPU_STATE")]
@@ -73,7 +74,11 @@ pub fn exit_scratch() -> Option<&'static mut ExitedTask> {
 #[inline(always)]
 pub fn store_exited(key: ExitKey, task: &ExitedTask) -> bool {
     if crate::setting(&crate::EXIT_RING) != 0 {
-        ring_exited(key, task)
+        if crate::setting(&crate::faults::COUNT_PROCESS_FAULTS) != 0 {
+            ring_exited(key, task)
+        } else {
+            ring_exited_short(key, task)
+        }
     } else {
         crate::EXITED
             .insert(&key, task, aya_ebpf::bindings::BPF_NOEXIST as u64)
@@ -95,6 +100,23 @@ fn ring_exited(key: ExitKey, task: &ExitedTask) -> bool {
         (*p).task = *task;
     }
     // Wakeups are not needed: user space polls at each sample.
+    slot.submit(aya_ebpf::bindings::BPF_RB_NO_WAKEUP as u64);
+    true
+}
+
+/// `task` without its process fault counters (none are kept:
+/// COUNT_PROCESS_FAULTS 0) into EXITED_RING; false when the ring is full.
+#[inline(always)]
+fn ring_exited_short(key: ExitKey, task: &ExitedTask) -> bool {
+    let Some(mut slot) = EXITED_RING.reserve::<ExitRecordShort>(0) else {
+        return false;
+    };
+    let p = slot.as_mut_ptr();
+    unsafe {
+        (*p).key = key;
+        (*p).counters = task.counters;
+        (*p).comm = task.comm;
+    }
     slot.submit(aya_ebpf::bindings::BPF_RB_NO_WAKEUP as u64);
     true
 }

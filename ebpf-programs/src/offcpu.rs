@@ -89,8 +89,7 @@ pub(crate) fn on_switch_out(t: &mut OffcpuRecord, state: u32, now: u64) {
     if setting(&TRACK_OFFCPU) == 0 {
         return;
     }
-    t.block_state = state;
-    t.block_start_ns = if state == offcpu::STATE_NONE { 0 } else { now };
+    t.begin(state, now);
 }
 
 /// At sched_waking of `pid`, in the waker's context: ends its block, if
@@ -103,17 +102,16 @@ pub(crate) fn on_waking(pid: i32) {
     let Some(t) = live_task_slot(pid as u32) else {
         return;
     };
-    let start = t.offcpu.block_start_ns;
-    if start == 0 {
+    let Some((start, state)) = t.offcpu.in_flight() else {
         return;
-    }
-    t.offcpu.block_start_ns = 0;
+    };
+    t.offcpu.block_start = 0;
     let now = unsafe { bpf_ktime_get_ns() };
     if now <= start {
         return;
     }
     let blocked_ns = now - start;
-    match t.offcpu.block_state {
+    match state {
         offcpu::STATE_S => t.offcpu.blocked_s_ns += blocked_ns,
         _ => t.offcpu.blocked_d_ns += blocked_ns,
     }

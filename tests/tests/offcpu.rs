@@ -57,7 +57,11 @@ struct Reading {
 fn read(acc: &mut Accounting, pid: u32) -> Reading {
     let snap = acc.read().expect("reading maps");
     Reading {
-        offcpu: snap.tasks.get(&pid).map(|t| t.offcpu).unwrap_or_default(),
+        offcpu: snap
+            .tasks
+            .get(&pid)
+            .map(|t| t.widen().offcpu)
+            .unwrap_or_default(),
         wakers: snap.wakers,
         run_delay_ns: schedstat(pid).1,
     }

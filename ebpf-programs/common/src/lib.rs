@@ -22,7 +22,7 @@ pub struct FaultCounters {
 
 pub mod mapped;
 pub mod offcpu;
-pub use mapped::ExitRecord;
+pub use mapped::{ExitRecord, ExitRecordShort};
 pub use offcpu::{OffcpuCounters, WakerCounters, WakerKey, WakerSlot};
 pub mod task_record;
 pub use task_record::{OffcpuRecord, TaskFaults, TaskRecord};
@@ -540,6 +540,7 @@ mod pod {
     unsafe impl aya::Pod for super::ExitedTask {}
     unsafe impl aya::Pod for super::ExitKey {}
     unsafe impl aya::Pod for super::ExitRecord {}
+    unsafe impl aya::Pod for super::ExitRecordShort {}
     unsafe impl aya::Pod for super::CaptureControl {}
     unsafe impl aya::Pod for super::OffcpuStart {}
     unsafe impl aya::Pod for super::OffcpuCounters {}

@@ -1,7 +1,7 @@
 //! The arrays user space reads through mmap, not bpf() (see the programs'
 //! `mapped` module for why), and the ring buffer's freed-task record.
 
-use crate::{ExitKey, ExitedTask};
+use crate::{ExitKey, ExitedTask, TaskRecord};
 
 /// include/uapi/linux/bpf.h, Linux 5.5.
 pub const BPF_F_MMAPABLE: u32 = 1 << 10;
@@ -26,4 +26,32 @@ pub const DEFAULT_EXITED_RING_BYTES: u32 = 512 << 10;
 pub struct ExitRecord {
     pub key: ExitKey,
     pub task: ExitedTask,
+}
+
+/// `ExitRecord` without the process's fault counters, which the programs
+/// keep only where some tid can miss TASKS_BY_TID (COUNT_PROCESS_FAULTS):
+/// elsewhere every freed task's record is this one, 120 bytes, so the
+/// ring's 8-byte header makes it 128 and EXITED_RING holds as many in half
+/// the bytes of the 152 a full one takes. User space tells the two apart
+/// by the ring record's length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitRecordShort {
+    pub key: ExitKey,
+    pub counters: TaskRecord,
+    pub comm: [u8; 16],
+}
+
+impl ExitRecordShort {
+    /// As the full record, with no process fault counters.
+    pub fn full(&self) -> ExitRecord {
+        ExitRecord {
+            key: self.key,
+            task: ExitedTask {
+                counters: self.counters,
+                comm: self.comm,
+                ..Default::default()
+            },
+        }
+    }
 }

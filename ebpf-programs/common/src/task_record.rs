@@ -1,5 +1,5 @@
 //! `TaskRecord`: what the kernel keeps per thread (TASKS_BY_TID, the
-//! TASKS hash, freed tasks' records), 96 bytes where the user side's
+//! TASKS hash, freed tasks' records), 88 bytes where the user side's
 //! `TaskCounters` is 128. TASKS_BY_TID holds one record per possible tid
 //! (pid_max), used or not, so every byte here costs pid_max bytes of
 //! kernel memory: 32 KiB on a phone's pid_max of 32768.
@@ -13,7 +13,7 @@
 //! 4 billion a second, far beyond what a CPU can do (a thread switching
 //! flat out makes about a million switches a second).
 
-use crate::{FaultCounters, OffcpuCounters, TaskCounters};
+use crate::{offcpu, FaultCounters, OffcpuCounters, TaskCounters};
 
 /// A thread's fault counts (see `FaultCounters` for which move).
 #[repr(C)]
@@ -25,20 +25,51 @@ pub struct TaskFaults {
 }
 
 /// A thread's blocked time (see `OffcpuCounters`, whose fields these are,
-/// with the counts in u32).
+/// with the counts in u32 and the block's state in its start's top bit).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OffcpuRecord {
     pub blocked_s_ns: u64,
     pub blocked_d_ns: u64,
     /// In flight: bpf_ktime_get_ns() at the switch-out that began the
-    /// current block, 0 when not blocked in S or D.
-    pub block_start_ns: u64,
+    /// current block, with `BLOCK_IN_D` set for a block in D; 0 when not
+    /// blocked in S or D (`OffcpuRecord::begin`).
+    pub block_start: u64,
     pub long_blocks: u32,
     pub wakeups: u32,
-    /// In flight: `STATE_*` of that switch-out.
-    pub block_state: u32,
-    pub _pad: u32,
+}
+
+/// `OffcpuRecord::block_start`'s flag of a block in D. bpf_ktime_get_ns()
+/// (CLOCK_MONOTONIC) stays below 2^63 for 292 years of uptime, so the
+/// top bit is free and the start time keeps every nanosecond.
+pub const BLOCK_IN_D: u64 = 1 << 63;
+
+impl OffcpuRecord {
+    /// The in-flight block a switch-out at `now_ns` in `state`
+    /// (`offcpu::STATE_*`) begins: none for `STATE_NONE`.
+    #[inline(always)]
+    pub fn begin(&mut self, state: u32, now_ns: u64) {
+        self.block_start = match state {
+            offcpu::STATE_S => now_ns,
+            offcpu::STATE_D => now_ns | BLOCK_IN_D,
+            _ => 0,
+        };
+    }
+
+    /// The in-flight block: (start ns, `offcpu::STATE_*`), or None.
+    #[inline(always)]
+    pub fn in_flight(&self) -> Option<(u64, u32)> {
+        let b = self.block_start;
+        if b == 0 {
+            return None;
+        }
+        let state = if b & BLOCK_IN_D != 0 {
+            offcpu::STATE_D
+        } else {
+            offcpu::STATE_S
+        };
+        Some((b & !BLOCK_IN_D, state))
+    }
 }
 
 /// Per-thread monotonic counters as the programs keep them: the value of
@@ -93,6 +124,7 @@ impl TaskRecord {
     /// record's own.
     pub fn widen_after(&self, prev: &TaskCounters) -> TaskCounters {
         let o = &self.offcpu;
+        let (block_start_ns, block_state) = o.in_flight().unwrap_or((0, offcpu::STATE_NONE));
         TaskCounters {
             oncpu_ns: self.oncpu_ns,
             runq_wait_ns: self.runq_wait_ns,
@@ -112,8 +144,8 @@ impl TaskRecord {
                 blocked_d_ns: o.blocked_d_ns,
                 long_blocks: widen_count(prev.offcpu.long_blocks, o.long_blocks),
                 wakeups: widen_count(prev.offcpu.wakeups, o.wakeups),
-                block_start_ns: o.block_start_ns,
-                block_state: o.block_state,
+                block_start_ns,
+                block_state,
                 _pad: 0,
             },
         }
@@ -125,9 +157,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_record_is_96_bytes() {
+    fn the_record_is_88_bytes() {
         // TASKS_BY_TID costs this times pid_max of kernel memory.
-        assert_eq!(core::mem::size_of::<TaskRecord>(), 96);
+        assert_eq!(core::mem::size_of::<TaskRecord>(), 88);
+    }
+
+    #[test]
+    fn a_block_keeps_its_start_and_state_in_one_word() {
+        let mut o = OffcpuRecord::default();
+        assert_eq!(o.in_flight(), None);
+        o.begin(offcpu::STATE_D, 123_456_789);
+        assert_eq!(o.in_flight(), Some((123_456_789, offcpu::STATE_D)));
+        o.begin(offcpu::STATE_S, 987);
+        assert_eq!(o.in_flight(), Some((987, offcpu::STATE_S)));
+        o.begin(offcpu::STATE_NONE, 5);
+        assert_eq!(o.in_flight(), None);
+        let wide = TaskRecord {
+            offcpu: OffcpuRecord {
+                block_start: 42 | BLOCK_IN_D,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+        .widen();
+        assert_eq!(
+            (wide.offcpu.block_start_ns, wide.offcpu.block_state),
+            (42, offcpu::STATE_D)
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 
 use vitals_common::{
-    drop_reason, names, CpuState, ExitKey, ExitRecord, ExitedTask, FaultCounters, TaskRecord,
+    drop_reason, names, CpuState, ExitKey, ExitRecord, ExitRecordShort, ExitedTask, FaultCounters,
+    TaskRecord,
 };
 
 use super::super::{
@@ -40,13 +41,20 @@ impl Accounting {
             return;
         };
         while let Some(item) = ring.next() {
-            if item.len() < std::mem::size_of::<ExitRecord>() {
+            // Full records where the programs count process faults, short
+            // ones (no process faults) elsewhere: told by their length.
+            // SAFETY: both are plain old data and the record holds one;
+            // ring records are only 8-byte aligned, hence unaligned.
+            let r = if item.len() >= std::mem::size_of::<ExitRecord>() {
+                unsafe { std::ptr::read_unaligned(item.as_ptr() as *const ExitRecord) }
+            } else if item.len() >= std::mem::size_of::<ExitRecordShort>() {
+                let short =
+                    unsafe { std::ptr::read_unaligned(item.as_ptr() as *const ExitRecordShort) };
+                short.full()
+            } else {
                 log::warn!("short {} record: {} bytes", names::EXITED_RING, item.len());
                 continue;
-            }
-            // SAFETY: ExitRecord is plain old data and the record holds
-            // one; ring records are only 8-byte aligned, hence unaligned.
-            let r = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const ExitRecord) };
+            };
             out.push((r.key, r.task));
         }
     }
