@@ -431,3 +431,6 @@ impl Service {
         })
     }
 }
+
+#[cfg(test)]
+mod kernel_memory_tests;

@@ -13,7 +13,7 @@ pub const DEFAULT_CPUS: u32 = 256;
 /// usual pid_max. aya's loader sizes them from pid_max (at most
 /// `MAX_TIDS`); larger ids go to the TASKS / PROCESS_FAULTS hashes.
 pub const DEFAULT_TIDS: u32 = 32768;
-/// Largest TASKS_BY_TID the loader makes (about 4.7 MiB of counters).
+/// Largest TASKS_BY_TID the loader makes (5.5 MiB of 88-byte records).
 pub const MAX_TIDS: u32 = 1 << 16;
 /// EXITED_RING's bytes in the object (bpfloader's): 3855 records, as
 /// many as the EXITED hash's 4096 entries near enough.
