@@ -167,7 +167,12 @@ fn reused_tid_starts_from_zero() {
             eprintln!("attempt {attempt}: again");
             continue;
         };
-        check_fresh(&mut acc, &mut totals, pid, u64::from(old_rec.counters.faults.minflt));
+        check_fresh(
+            &mut acc,
+            &mut totals,
+            pid,
+            u64::from(old_rec.counters.faults.minflt),
+        );
         new.wait_success();
         let (new_rec, _) = wait_for_exit_record(&mut acc, &mut totals, pid);
         assert_eq!(String::from_utf8_lossy(new_rec.comm_bytes()), "sleep");
