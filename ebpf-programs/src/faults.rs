@@ -8,7 +8,16 @@ use aya_ebpf::{
     programs::{PerfEventContext, TracePointContext},
 };
 
-use crate::{capture_tier::maybe_sample_fault, process_slot, task_slot, xadd};
+use crate::{capture_tier::maybe_sample_fault, process_slot, setting, task_slot, xadd};
+
+/// 1: also count each fault in its process's FAULTS_BY_TGID /
+/// PROCESS_FAULTS value (bpfloader's default). 0: the loader sized
+/// TASKS_BY_TID to every tid below pid_max, so no thread ever misses a
+/// slot and a process's faults are exactly its threads' (live ones plus
+/// the freed ones' final records): the per-process map would only repeat
+/// them, at 24 bytes a possible tgid and one atomic add a fault.
+#[no_mangle]
+pub(crate) static COUNT_PROCESS_FAULTS: u32 = 1;
 
 #[derive(Clone, Copy)]
 enum FaultKind {
@@ -28,13 +37,18 @@ fn count_fault(kind: FaultKind) {
     }
     if let Some(t) = task_slot(tid) {
         t.tgid = tgid;
-        // The task's own context: a plain add (see TASKS).
+        // The task's own context: a plain add (see TASKS). u32 counts
+        // wrap; user space widens them (`TaskRecord`).
         let f = &mut t.faults;
-        match kind {
-            FaultKind::Entry => f.entries += 1,
-            FaultKind::Minor => f.minflt += 1,
-            FaultKind::Major => f.majflt += 1,
-        }
+        let count = match kind {
+            FaultKind::Entry => &mut f.entries,
+            FaultKind::Minor => &mut f.minflt,
+            FaultKind::Major => &mut f.majflt,
+        };
+        *count = count.wrapping_add(1);
+    }
+    if setting(&COUNT_PROCESS_FAULTS) == 0 {
+        return;
     }
     if let Some(p) = process_slot(tgid) {
         // Shared by the process's threads on every CPU: atomic adds.

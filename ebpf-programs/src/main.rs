@@ -45,7 +45,7 @@ use aya_ebpf::{
 use capture_tier::{capture_control, ctx_comm, emit_switch};
 use vitals_common::{
     capture, comm_prefix, drop_reason, fixed_layout, free_comm_field, free_pid_offset, ExitKey,
-    ExitedTask, FaultCounters, TaskCounters, PREV_STATE_BLOCKED_MASK,
+    ExitedTask, FaultCounters, TaskRecord, PREV_STATE_BLOCKED_MASK,
 };
 
 // ---- load-time settings (.rodata, set by the loader; the verifier treats
@@ -149,10 +149,10 @@ fn setting(v: &'static u32) -> u32 {
 /// One value: sched_process_free needs one lookup (no 5.19
 /// bpf_map_lookup_percpu_elem), and 1/ncpus of a per-CPU hash's memory.
 #[map(name = "TASKS")]
-static TASKS: HashMap<u32, TaskCounters> = HashMap::with_max_entries(16384, 0);
-/// One all-zero TaskCounters, never written; `task_slot` inserts it.
+static TASKS: HashMap<u32, TaskRecord> = HashMap::with_max_entries(16384, 0);
+/// One all-zero TaskRecord, never written; `task_slot` inserts it.
 #[map(name = "ZERO_TASK")]
-static ZERO_TASK: Array<TaskCounters> = Array::with_max_entries(1, 0);
+static ZERO_TASK: Array<TaskRecord> = Array::with_max_entries(1, 0);
 
 /// tgid -> fault counters of the whole process (survives thread exits).
 /// Threads of a process fault concurrently on several CPUs, so every
@@ -185,7 +185,7 @@ use mapped::count_drop;
 /// `tid`'s counters, inserting zeroed ones on first sight. Called from
 /// `tid`'s own context only (see TASKS), never for tid 0.
 #[inline(always)]
-fn task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
+fn task_slot(tid: u32) -> Option<&'static mut TaskRecord> {
     // Below pid_max (as the loader sized it): the mmap-read array.
     if let Some(t) = mapped::task_slot(tid) {
         return Some(t);
@@ -217,7 +217,7 @@ fn task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
 /// waker's program (`offcpu::on_waking`), which runs in another task's
 /// context.
 #[inline(always)]
-pub(crate) fn live_task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
+pub(crate) fn live_task_slot(tid: u32) -> Option<&'static mut TaskRecord> {
     if let Some(p) = mapped::array_task(tid) {
         return (unsafe { core::ptr::read_volatile(&(*p).born_ns) } != 0)
             .then(|| unsafe { &mut *p });
@@ -580,7 +580,7 @@ pub fn sched_process_free(ctx: TracePointContext) -> u32 {
     };
     exited.counters = match task {
         Some(p) => unsafe { *p },
-        None => TaskCounters::default(),
+        None => TaskRecord::default(),
     };
     exited.comm = free_comm(&ctx, comm_word);
     exited.process_faults = FaultCounters::default();

@@ -27,7 +27,8 @@ use aya_ebpf::{
 };
 use core::ptr::{read_volatile, write_volatile};
 use vitals_common::{
-    drop_reason, mapped, CpuState, ExitKey, ExitRecord, ExitedTask, FaultCounters, TaskCounters,
+    drop_reason, mapped, CpuState, ExitKey, ExitRecord, ExitRecordShort, ExitedTask, FaultCounters,
+    TaskRecord,
 };
 
 #[map(name = "CPU_STATE")]
@@ -41,7 +42,7 @@ static DROPS: Array<u64> = Array::with_max_entries(
 );
 
 #[map(name = "TASKS_BY_TID")]
-static TASKS_BY_TID: Array<TaskCounters> =
+static TASKS_BY_TID: Array<TaskRecord> =
     Array::with_max_entries(mapped::DEFAULT_TIDS, mapped::BPF_F_MMAPABLE);
 
 #[map(name = "FAULTS_BY_TGID")]
@@ -73,7 +74,11 @@ pub fn exit_scratch() -> Option<&'static mut ExitedTask> {
 #[inline(always)]
 pub fn store_exited(key: ExitKey, task: &ExitedTask) -> bool {
     if crate::setting(&crate::EXIT_RING) != 0 {
-        ring_exited(key, task)
+        if crate::setting(&crate::faults::COUNT_PROCESS_FAULTS) != 0 {
+            ring_exited(key, task)
+        } else {
+            ring_exited_short(key, task)
+        }
     } else {
         crate::EXITED
             .insert(&key, task, aya_ebpf::bindings::BPF_NOEXIST as u64)
@@ -95,6 +100,23 @@ fn ring_exited(key: ExitKey, task: &ExitedTask) -> bool {
         (*p).task = *task;
     }
     // Wakeups are not needed: user space polls at each sample.
+    slot.submit(aya_ebpf::bindings::BPF_RB_NO_WAKEUP as u64);
+    true
+}
+
+/// `task` without its process fault counters (none are kept:
+/// COUNT_PROCESS_FAULTS 0) into EXITED_RING; false when the ring is full.
+#[inline(always)]
+fn ring_exited_short(key: ExitKey, task: &ExitedTask) -> bool {
+    let Some(mut slot) = EXITED_RING.reserve::<ExitRecordShort>(0) else {
+        return false;
+    };
+    let p = slot.as_mut_ptr();
+    unsafe {
+        (*p).key = key;
+        (*p).counters = task.counters;
+        (*p).comm = task.comm;
+    }
     slot.submit(aya_ebpf::bindings::BPF_RB_NO_WAKEUP as u64);
     true
 }
@@ -122,11 +144,11 @@ pub fn count_drop(reason: u32) {
 /// the compiler keeps that order: the reader trusts a copy only when
 /// `born_ns` was the same non-zero value before and after it.
 #[inline(always)]
-pub fn task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
+pub fn task_slot(tid: u32) -> Option<&'static mut TaskRecord> {
     let p = TASKS_BY_TID.get_ptr_mut(tid)?;
     unsafe {
         if read_volatile(&(*p).born_ns) == 0 {
-            write_volatile(p, TaskCounters::default());
+            write_volatile(p, TaskRecord::default());
             write_volatile(&mut (*p).born_ns, bpf_ktime_get_ns());
         }
         Some(&mut *p)
@@ -137,14 +159,14 @@ pub fn task_slot(tid: u32) -> Option<&'static mut TaskCounters> {
 /// is past the array), for a program that must not claim one
 /// (`crate::live_task_slot`).
 #[inline(always)]
-pub fn array_task(tid: u32) -> Option<*mut TaskCounters> {
+pub fn array_task(tid: u32) -> Option<*mut TaskRecord> {
     TASKS_BY_TID.get_ptr_mut(tid)
 }
 
 /// A freed task's final counters in the array (None: past the array, or
 /// a free slot; the caller then looks in the hash, which has none either).
 #[inline(always)]
-pub fn final_task(tid: u32) -> Option<*const TaskCounters> {
+pub fn final_task(tid: u32) -> Option<*const TaskRecord> {
     // A pointer, not the value: an Option<value> merged with the hash's
     // makes the compiler spill the None's undefined payload, which the
     // verifier refuses (`!read_ok`).
@@ -159,7 +181,7 @@ pub fn forget_task(tid: u32) {
     if let Some(p) = TASKS_BY_TID.get_ptr_mut(tid) {
         unsafe {
             write_volatile(&mut (*p).born_ns, 0);
-            write_volatile(p, TaskCounters::default());
+            write_volatile(p, TaskRecord::default());
         }
     }
 }

@@ -35,9 +35,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use core::ptr::read_volatile;
-use vitals_common::{
-    drop_reason, fixed_layout, mapped, offcpu, OffcpuCounters, WakerKey, WakerSlot,
-};
+use vitals_common::{drop_reason, fixed_layout, mapped, offcpu, OffcpuRecord, WakerKey, WakerSlot};
 
 use crate::{count_drop, live_task_slot, setting, task_field, TASK_PID_OFF, WAKING_PID_OFF};
 
@@ -87,12 +85,11 @@ static WAKER_HALF: Array<u32> = Array::with_max_entries(1, mapped::BPF_F_MMAPABL
 /// At `prev`'s switch-out, in its own context: begins a block in S or D
 /// (`offcpu::STATE_*`), or clears one a missed wakeup left.
 #[inline(always)]
-pub(crate) fn on_switch_out(t: &mut OffcpuCounters, state: u32, now: u64) {
+pub(crate) fn on_switch_out(t: &mut OffcpuRecord, state: u32, now: u64) {
     if setting(&TRACK_OFFCPU) == 0 {
         return;
     }
-    t.block_state = state;
-    t.block_start_ns = if state == offcpu::STATE_NONE { 0 } else { now };
+    t.begin(state, now);
 }
 
 /// At sched_waking of `pid`, in the waker's context: ends its block, if
@@ -105,23 +102,23 @@ pub(crate) fn on_waking(pid: i32) {
     let Some(t) = live_task_slot(pid as u32) else {
         return;
     };
-    let start = t.offcpu.block_start_ns;
-    if start == 0 {
+    let Some((start, state)) = t.offcpu.in_flight() else {
         return;
-    }
-    t.offcpu.block_start_ns = 0;
+    };
+    t.offcpu.block_start = 0;
     let now = unsafe { bpf_ktime_get_ns() };
     if now <= start {
         return;
     }
     let blocked_ns = now - start;
-    match t.offcpu.block_state {
+    match state {
         offcpu::STATE_S => t.offcpu.blocked_s_ns += blocked_ns,
         _ => t.offcpu.blocked_d_ns += blocked_ns,
     }
-    t.offcpu.wakeups += 1;
+    // u32 counts wrap; user space widens them (`TaskRecord`).
+    t.offcpu.wakeups = t.offcpu.wakeups.wrapping_add(1);
     if blocked_ns >= setting(&LONG_BLOCK_US) as u64 * 1000 {
-        t.offcpu.long_blocks += 1;
+        t.offcpu.long_blocks = t.offcpu.long_blocks.wrapping_add(1);
     }
     let key = WakerKey {
         wakee_tgid: t.tgid,

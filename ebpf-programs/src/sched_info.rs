@@ -5,7 +5,7 @@
 //! tp_btf path needs no wakeup programs; the classic programs (no task
 //! pointer) keep wall time and the wakeup programs' timestamps.
 
-use vitals_common::{drop_reason, CpuState, TaskCounters};
+use vitals_common::{drop_reason, CpuState, TaskRecord};
 
 use crate::{
     count_drop, setting, task_field, TASKS, TASK_RUN_DELAY_OFF, TASK_SUM_EXEC_OFF, TRACK_WAIT,
@@ -125,7 +125,7 @@ pub fn slice_ns(cpu: &CpuState, prev: u32, wall_ns: u64, kernel: &Option<KernelF
 pub fn charge_wait(
     cpu: &CpuState,
     prev: u32,
-    t: &mut TaskCounters,
+    t: &mut TaskRecord,
     kernel: &Option<KernelFigures>,
 ) -> bool {
     let Some(k) = kernel else {

@@ -83,7 +83,7 @@ fn load_classic(portable: bool) -> Accounting {
 /// A blocked task's counters: summed over CPUs, nothing in flight.
 fn task(acc: &mut Accounting, tid: u32) -> TaskCounters {
     let snap = acc.read().expect("reading maps");
-    let mut t = snap.tasks.get(&tid).copied().unwrap_or_default();
+    let mut t = snap.tasks.get(&tid).map(|r| r.widen()).unwrap_or_default();
     t.oncpu_ns += snap.inflight_ns.get(&tid).copied().unwrap_or(0);
     t
 }

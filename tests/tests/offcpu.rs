@@ -85,7 +85,11 @@ fn task_schedstat(pid: u32, tid: u32) -> TaskSchedstat {
 fn read(acc: &mut Accounting, pid: u32) -> Reading {
     let snap = acc.read().expect("reading maps");
     Reading {
-        offcpu: snap.tasks.get(&pid).map(|t| t.offcpu).unwrap_or_default(),
+        offcpu: snap
+            .tasks
+            .get(&pid)
+            .map(|t| t.widen().offcpu)
+            .unwrap_or_default(),
         wakers: snap.wakers,
         // The workload's blocking calls are all on its main thread (tid = pid).
         sched: task_schedstat(pid, pid),

@@ -105,11 +105,14 @@ fn check_fresh(acc: &mut Accounting, totals: &mut Totals, pid: u32, old_faults: 
     let rows = totals.update(&snap);
     let kernel = kernel_stat(pid);
     let kernel_ns = schedstat(pid).0;
+    // Its leader's own record (TASKS_BY_TID covers pid_max here, so the
+    // programs keep no per-process fault map: a process's faults are its
+    // threads', and the new process has this one).
     let map = snap
-        .process_faults
+        .tasks
         .get(&pid)
-        .copied()
-        .expect("the new process's fault counters");
+        .map(|t| t.widen().faults)
+        .expect("the new process's task record");
     let row = live_row(&rows, pid);
     eprintln!(
         "new pid {pid}: map minflt {}, totals minflt {}, /proc minflt {}; totals on-CPU {} ns, schedstat {kernel_ns} ns (old process faulted {old_faults})",
@@ -118,7 +121,7 @@ fn check_fresh(acc: &mut Accounting, totals: &mut Totals, pid: u32, old_faults: 
     assert!(map.minflt > 0, "the new process's faults were not counted");
     assert!(
         map.minflt <= kernel.minflt,
-        "PROCESS_FAULTS carries the old process's faults: {} > /proc minflt {}",
+        "the task record carries the old process's faults: {} > /proc minflt {}",
         map.minflt,
         kernel.minflt
     );
@@ -164,7 +167,12 @@ fn reused_tid_starts_from_zero() {
             eprintln!("attempt {attempt}: again");
             continue;
         };
-        check_fresh(&mut acc, &mut totals, pid, old_rec.counters.faults.minflt);
+        check_fresh(
+            &mut acc,
+            &mut totals,
+            pid,
+            u64::from(old_rec.counters.faults.minflt),
+        );
         new.wait_success();
         let (new_rec, _) = wait_for_exit_record(&mut acc, &mut totals, pid);
         assert_eq!(String::from_utf8_lossy(new_rec.comm_bytes()), "sleep");
@@ -176,8 +184,8 @@ fn reused_tid_starts_from_zero() {
 
 /// A process faults 4000 pages and exits; its exit record ends its row
 /// with those faults. A new process given its pid starts at zero faults
-/// in PROCESS_FAULTS (deleted when the old leader was freed) and in the
-/// totals, against /proc/<pid>/stat minflt of the new process.
+/// in its leader's task record (the old leader's was freed with it) and
+/// in the totals, against /proc/<pid>/stat minflt of the new process.
 #[test]
 fn reused_tgid_starts_from_zero_faults() {
     let mut acc = load(MapLimits::default().max_exited);
@@ -190,8 +198,7 @@ fn reused_tgid_starts_from_zero_faults() {
         old.expect("done");
         let pid = old.pid();
         let snap = acc.read().unwrap();
-        totals.update(&snap);
-        let old_minflt = snap.process_faults[&pid].minflt;
+        let old_minflt = live_row(&totals.update(&snap), pid).faults.minflt;
         assert!(
             (4000..=kernel_stat(pid).minflt).contains(&old_minflt),
             "old process: {old_minflt} faults counted"

@@ -60,3 +60,68 @@ fn startup_peak_is_within_half_again_of_steady_rss_from_pins() {
     assert_peak_within_half_again(&d, "pins");
     drop(d);
 }
+
+/// #22 item 4's kernel memory: every BPF map a daemon with the default
+/// sizing holds, as the kernel charges it (fdinfo `memlock`, which is
+/// the map's `map_mem_usage` from Linux 6.4), is what
+/// `run_kernel_memory` computes for this machine's pid_max, possible CPUs
+/// and page size: so the figure it computes for a phone (8 CPUs, in the
+/// daemon's unit tests and README) is the one a phone's kernel would
+/// charge. Before 6.4 fdinfo reports a rough footprint instead, which
+/// says nothing about the memory.
+#[test]
+fn bpf_map_memory_is_what_the_sizing_computes_for_this_machine() {
+    use vitals_tests::bpf_stats::maps_of;
+    if vitals_tests::kernel_version() < (6, 4) {
+        eprintln!("skipped: fdinfo memlock is map_mem_usage from Linux 6.4");
+        return;
+    }
+    let d = Daemon::start("");
+    d.wait_status("a sample", Duration::from_secs(10), |st| {
+        st["samples"].as_u64().unwrap_or(0) > 0
+    });
+    let run_delay = d
+        .log()
+        .contains("runqueue wait from the kernel's sched_info.run_delay");
+    let cfg = vitalsd::config::Config::load(&d.config_path()).unwrap();
+    let read = |p: &str| std::fs::read_to_string(p).unwrap().trim().to_owned();
+    let machine = vitalsd::bpf::MachineBounds {
+        pid_max: read("/proc/sys/kernel/pid_max").parse().unwrap(),
+        possible_cpus: vitalsd::system::parse_cpu_list(&read("/sys/devices/system/cpu/possible"))
+            .unwrap()
+            .len() as u32,
+    };
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u32;
+    let computed = vitalsd::service::run_kernel_memory(&cfg, machine, run_delay, page).unwrap();
+    let held = maps_of(d.pid());
+    let mut report = String::new();
+    let (mut held_total, mut computed_total) = (0, 0);
+    for m in &held {
+        // The kernel keeps 15 bytes of a map's name.
+        let c = computed
+            .iter()
+            .find(|c| c.def.name.get(..15).unwrap_or(&c.def.name) == m.name)
+            .unwrap_or_else(|| panic!("{} is not in the computed maps: {computed:?}", m.name));
+        report += &format!(
+            "{:<16} {:>9} held {:>9} computed\n",
+            m.name, m.memlock, c.bytes
+        );
+        held_total += m.memlock;
+        computed_total += c.bytes;
+        // The fixed part of a map is kernel structs whose size moves
+        // between versions and configs by a few hundred bytes.
+        assert!(
+            m.memlock.abs_diff(c.bytes) <= 1024,
+            "{}: {} bytes held, {} computed\n{report}",
+            m.name,
+            m.memlock,
+            c.bytes
+        );
+    }
+    assert_eq!(held.len(), computed.len(), "{held:?}\n{computed:?}");
+    eprintln!("{report}{held_total} held, {computed_total} computed on {machine:?}");
+    assert!(
+        held_total.abs_diff(computed_total) * 100 <= computed_total,
+        "{held_total} held against {computed_total} computed\n{report}"
+    );
+}

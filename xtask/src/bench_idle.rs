@@ -61,10 +61,12 @@ pub(crate) fn cost(pid: u32) -> Result<Cost> {
 }
 
 /// Kernel memory of the BPF maps `pid` holds open, in KiB: the `memlock`
-/// the kernel reports in each map fd's fdinfo. Not in any RSS (the capture
-/// ring buffer is in it whether mapped or not).
+/// the kernel reports in each map fd's fdinfo, once per map (`map_id`:
+/// vitalsd holds a second fd of some maps, e.g. the rings it consumes).
+/// Not in any RSS (the capture ring buffer is in it whether mapped or not).
 fn bpf_map_kernel_kb(pid: u32) -> Result<u64> {
     let mut bytes = 0u64;
+    let mut seen = HashSet::new();
     for e in std::fs::read_dir(format!("/proc/{pid}/fd")).context("reading fds")? {
         let e = e?;
         let is_map = std::fs::read_link(e.path())
@@ -78,6 +80,10 @@ fn bpf_map_kernel_kb(pid: u32) -> Result<u64> {
             e.file_name().to_string_lossy()
         ))
         .unwrap_or_default();
+        let id = info.lines().find_map(|l| l.strip_prefix("map_id:"));
+        if id.is_some_and(|id| !seen.insert(id.trim().to_owned())) {
+            continue;
+        }
         bytes += info
             .lines()
             .find_map(|l| l.strip_prefix("memlock:"))

@@ -328,14 +328,20 @@ impl Default for EventMemory {
     fn default() -> Self {
         let cpus = crate::system::possible_cpus(std::path::Path::new("/sys"))
             .map_or(1, |c| c.len() as u32);
-        Self {
-            buffer_bytes: capture_ring_bytes(cpus),
-            stack_entries: DEFAULT_STACK_ENTRIES,
-        }
+        Self::for_cpus(cpus)
     }
 }
 
 impl EventMemory {
+    /// The default on a machine with `possible_cpus` (the kernel memory
+    /// computed for another machine, `bpf::memory`).
+    pub fn for_cpus(possible_cpus: u32) -> Self {
+        Self {
+            buffer_bytes: capture_ring_bytes(possible_cpus),
+            stack_entries: DEFAULT_STACK_ENTRIES,
+        }
+    }
+
     /// 64 KiB (a page on every Linux page size) to 256 MiB.
     pub const BUFFER_BYTES: RangeInclusive<u32> = (64 << 10)..=(256 << 20);
     pub const STACK_ENTRIES: RangeInclusive<u32> = 64..=65536;

@@ -231,7 +231,7 @@ pub fn own_ring(map: &Map, name: &'static str) -> Result<Option<RingBuf<MapData>
 pub struct Mappings {
     pub cpu_state: Option<MappedArray<vitals_common::CpuState>>,
     pub drops: Option<MappedArray<u64>>,
-    pub tasks: Option<MappedArray<vitals_common::TaskCounters>>,
+    pub tasks: Option<MappedArray<vitals_common::TaskRecord>>,
     pub process_faults: Option<MappedArray<vitals_common::FaultCounters>>,
     /// WAKERS and WAKER_HALF, mapped writable while off-CPU accounting
     /// is on, and the pairs' totals user space keeps from them

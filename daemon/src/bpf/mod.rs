@@ -57,7 +57,7 @@ pub use self::object::{
     TracepointLayout,
 };
 pub(crate) use self::programs::IdleTransport;
-pub use self::programs::{Accounting, WAKE_ARRAY_MAX_PIDS};
+pub use self::programs::{memory, Accounting, WAKE_ARRAY_MAX_PIDS};
 use self::tracefs::TracefsError;
 pub use crate::accounting::FaultSource;
 

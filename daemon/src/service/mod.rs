@@ -282,6 +282,24 @@ fn tier_gives(tier: crate::accounting::Tier, wait_from_kernel: bool) -> String {
     }
 }
 
+/// The BPF maps' kernel memory of `vitalsd run` with `cfg` on `machine`
+/// (`bpf::memory::kernel_memory`), `[capture]` taken as the default for
+/// the machine's CPUs where `cfg` leaves it at this machine's default.
+pub fn run_kernel_memory(
+    cfg: &Config,
+    machine: crate::bpf::MachineBounds,
+    run_delay: bool,
+    page: u32,
+) -> Result<Vec<crate::bpf::memory::MapMemory>, crate::bpf::BpfError> {
+    let mut cfg = cfg.clone();
+    if cfg.capture.memory() == crate::bpf::EventMemory::default() {
+        let m = crate::bpf::EventMemory::for_cpus(machine.possible_cpus);
+        cfg.capture.buffer_bytes = m.buffer_bytes;
+        cfg.capture.stack_entries = m.stack_entries;
+    }
+    crate::bpf::memory::kernel_memory(&accounting_config(&cfg), machine, run_delay, page)
+}
+
 fn accounting_config(cfg: &Config) -> AccountingConfig {
     AccountingConfig {
         choice: cfg.sampling.accounting,
@@ -413,3 +431,6 @@ impl Service {
         })
     }
 }
+
+#[cfg(test)]
+mod kernel_memory_tests;

@@ -23,12 +23,13 @@ pub struct FaultCounters {
 pub mod blind;
 pub mod mapped;
 pub mod offcpu;
-pub use mapped::ExitRecord;
+pub use mapped::{ExitRecord, ExitRecordShort};
 pub use offcpu::{OffcpuCounters, WakerCounters, WakerKey, WakerSlot};
+pub mod task_record;
+pub use task_record::{OffcpuRecord, TaskFaults, TaskRecord};
 
-/// Per-thread monotonic counters, the value of the `TASKS` hash keyed by tid.
-/// Only the task's own context writes them (see `TASKS` in the programs),
-/// so a plain hash value needs no per-CPU slots; user space takes deltas.
+/// Per-thread monotonic counters as user space keeps them: the kernel's
+/// `TaskRecord` with every count widened to u64 (`TaskRecord::widen`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TaskCounters {
@@ -107,7 +108,7 @@ pub struct ExitKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExitedTask {
-    pub counters: TaskCounters,
+    pub counters: TaskRecord,
     /// Whole-process fault counters, filled when the freed task was the
     /// thread-group leader (the leader is freed after its other threads).
     pub process_faults: FaultCounters,
@@ -297,53 +298,7 @@ pub fn comm_prefix(raw: [u8; 16], len: u32) -> [u8; 16] {
     out
 }
 
-/// Capture mode: events written to the `CAPTURE_EVENTS` ring buffer while
-/// user space has set a flag in the 1-entry `CAPTURE` array. The always-on
-/// path pays one inlined array lookup and a branch for it.
-pub mod capture {
-    /// `CaptureControl::flags` bits.
-    pub const FLAG_SCHED: u32 = 1;
-    pub const FLAG_FAULTS: u32 = 2;
-    /// With FLAG_SCHED: every long block of a watched thread as one
-    /// `OffcpuEvent` (its stack at switch-out, its waker's at sched_waking).
-    pub const FLAG_OFFCPU: u32 = 4;
-
-    /// `CAPTURE_TRANSPORT` values: where the records go.
-    pub const TRANSPORT_RINGBUF: u32 = 0;
-    pub const TRANSPORT_PERF_ARRAY: u32 = 1;
-
-    /// `EventHeader::kind`: which record follows the header.
-    pub const KIND_SWITCH: u32 = 1;
-    pub const KIND_WAKING: u32 = 2;
-    pub const KIND_FAULT: u32 = 3;
-    pub const KIND_OFFCPU: u32 = 4;
-
-    /// `CaptureControl::offcpu_scope`: every thread is watched.
-    pub const OFFCPU_SCOPE_ALL: u32 = 0;
-    /// `CaptureControl::offcpu_scope`: only threads whose tgid is a key of
-    /// `OFFCPU_WATCH` (an empty map watches none).
-    pub const OFFCPU_SCOPE_WATCHED: u32 = 1;
-    /// `OFFCPU_WATCH`'s max_entries: the processes one capture can watch.
-    /// A fixed bound (the programs are loaded once, the list comes from a
-    /// config that reloads); user space counts the tgids it could not add.
-    pub const OFFCPU_WATCH_MAX_TGIDS: u32 = 64;
-
-    /// Indexes into the per-CPU `CAPTURE_LOST` array.
-    pub mod lost {
-        /// Ring buffer (or perf buffer) full: a sched_switch/sched_waking
-        /// record was dropped. With the perf array, user space adds the
-        /// perf buffer's own PERF_RECORD_LOST counts to its view of this.
-        pub const SCHED: u32 = 0;
-        /// Ring buffer full: a fault sample was dropped.
-        pub const FAULT: u32 = 1;
-        /// bpf_get_stackid failed (stack map full/collision, no user stack):
-        /// the sample is still sent, with a negative stack id.
-        pub const STACK: u32 = 2;
-        /// Ring buffer full: a long block's record was dropped.
-        pub const OFFCPU: u32 = 3;
-        pub const COUNT: u32 = 4;
-    }
-}
+pub mod capture;
 
 /// Value of the 1-entry `CAPTURE` array.
 #[repr(C)]
@@ -542,6 +497,9 @@ pub mod names {
     pub const EXITED_RING: &str = "EXITED_RING";
     /// 1: sched_process_free writes EXITED_RING; 0: the EXITED hash.
     pub const G_EXIT_RING: &str = "EXIT_RING";
+    /// 1: the fault programs also count per process (FAULTS_BY_TGID);
+    /// 0: only per thread, where TASKS_BY_TID covers every tid.
+    pub const G_COUNT_PROCESS_FAULTS: &str = "COUNT_PROCESS_FAULTS";
 }
 
 #[cfg(feature = "user")]
@@ -549,10 +507,12 @@ mod pod {
     // SAFETY: all are repr(C), made of integers, with explicit padding.
     unsafe impl aya::Pod for super::FaultCounters {}
     unsafe impl aya::Pod for super::TaskCounters {}
+    unsafe impl aya::Pod for super::TaskRecord {}
     unsafe impl aya::Pod for super::CpuState {}
     unsafe impl aya::Pod for super::ExitedTask {}
     unsafe impl aya::Pod for super::ExitKey {}
     unsafe impl aya::Pod for super::ExitRecord {}
+    unsafe impl aya::Pod for super::ExitRecordShort {}
     unsafe impl aya::Pod for super::CaptureControl {}
     unsafe impl aya::Pod for super::OffcpuStart {}
     unsafe impl aya::Pod for super::OffcpuCounters {}

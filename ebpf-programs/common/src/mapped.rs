@@ -1,7 +1,7 @@
 //! The arrays user space reads through mmap, not bpf() (see the programs'
 //! `mapped` module for why), and the ring buffer's freed-task record.
 
-use crate::{ExitKey, ExitedTask};
+use crate::{ExitKey, ExitedTask, TaskRecord};
 
 /// include/uapi/linux/bpf.h, Linux 5.5.
 pub const BPF_F_MMAPABLE: u32 = 1 << 10;
@@ -13,7 +13,7 @@ pub const DEFAULT_CPUS: u32 = 256;
 /// usual pid_max. aya's loader sizes them from pid_max (at most
 /// `MAX_TIDS`); larger ids go to the TASKS / PROCESS_FAULTS hashes.
 pub const DEFAULT_TIDS: u32 = 32768;
-/// Largest TASKS_BY_TID the loader makes (about 4.7 MiB of counters).
+/// Largest TASKS_BY_TID the loader makes (5.5 MiB of 88-byte records).
 pub const MAX_TIDS: u32 = 1 << 16;
 /// EXITED_RING's bytes in the object (bpfloader's): 3855 records, as
 /// many as the EXITED hash's 4096 entries near enough.
@@ -26,4 +26,32 @@ pub const DEFAULT_EXITED_RING_BYTES: u32 = 512 << 10;
 pub struct ExitRecord {
     pub key: ExitKey,
     pub task: ExitedTask,
+}
+
+/// `ExitRecord` without the process's fault counters, which the programs
+/// keep only where some tid can miss TASKS_BY_TID (COUNT_PROCESS_FAULTS):
+/// elsewhere every freed task's record is this one, 120 bytes, so the
+/// ring's 8-byte header makes it 128 and EXITED_RING holds as many in half
+/// the bytes of the 152 a full one takes. User space tells the two apart
+/// by the ring record's length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitRecordShort {
+    pub key: ExitKey,
+    pub counters: TaskRecord,
+    pub comm: [u8; 16],
+}
+
+impl ExitRecordShort {
+    /// As the full record, with no process fault counters.
+    pub fn full(&self) -> ExitRecord {
+        ExitRecord {
+            key: self.key,
+            task: ExitedTask {
+                counters: self.counters,
+                comm: self.comm,
+                ..Default::default()
+            },
+        }
+    }
 }

@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 
 use vitals_common::{
-    drop_reason, names, CpuState, ExitKey, ExitRecord, ExitedTask, FaultCounters, TaskCounters,
+    drop_reason, names, CpuState, ExitKey, ExitRecord, ExitRecordShort, ExitedTask, FaultCounters,
+    TaskRecord,
 };
 
 use super::super::{
@@ -40,13 +41,20 @@ impl Accounting {
             return;
         };
         while let Some(item) = ring.next() {
-            if item.len() < std::mem::size_of::<ExitRecord>() {
+            // Full records where the programs count process faults, short
+            // ones (no process faults) elsewhere: told by their length.
+            // SAFETY: both are plain old data and the record holds one;
+            // ring records are only 8-byte aligned, hence unaligned.
+            let r = if item.len() >= std::mem::size_of::<ExitRecord>() {
+                unsafe { std::ptr::read_unaligned(item.as_ptr() as *const ExitRecord) }
+            } else if item.len() >= std::mem::size_of::<ExitRecordShort>() {
+                let short =
+                    unsafe { std::ptr::read_unaligned(item.as_ptr() as *const ExitRecordShort) };
+                short.full()
+            } else {
                 log::warn!("short {} record: {} bytes", names::EXITED_RING, item.len());
                 continue;
-            }
-            // SAFETY: ExitRecord is plain old data and the record holds
-            // one; ring records are only 8-byte aligned, hence unaligned.
-            let r = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const ExitRecord) };
+            };
             out.push((r.key, r.task));
         }
     }
@@ -73,13 +81,13 @@ impl Accounting {
     /// Live tasks: TASKS_BY_TID's stamped slots (`born_ns` non-zero; the
     /// programs clear it first when the task is freed), then the TASKS
     /// hash of tids past the array.
-    pub(super) fn read_tasks(&mut self) -> Result<HashMap<u32, TaskCounters>, BpfError> {
+    pub(super) fn read_tasks(&mut self) -> Result<HashMap<u32, TaskRecord>, BpfError> {
         let mut out = HashMap::new();
         {
             let a = self.mappings().tasks.as_ref().expect("mapped");
             // Most slots are free: test the stamp alone before copying a
-            // slot until stable (two 128-byte copies a slot, every tick).
-            let stamp = std::mem::offset_of!(TaskCounters, born_ns);
+            // slot until stable (two record copies a slot, every tick).
+            let stamp = std::mem::offset_of!(TaskRecord, born_ns);
             for tid in 1..a.entries() {
                 if a.copy_u64(tid, stamp) == 0 {
                     continue;
@@ -91,7 +99,7 @@ impl Accounting {
             }
         }
         let last = self.mappings().tasks_hash_len;
-        let hash: HashMap<u32, TaskCounters> = self.read_hash(names::TASKS, last)?;
+        let hash: HashMap<u32, TaskRecord> = self.read_hash(names::TASKS, last)?;
         self.mappings_mut().tasks_hash_len = hash.len();
         out.extend(hash);
         Ok(out)
@@ -100,7 +108,7 @@ impl Accounting {
     /// One task's counters from its TASKS_BY_TID slot, if it has a live
     /// one: tids past the array are not looked up (a bpf() lookup raises
     /// bpf_prog_active, blinding the classic programs on this CPU).
-    pub(super) fn read_task_slot(&self, tid: u32) -> Option<TaskCounters> {
+    pub(super) fn read_task_slot(&self, tid: u32) -> Option<TaskRecord> {
         let a = self.mappings().tasks.as_ref().expect("mapped");
         if tid == 0 || tid >= a.entries() {
             return None;

@@ -18,7 +18,7 @@ use std::{collections::HashMap, os::fd::AsFd};
 
 use aya::maps::{HashMap as AyaHashMap, MapData, MapError};
 use vitals_common::{
-    drop_reason, names, CpuState, ExitKey, ExitedTask, FaultCounters, TaskCounters, WakerCounters,
+    drop_reason, names, CpuState, ExitKey, ExitedTask, FaultCounters, TaskRecord, WakerCounters,
     WakerKey,
 };
 
@@ -38,7 +38,7 @@ pub struct BpfSnapshot {
     pub monotonic_ns: u64,
     /// Live tasks (never tid 0: see `idle_ns`). `oncpu_ns` here is only
     /// what was attributed at switch-outs; see `inflight_ns`.
-    pub tasks: HashMap<u32, TaskCounters>,
+    pub tasks: HashMap<u32, TaskRecord>,
     /// The idle tasks' attributed time, summed over CPUs; the in-flight
     /// part is `inflight_ns[0]`.
     pub idle_ns: u64,
@@ -153,7 +153,7 @@ impl Accounting {
     /// shorter than the walk.
     fn reread_switched_out(
         &self,
-        tasks: &mut HashMap<u32, TaskCounters>,
+        tasks: &mut HashMap<u32, TaskRecord>,
         mut from: Vec<CpuState>,
         mut to: Vec<CpuState>,
     ) -> Vec<CpuState> {

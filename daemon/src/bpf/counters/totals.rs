@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use vitals_common::{FaultCounters, OffcpuCounters, TaskCounters};
+use vitals_common::{FaultCounters, OffcpuCounters, TaskCounters, TaskRecord};
 
 use super::{super::FaultSource, BpfSnapshot};
 
@@ -67,24 +67,23 @@ pub struct Totals {
     pub lost_exits: u64,
 }
 
-fn max_fields(prev: &TaskCounters, new: &TaskCounters) -> TaskCounters {
+/// The kernel's `record` of a thread instance last reported as `prev`
+/// (default: not reported yet): its u32 counts widened from `prev`'s
+/// (`TaskRecord::widen_after`: exact while a count moves less than 2^32
+/// between two reads), its times no lower than `prev`'s (the in-flight
+/// part added to `prev` may exceed what was attributed since).
+fn max_fields(prev: &TaskCounters, record: &TaskRecord) -> TaskCounters {
+    let new = record.widen_after(prev);
     TaskCounters {
         oncpu_ns: prev.oncpu_ns.max(new.oncpu_ns),
         runq_wait_ns: prev.runq_wait_ns.max(new.runq_wait_ns),
-        voluntary_switches: prev.voluntary_switches.max(new.voluntary_switches),
-        involuntary_switches: prev.involuntary_switches.max(new.involuntary_switches),
-        faults: max_faults(&prev.faults, &new.faults),
         tgid: if new.tgid != 0 { new.tgid } else { prev.tgid },
-        _pad: 0,
-        born_ns: new.born_ns,
-        run_delay_seen_ns: new.run_delay_seen_ns,
         offcpu: OffcpuCounters {
             blocked_s_ns: prev.offcpu.blocked_s_ns.max(new.offcpu.blocked_s_ns),
             blocked_d_ns: prev.offcpu.blocked_d_ns.max(new.offcpu.blocked_d_ns),
-            long_blocks: prev.offcpu.long_blocks.max(new.offcpu.long_blocks),
-            wakeups: prev.offcpu.wakeups.max(new.offcpu.wakeups),
             ..new.offcpu
         },
+        ..new
     }
 }
 
@@ -202,9 +201,9 @@ impl Totals {
                 Some(prev) => {
                     let old = *prev;
                     self.park(tid, old, now);
-                    c
+                    c.widen()
                 }
-                None => c,
+                None => c.widen(),
             };
             self.threads.insert(tid, merged);
         }
@@ -390,8 +389,8 @@ mod tests {
     use vitals_common::{ExitKey, ExitedTask};
 
     /// A task whose TASKS value was inserted at `born` ns.
-    fn born(born: u64, tgid: u32, oncpu: u64, vol: u64) -> TaskCounters {
-        TaskCounters {
+    fn born(born: u64, tgid: u32, oncpu: u64, vol: u32) -> TaskRecord {
+        TaskRecord {
             oncpu_ns: oncpu,
             voluntary_switches: vol,
             tgid,
@@ -401,7 +400,7 @@ mod tests {
     }
 
     /// The first instance of a tid (stamped with the tid itself).
-    fn task(tgid: u32, oncpu: u64, vol: u64) -> TaskCounters {
+    fn task(tgid: u32, oncpu: u64, vol: u32) -> TaskRecord {
         born(u64::from(tgid), tgid, oncpu, vol)
     }
 

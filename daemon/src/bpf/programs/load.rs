@@ -94,16 +94,7 @@ impl Accounting {
             "eBPF accounting {}: fault source {}; scheduler programs {}; runqueue wait {}; off-CPU {}; {} possible CPUs; BTF {}; capture transport {}",
             if pin_to.is_some() { "loaded" } else { "attached" },
             fault_source.describe(),
-            match sched_programs {
-                SchedPrograms::Btf => match settings.btf_offsets.map(|k| k.switch) {
-                    Some(SwitchPrototype::StateInTask) => {
-                        "tp_btf (pre-5.18 sched_switch: prev's state read from the task)"
-                            .to_string()
-                    }
-                    _ => "tp_btf".to_string(),
-                },
-                SchedPrograms::Classic => format!("classic tracepoints, {layout:?} layout"),
-            },
+            describe_sched_programs(sched_programs, &settings, layout),
             match (cfg.runq_wait, wait_from_kernel, settings.wake_array) {
                 (false, _, _) => "off",
                 (true, true, _) => "from the kernel's sched_info.run_delay",
@@ -426,4 +417,21 @@ fn attach_btf_sched(
         }
     }
     result
+}
+
+/// The scheduler programs attached, for the load log line.
+fn describe_sched_programs(
+    sched_programs: SchedPrograms,
+    settings: &LoadSettings,
+    layout: TracepointLayout,
+) -> String {
+    match sched_programs {
+        SchedPrograms::Btf => match settings.btf_offsets.map(|k| k.switch) {
+            Some(SwitchPrototype::StateInTask) => {
+                "tp_btf (pre-5.18 sched_switch: prev's state read from the task)".to_string()
+            }
+            _ => "tp_btf".to_string(),
+        },
+        SchedPrograms::Classic => format!("classic tracepoints, {layout:?} layout"),
+    }
 }

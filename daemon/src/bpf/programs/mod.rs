@@ -10,6 +10,7 @@
 mod attach;
 mod capture_tier;
 mod load;
+pub mod memory;
 mod pins;
 mod settings;
 mod switch_counters;

@@ -45,6 +45,15 @@ fn mapped_tids(pid_max: u32, max_tasks: u32, max_processes: u32) -> (u32, u32, u
     }
 }
 
+/// Whether the fault programs must also count per process: only where a
+/// tid can be past TASKS_BY_TID (pid_max above it, unknown, or the hash
+/// forced). Where the array covers every tid, each thread's faults land
+/// in its own slot and reach user space live or in its free record, so
+/// the process's are their sum and FAULTS_BY_TGID can keep one entry.
+fn counts_process_faults(tid_array_len: u32, pid_max: u32) -> bool {
+    pid_max == u32::MAX || tid_array_len < pid_max
+}
+
 /// Slots of one CPU's WAKERS region: the pair bound shared out over the
 /// CPUs (a pair woken from several CPUs takes a slot in each region it is
 /// counted in, and the daemon sums them), but at least
@@ -65,9 +74,15 @@ const MIN_WAKER_REGION_SLOTS: u32 = 256;
 
 /// EXITED_RING's size for `max_exited` records: a power-of-two number of
 /// pages (the kernel's requirement), each record with the ring's 8-byte
-/// header.
-fn exited_ring_bytes(max_exited: u32, page: u32) -> u32 {
-    let record = (std::mem::size_of::<vitals_common::ExitRecord>() as u32 + 8).next_multiple_of(8);
+/// header. The records are short (`ExitRecordShort`) where no process
+/// faults are counted (`counts_process_faults`).
+fn exited_ring_bytes(max_exited: u32, process_faults: bool, page: u32) -> u32 {
+    let record = if process_faults {
+        std::mem::size_of::<vitals_common::ExitRecord>()
+    } else {
+        std::mem::size_of::<vitals_common::ExitRecordShort>()
+    };
+    let record = (record as u32 + 8).next_multiple_of(8);
     max_exited
         .saturating_mul(record)
         .max(page)
@@ -186,6 +201,16 @@ impl FieldOffsets {
 /// sched_waking's.
 const SWITCH_CAPTURE_FIELDS: usize = 3;
 
+/// What of the kernel the map sizes depend on (`LoadSettings::sized`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SizingKernel {
+    /// tp_btf programs that read `sched_info.run_delay`: no wakeup
+    /// programs, so their maps get the minimum.
+    pub(super) run_delay: bool,
+    pub(super) ringbuf_ok: bool,
+    pub(super) page: u32,
+}
+
 /// What the load sets in the object besides the field offsets, chosen
 /// from the config and the kernel before anything is loaded.
 pub(super) struct LoadSettings {
@@ -202,6 +227,9 @@ pub(super) struct LoadSettings {
     tid_array_len: u32,
     tasks_hash_len: u32,
     processes_hash_len: u32,
+    /// Count faults per process too (`G_COUNT_PROCESS_FAULTS`): only
+    /// where some tid can miss TASKS_BY_TID (`counts_process_faults`).
+    count_process_faults: bool,
     /// Freed tasks' records in EXITED_RING, not the EXITED hash.
     exit_ring: bool,
     ringbuf_ok: bool,
@@ -237,32 +265,16 @@ impl LoadSettings {
             pid_max,
             possible_cpus: nr_cpus,
         };
-        let wake_array = pid_max <= WAKE_ARRAY_MAX_PIDS && !cfg.force_wake_hash;
         let btf_offsets = choose_btf_offsets(cfg, features, pinning);
         // No wakeup programs where runqueue wait is off or comes from the
         // kernel's run_delay (tp_btf): their maps get the minimum. (Should
         // the kernel then refuse the tp_btf programs, the classic wakeup
         // programs find no slot and count `wake_map_full`: the loader
         // logs that fallback as a warning.)
-        let wakeup_programs =
-            cfg.runq_wait && btf_offsets.is_none_or(|k| k.task.run_delay.is_none());
-        let (wake_array_len, wake_hash_len) = match (wakeup_programs, wake_array) {
-            (false, _) => (1, 1),
-            (true, true) => (pid_max, 1),
-            (true, false) => (1, cfg.limits.max_tasks),
-        };
-        // The hashes never need more entries than there can be ids.
-        let max_tasks = tasks_entries(&cfg.limits, &machine);
-        let max_processes = process_faults_entries(&cfg.limits, &machine);
-        let (tid_array_len, tasks_hash_len, processes_hash_len) = if cfg.force_task_hash {
-            (1, max_tasks, max_processes)
-        } else {
-            mapped_tids(pid_max, max_tasks, max_processes)
-        };
+        let run_delay = btf_offsets.is_some_and(|k| k.task.run_delay.is_some());
         // Only the capture tier uses CAPTURE_EVENTS, but the map exists in
         // the object whatever runs, so probe even without a capture.
         let ringbuf_ok = features::ringbuf_map_supported(cfg.assume_no_ringbuf);
-        let transport = EventTransport::choose(cfg.capture.map(|c| c.transport), ringbuf_ok)?;
         let patched = if ringbuf_ok {
             None
         } else {
@@ -277,7 +289,50 @@ impl LoadSettings {
             log_missing(Feature::RingBuf, "the kernel refused to create one");
             Some(object_without_ringbuf(EBPF_OBJECT)?)
         };
+        let kernel = SizingKernel {
+            run_delay,
+            ringbuf_ok,
+            page: crate::system::page_size_bytes()? as u32,
+        };
+        let mut s = Self::sized(cfg, machine, kernel, pinning)?;
+        s.patched = patched;
+        s.btf_offsets = btf_offsets;
+        Ok(s)
+    }
+
+    /// The settings `choose` makes for `machine` and `kernel`, without
+    /// reading either: what the map sizes (`map_sizes`) and so the kernel
+    /// memory (`super::memory`) follow from.
+    pub(super) fn sized(
+        cfg: &AccountingConfig,
+        machine: MachineBounds,
+        kernel: SizingKernel,
+        pinning: bool,
+    ) -> Result<Self, BpfError> {
+        let MachineBounds {
+            pid_max,
+            possible_cpus: nr_cpus,
+        } = machine;
+        let wake_array = pid_max <= WAKE_ARRAY_MAX_PIDS && !cfg.force_wake_hash;
+        let wakeup_programs = cfg.runq_wait && !kernel.run_delay;
+        let (wake_array_len, wake_hash_len) = match (wakeup_programs, wake_array) {
+            (false, _) => (1, 1),
+            (true, true) => (pid_max, 1),
+            (true, false) => (1, cfg.limits.max_tasks),
+        };
+        // The hashes never need more entries than there can be ids.
+        let max_tasks = tasks_entries(&cfg.limits, &machine);
+        let max_processes = process_faults_entries(&cfg.limits, &machine);
+        let (tid_array_len, tasks_hash_len, processes_hash_len) = if cfg.force_task_hash {
+            (1, max_tasks, max_processes)
+        } else {
+            mapped_tids(pid_max, max_tasks, max_processes)
+        };
+        let count_process_faults = counts_process_faults(tid_array_len, pid_max);
+        let transport =
+            EventTransport::choose(cfg.capture.map(|c| c.transport), kernel.ringbuf_ok)?;
         Ok(Self {
+            count_process_faults,
             nr_cpus,
             machine,
             wake_array,
@@ -286,12 +341,12 @@ impl LoadSettings {
             tid_array_len,
             tasks_hash_len,
             processes_hash_len,
-            exit_ring: ringbuf_ok && !cfg.force_exited_hash,
-            ringbuf_ok,
+            exit_ring: kernel.ringbuf_ok && !cfg.force_exited_hash,
+            ringbuf_ok: kernel.ringbuf_ok,
             transport,
-            patched,
-            btf_offsets,
-            page: crate::system::page_size_bytes()? as u32,
+            patched: None,
+            btf_offsets: None,
+            page: kernel.page,
             offcpu: cfg.offcpu.filter(|_| !pinning),
         })
     }
@@ -320,6 +375,10 @@ impl LoadSettings {
             (names::G_EXIT_RING, u32::from(self.exit_ring)),
             (names::G_TRACK_WAIT, u32::from(cfg.runq_wait)),
             (names::G_TRACK_OFFCPU, u32::from(self.offcpu.is_some())),
+            (
+                names::G_COUNT_PROCESS_FAULTS,
+                u32::from(self.count_process_faults),
+            ),
         ]);
         if let Some(o) = self.offcpu {
             globals.extend([
@@ -343,7 +402,7 @@ impl LoadSettings {
     }
 
     /// Every map's max_entries.
-    fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 16] {
+    pub(super) fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 16] {
         let [events, stacks, fault_ctr, offcpu_start] =
             capture_map_sizes(cfg.capture, self.transport, self.ringbuf_ok, self.page);
         [
@@ -352,7 +411,14 @@ impl LoadSettings {
             (names::WAKE_TS_ARRAY, self.wake_array_len),
             (names::PROCESS_FAULTS, self.processes_hash_len),
             (names::TASKS_BY_TID, self.tid_array_len),
-            (names::FAULTS_BY_TGID, self.tid_array_len),
+            (
+                names::FAULTS_BY_TGID,
+                if self.count_process_faults {
+                    self.tid_array_len
+                } else {
+                    1
+                },
+            ),
             // One row per possible CPU (bpf_get_smp_processor_id() is
             // below it).
             (names::CPU_STATE, self.nr_cpus),
@@ -371,7 +437,11 @@ impl LoadSettings {
             (
                 names::EXITED_RING,
                 match (self.exit_ring, self.ringbuf_ok) {
-                    (true, _) => exited_ring_bytes(cfg.limits.max_exited, self.page),
+                    (true, _) => exited_ring_bytes(
+                        cfg.limits.max_exited,
+                        self.count_process_faults,
+                        self.page,
+                    ),
                     (false, true) => self.page,
                     (false, false) => 1,
                 },
@@ -487,12 +557,29 @@ mod tests {
     }
 
     #[test]
+    fn process_faults_are_counted_only_where_a_tid_can_miss_the_array() {
+        assert!(!counts_process_faults(32768, 32768));
+        assert!(counts_process_faults(mapped::MAX_TIDS, 4_194_304));
+        assert!(counts_process_faults(mapped::DEFAULT_TIDS, u32::MAX));
+        // `force_task_hash`: one array slot.
+        assert!(counts_process_faults(1, 32768));
+    }
+
+    #[test]
     fn exited_ring_holds_max_exited_records_in_a_power_of_two_of_pages() {
-        let record = std::mem::size_of::<vitals_common::ExitRecord>() as u32 + 8;
-        for (max_exited, page) in [(1, 4096), (4096, 4096), (100, 16384)] {
-            let bytes = exited_ring_bytes(max_exited, page);
-            assert!(bytes.is_power_of_two() && bytes >= page, "{bytes}");
-            assert!(bytes / record >= max_exited, "{bytes} for {max_exited}");
+        for (process_faults, record) in [
+            (true, std::mem::size_of::<vitals_common::ExitRecord>()),
+            (false, std::mem::size_of::<vitals_common::ExitRecordShort>()),
+        ] {
+            let record = record as u32 + 8;
+            for (max_exited, page) in [(1, 4096), (4096, 4096), (100, 16384)] {
+                let bytes = exited_ring_bytes(max_exited, process_faults, page);
+                assert!(bytes.is_power_of_two() && bytes >= page, "{bytes}");
+                assert!(bytes / record >= max_exited, "{bytes} for {max_exited}");
+            }
         }
+        // The default two intervals of 2048 exits: 128-byte short records
+        // fill 512 KiB exactly.
+        assert_eq!(exited_ring_bytes(4096, false, 4096), 512 << 10);
     }
 }

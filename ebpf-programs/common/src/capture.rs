@@ -1,0 +1,46 @@
+//! Capture mode: events written to the `CAPTURE_EVENTS` ring buffer while
+//! user space has set a flag in the 1-entry `CAPTURE` array. The always-on
+//! path pays one inlined array lookup and a branch for it.
+
+/// `CaptureControl::flags` bits.
+pub const FLAG_SCHED: u32 = 1;
+pub const FLAG_FAULTS: u32 = 2;
+/// With FLAG_SCHED: every long block of a watched thread as one
+/// `OffcpuEvent` (its stack at switch-out, its waker's at sched_waking).
+pub const FLAG_OFFCPU: u32 = 4;
+
+/// `CAPTURE_TRANSPORT` values: where the records go.
+pub const TRANSPORT_RINGBUF: u32 = 0;
+pub const TRANSPORT_PERF_ARRAY: u32 = 1;
+
+/// `EventHeader::kind`: which record follows the header.
+pub const KIND_SWITCH: u32 = 1;
+pub const KIND_WAKING: u32 = 2;
+pub const KIND_FAULT: u32 = 3;
+pub const KIND_OFFCPU: u32 = 4;
+
+/// `CaptureControl::offcpu_scope`: every thread is watched.
+pub const OFFCPU_SCOPE_ALL: u32 = 0;
+/// `CaptureControl::offcpu_scope`: only threads whose tgid is a key of
+/// `OFFCPU_WATCH` (an empty map watches none).
+pub const OFFCPU_SCOPE_WATCHED: u32 = 1;
+/// `OFFCPU_WATCH`'s max_entries: the processes one capture can watch.
+/// A fixed bound (the programs are loaded once, the list comes from a
+/// config that reloads); user space counts the tgids it could not add.
+pub const OFFCPU_WATCH_MAX_TGIDS: u32 = 64;
+
+/// Indexes into the per-CPU `CAPTURE_LOST` array.
+pub mod lost {
+    /// Ring buffer (or perf buffer) full: a sched_switch/sched_waking
+    /// record was dropped. With the perf array, user space adds the
+    /// perf buffer's own PERF_RECORD_LOST counts to its view of this.
+    pub const SCHED: u32 = 0;
+    /// Ring buffer full: a fault sample was dropped.
+    pub const FAULT: u32 = 1;
+    /// bpf_get_stackid failed (stack map full/collision, no user stack):
+    /// the sample is still sent, with a negative stack id.
+    pub const STACK: u32 = 2;
+    /// Ring buffer full: a long block's record was dropped.
+    pub const OFFCPU: u32 = 3;
+    pub const COUNT: u32 = 4;
+}
