@@ -9,6 +9,7 @@ mod android_check;
 mod bench_always_on;
 mod bench_capture;
 mod bench_idle;
+mod bench_offcpu;
 mod bench_overhead;
 mod bench_producer;
 mod bench_scan;
@@ -92,6 +93,16 @@ enum Cmd {
         #[arg(long)]
         require_all: bool,
     },
+    /// `bench offcpu`'s rounds, run by this binary inside its guest.
+    #[command(hide = true)]
+    BenchOffcpuGuest {
+        #[arg(long)]
+        rounds: usize,
+        #[arg(long)]
+        loops: u64,
+        #[arg(long)]
+        vitalsd: PathBuf,
+    },
     /// Benchmarks against the tools a user would pick instead.
     Bench {
         #[command(subcommand)]
@@ -121,6 +132,22 @@ enum Bench {
         /// interleaved rounds: before/after a change in one run.
         #[arg(long)]
         baseline: Option<PathBuf>,
+    },
+    /// In a Debian guest with its kernel's headers: nothing vs `vitalsd record
+    /// --offcpu` vs bcc's offwaketime (perf bench sched pipe), and the
+    /// always-on cost of off-CPU accounting (default vs --no-offcpu).
+    Offcpu {
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        #[arg(long, default_value_t = 500_000)]
+        loops: u64,
+        /// kvm: near-native, needs a KVM that runs a stock kernel; tcg:
+        /// emulated, slow, TCG's figures.
+        #[arg(long, value_enum, default_value = "kvm")]
+        accel: bench_offcpu::Accel,
+        /// The guest is killed after this many minutes.
+        #[arg(long, default_value_t = 120)]
+        timeout_min: u64,
     },
     /// procfs scans with 1000 processes / 5000 threads: vitalsd vs top, top -H, pidstat -t.
     Scan,
@@ -185,6 +212,11 @@ fn main() -> Result<()> {
             setup::all()?;
             android_check::run(aosp, require_all).map(|_| ())
         }
+        Cmd::BenchOffcpuGuest {
+            rounds,
+            loops,
+            vitalsd,
+        } => bench_offcpu::run_in_guest(rounds, loops, vitalsd),
         Cmd::Bench { which } => {
             setup::all()?;
             build_release()?;
@@ -202,6 +234,12 @@ fn main() -> Result<()> {
                     baseline,
                     ..
                 } => bench_overhead::run(rounds, loops, baseline),
+                Bench::Offcpu {
+                    rounds,
+                    loops,
+                    accel,
+                    timeout_min,
+                } => bench_offcpu::run(rounds, loops, accel, timeout_min),
                 Bench::Idle { seconds, baseline } => bench_idle::run(seconds, baseline),
                 Bench::AlwaysOn {
                     seconds,

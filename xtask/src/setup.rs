@@ -49,6 +49,9 @@ const APT_PACKAGES: &[&str] = &[
     "busybox-static",
     "xz-utils",
     "zstd",
+    // cargo xtask bench offcpu: the guest's Debian root and its ext4 image.
+    "debootstrap",
+    "e2fsprogs",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const PERFETTO_PY_VERSION: &str = "0.59.1";

@@ -125,6 +125,11 @@ fn mirrors_in(etc_apt: &Path) -> Result<Mirrors> {
     Ok(Mirrors { main, security })
 }
 
+/// The Debian mirror the machine's apt sources name (for debootstrap).
+pub fn main_mirror() -> Result<String> {
+    Ok(mirrors_in(Path::new("/etc/apt"))?.main)
+}
+
 /// `apt-get`/`apt-cache` with the private configuration of `arch`.
 fn apt(tool: &str, arch: Arch) -> Result<Command> {
     let root = vm_dir().join("apt").join(arch.debian());

@@ -34,6 +34,9 @@ mod kernel;
 mod relay;
 mod subset;
 
+/// The Debian mirror of the machine's apt sources (`bench offcpu`'s debootstrap).
+pub use apt::main_mirror as debian_mirror;
+
 use std::{
     path::PathBuf,
     time::{Duration, Instant},

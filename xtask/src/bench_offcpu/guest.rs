@@ -1,0 +1,257 @@
+//! The rounds of `cargo xtask bench offcpu`, run by this same xtask binary
+//! inside the KVM guest (Debian's 6.1 kernel with its headers, so bcc can
+//! compile): `perf bench sched pipe` pinned to CPU 0, the configurations
+//! interleaved per round with a rotating order, and each one's throughput
+//! loss paired with offwaketime's in the same round (bench_overhead.rs's
+//! design: pairing within a round cancels the drift between rounds on a
+//! shared host).
+
+use std::{
+    collections::HashMap,
+    io::{BufRead, BufReader, Read},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::bench_overhead::{median, perf_bench};
+use crate::util::Group;
+
+/// bcc's front end (clang) compiles offwaketime's C at start: seconds on
+/// a CPU, over 100 s under TCG on a loaded host.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(900);
+/// offwaketime symbolises and prints every stack it kept when stopped.
+const STOP_TIMEOUT: Duration = Duration::from_secs(600);
+/// Where the recordings go: the guest's disk, deleted after each run.
+const TRACE: &str = "/root/bench-offcpu.pftrace";
+const OFFWAKETIME: &str = "/usr/sbin/offwaketime-bpfcc";
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Config {
+    Nothing,
+    /// The off-CPU capture of every thread (implies the sched capture):
+    /// the heaviest setting, what offwaketime's job compares to.
+    VitalsdOffcpu,
+    /// Always-on accounting only, off-CPU accounting (part 1) included.
+    Vitalsd,
+    /// Always-on accounting without part 1 (no sched_waking program):
+    /// today's programs before it; the default's difference is its cost.
+    VitalsdNoOffcpu,
+    /// bcc's offwaketime, every thread, until stopped.
+    Offwaketime,
+}
+
+impl Config {
+    fn name(self) -> &'static str {
+        match self {
+            Config::Nothing => "nothing attached",
+            Config::VitalsdOffcpu => "vitalsd record --offcpu",
+            Config::Vitalsd => "vitalsd record",
+            Config::VitalsdNoOffcpu => "vitalsd record --no-offcpu",
+            Config::Offwaketime => "offwaketime-bpfcc",
+        }
+    }
+
+    fn vitalsd_args(self) -> Option<&'static [&'static str]> {
+        match self {
+            Config::VitalsdOffcpu => Some(&["--offcpu"]),
+            Config::Vitalsd => Some(&[]),
+            Config::VitalsdNoOffcpu => Some(&["--no-offcpu"]),
+            Config::Nothing | Config::Offwaketime => None,
+        }
+    }
+}
+
+const CONFIGS: [Config; 5] = [
+    Config::Nothing,
+    Config::VitalsdOffcpu,
+    Config::Vitalsd,
+    Config::VitalsdNoOffcpu,
+    Config::Offwaketime,
+];
+
+/// A tool attached for one run; its process group dies with it.
+struct Tool {
+    group: Group,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Tool {
+    /// Starts `cfg` and returns once its programs are attached, with the
+    /// time that took.
+    fn start(cfg: Config, vitalsd: &Path) -> Result<Option<(Tool, Duration)>> {
+        let started = Instant::now();
+        let (mut group, marker) = if let Some(args) = cfg.vitalsd_args() {
+            let mut c = Command::new(vitalsd);
+            c.args([
+                "record",
+                "--duration",
+                "1h",
+                "--interval",
+                "1s",
+                "--out",
+                TRACE,
+            ])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+            let g = Group::spawn(&mut c).context("starting vitalsd")?;
+            // Logged once every program (the capture's too) is attached.
+            (g, "eBPF accounting attached")
+        } else if cfg == Config::Offwaketime {
+            let mut c = Command::new(OFFWAKETIME);
+            // Unbuffered: its header goes to a pipe, and it is printed
+            // right after the attach (offwaketime.py), our only sign of it.
+            c.env("PYTHONUNBUFFERED", "1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let g = Group::spawn(&mut c).context("starting offwaketime")?;
+            (g, "Tracing blocked time")
+        } else {
+            return Ok(None);
+        };
+        let out: Box<dyn Read + Send> = match group.0.stderr.take() {
+            Some(e) if cfg.vitalsd_args().is_some() => Box::new(e),
+            err => {
+                // offwaketime: its stderr (warnings) is shown, stdout scanned.
+                if let Some(mut e) = err {
+                    std::thread::spawn(move || {
+                        let mut s = String::new();
+                        let _ = e.read_to_string(&mut s);
+                        for l in s.lines().take(20) {
+                            eprintln!("  offwaketime stderr: {l}");
+                        }
+                    });
+                }
+                Box::new(group.0.stdout.take().context("no stdout")?)
+            }
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Keeps draining after the marker so the tool never blocks on a
+        // full pipe (offwaketime prints all its stacks at the end).
+        let reader = std::thread::spawn(move || {
+            let mut r = BufReader::new(out);
+            let mut line = String::new();
+            let mut told = false;
+            while r.read_line(&mut line).unwrap_or(0) > 0 {
+                if !told && line.contains(marker) {
+                    let _ = tx.send(());
+                    told = true;
+                }
+                line.clear();
+            }
+        });
+        if rx.recv_timeout(ATTACH_TIMEOUT).is_err() {
+            bail!(
+                "{} did not attach within {} s",
+                cfg.name(),
+                ATTACH_TIMEOUT.as_secs()
+            );
+        }
+        Ok(Some((Tool { group, reader }, started.elapsed())))
+    }
+
+    /// SIGINT (both tools end cleanly on it), then waits for the exit.
+    fn stop(mut self) -> Result<()> {
+        self.group.signal(libc::SIGINT);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while self.group.0.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                bail!("did not stop within {} s of SIGINT", STOP_TIMEOUT.as_secs());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        drop(self.group);
+        let _ = self.reader.join();
+        let _ = std::fs::remove_file(TRACE);
+        Ok(())
+    }
+}
+
+/// Median and quartiles (nearest rank) of `v`.
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let q = |f: f64| v[((v.len() - 1) as f64 * f).round() as usize];
+    (median(v.clone()), q(0.25), q(0.75))
+}
+
+pub fn run(rounds: usize, loops: u64, vitalsd: PathBuf) -> Result<()> {
+    anyhow::ensure!(rounds > 0, "--rounds must be at least 1");
+    println!(
+        "guest kernel {}, {} CPUs online",
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")?.trim(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!("perf bench sched pipe -l {loops}, taskset -c 0, {rounds} interleaved rounds");
+    let mut ops: HashMap<Config, Vec<f64>> = HashMap::new();
+    let mut attach_s: Vec<f64> = Vec::new();
+    for round in 0..rounds {
+        // Rotate the order so drift on the shared host hits every config alike.
+        for i in 0..CONFIGS.len() {
+            let cfg = CONFIGS[(i + round) % CONFIGS.len()];
+            let tool = Tool::start(cfg, &vitalsd)?;
+            let result = perf_bench(loops);
+            if let Some((t, took)) = tool {
+                if cfg == Config::Offwaketime {
+                    attach_s.push(took.as_secs_f64());
+                }
+                t.stop().with_context(|| cfg.name())?;
+            }
+            let o = result?;
+            println!("  round {round}: {:<28} {:>10.0} ops/s", cfg.name(), o);
+            ops.entry(cfg).or_default().push(o);
+        }
+    }
+    report(&ops, rounds, &attach_s);
+    Ok(())
+}
+
+fn report(ops: &HashMap<Config, Vec<f64>>, rounds: usize, attach_s: &[f64]) {
+    let this = |c: Config, r: usize| ops[&c][r];
+    let loss = |c: Config, r: usize| 1.0 - this(c, r) / this(Config::Nothing, r);
+    let base = median(ops[&Config::Nothing].clone());
+    println!("\nmedian ops/s, and throughput loss against nothing attached paired within each round (median, quartiles):");
+    println!("  {:<28} {:>10.0} ops/s", Config::Nothing.name(), base);
+    for &c in &CONFIGS[1..] {
+        let (m, q1, q3) = spread((0..rounds).map(|r| loss(c, r) * 100.0).collect());
+        println!(
+            "  {:<28} {:>10.0} ops/s  loss {m:>5.1}%  ({q1:.1} .. {q3:.1})",
+            c.name(),
+            median(ops[&c].clone())
+        );
+    }
+    println!("\nloss ratio to offwaketime, paired within each round (median, quartiles):");
+    for c in [
+        Config::VitalsdOffcpu,
+        Config::Vitalsd,
+        Config::VitalsdNoOffcpu,
+    ] {
+        let ratios = (0..rounds)
+            .map(|r| loss(c, r) / loss(Config::Offwaketime, r).max(1e-9))
+            .collect();
+        let (m, q1, q3) = spread(ratios);
+        println!("  {:<28} {m:.2}  ({q1:.2} .. {q3:.2})", c.name());
+    }
+    println!("  (target: vitalsd record --offcpu below half of offwaketime's loss, ratio < 0.50)");
+    // Part 1's always-on cost: one sched_waking per wakeup, two a round
+    // trip of the pipe, this workload's worst case.
+    let part1 = (0..rounds)
+        .map(|r| {
+            (this(Config::VitalsdNoOffcpu, r) - this(Config::Vitalsd, r)) / this(Config::Nothing, r)
+                * 100.0
+        })
+        .collect();
+    let (m, q1, q3) = spread(part1);
+    println!(
+        "always-on off-CPU accounting's cost (--no-offcpu minus default, % of nothing-attached ops/s, paired within each round): median {m:.1} points ({q1:.1} .. {q3:.1})"
+    );
+    if !attach_s.is_empty() {
+        let (m, lo, hi) = spread(attach_s.to_vec());
+        println!(
+            "offwaketime's compile + attach before each run: median {m:.1} s ({lo:.1} .. {hi:.1})"
+        );
+    }
+}
