@@ -33,6 +33,26 @@ pub fn blocks(t: &Imported) -> Vec<Block> {
         .collect()
 }
 
+/// A block of the `block-release` workload: woken by `releaser` (named
+/// `vitals-release` where `named`), the blocked stack in the waiting
+/// function under `[off-cpu]`, the waker's in the releasing one under
+/// `[waker]`.
+pub fn assert_release_block(b: &Block, releaser: i64, named: bool) {
+    assert_eq!(b.waker_tid, releaser, "{b:?}");
+    if named {
+        assert_eq!(b.waker, "vitals-release", "{b:?}");
+    }
+    assert!(
+        b.blocked_stack.contains("vitals_wait_for_release")
+            && b.blocked_stack.contains("[off-cpu]"),
+        "{b:?}"
+    );
+    assert!(
+        b.waker_stack.contains("vitals_release_after_sleep") && b.waker_stack.contains("[waker]"),
+        "{b:?}"
+    );
+}
+
 /// trace_processor's own thread state of `tid` (from the same capture's
 /// sched_switch and sched_waking records, an independent decoding of the
 /// kernel's events) covering `ts`: (start, dur, state).

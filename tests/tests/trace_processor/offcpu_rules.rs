@@ -64,20 +64,7 @@ fn assert_watched_only(
     let mine: Vec<&Block> = all.iter().filter(|b| b.tid == waiter).collect();
     assert!(!mine.is_empty(), "{what}: no block of {waiter}: {all:?}");
     for b in &mine {
-        assert_eq!(b.waker_tid, releaser, "{b:?}");
-        if named {
-            assert_eq!(b.waker, "vitals-release", "{b:?}");
-        }
-        assert!(
-            b.blocked_stack.contains("vitals_wait_for_release")
-                && b.blocked_stack.contains("[off-cpu]"),
-            "{b:?}"
-        );
-        assert!(
-            b.waker_stack.contains("vitals_release_after_sleep")
-                && b.waker_stack.contains("[waker]"),
-            "{b:?}"
-        );
+        assert_release_block(b, releaser, named);
         let (ts, dur, state) = thread_state_at(t, waiter, b.ts);
         assert_eq!(state, "S", "{b:?}");
         assert!((ts - b.ts).abs() < 1_000_000, "{b:?} vs S at {ts}");
