@@ -110,19 +110,7 @@ impl Tool {
             ),
             _ => (Box::new(child.stdout.take().unwrap()), "Attaching"),
         };
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(reader);
-            let mut line = String::new();
-            let mut told = false;
-            while r.read_line(&mut line).unwrap_or(0) > 0 {
-                if !told && line.contains(marker) {
-                    let _ = tx.send(());
-                    told = true;
-                }
-                line.clear();
-            }
-        });
+        let (rx, _drain) = watch_for_marker(reader, marker);
         if rx.recv_timeout(Duration::from_secs(60)).is_err() {
             let _ = child.kill();
             bail!("{} did not attach within 60 s", cfg.name());
@@ -145,6 +133,29 @@ impl Tool {
         let _ = self.child.wait();
         Ok(())
     }
+}
+
+/// Reads `out` to its end on a thread of its own (so the tool never
+/// blocks on a full pipe: offwaketime prints all its stacks at the end),
+/// and sends once on the receiver when a line holds `marker`.
+pub(crate) fn watch_for_marker(
+    out: Box<dyn std::io::Read + Send>,
+    marker: &'static str,
+) -> (std::sync::mpsc::Receiver<()>, std::thread::JoinHandle<()>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let drain = std::thread::spawn(move || {
+        let mut r = BufReader::new(out);
+        let mut line = String::new();
+        let mut told = false;
+        while r.read_line(&mut line).unwrap_or(0) > 0 {
+            if !told && line.contains(marker) {
+                let _ = tx.send(());
+                told = true;
+            }
+            line.clear();
+        }
+    });
+    (rx, drain)
 }
 
 pub(crate) fn perf_bench(loops: u64) -> Result<f64> {

@@ -8,7 +8,7 @@
 
 use std::{
     collections::HashMap,
-    io::{BufRead, BufReader, Read},
+    io::Read,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::bench_overhead::{median, perf_bench};
+use crate::bench_overhead::{median, perf_bench, watch_for_marker};
 use crate::util::Group;
 
 /// bcc's front end (clang) compiles offwaketime's C at start: seconds on
@@ -129,21 +129,7 @@ impl Tool {
                 Box::new(group.0.stdout.take().context("no stdout")?)
             }
         };
-        let (tx, rx) = std::sync::mpsc::channel();
-        // Keeps draining after the marker so the tool never blocks on a
-        // full pipe (offwaketime prints all its stacks at the end).
-        let reader = std::thread::spawn(move || {
-            let mut r = BufReader::new(out);
-            let mut line = String::new();
-            let mut told = false;
-            while r.read_line(&mut line).unwrap_or(0) > 0 {
-                if !told && line.contains(marker) {
-                    let _ = tx.send(());
-                    told = true;
-                }
-                line.clear();
-            }
-        });
+        let (rx, reader) = watch_for_marker(out, marker);
         if rx.recv_timeout(ATTACH_TIMEOUT).is_err() {
             bail!(
                 "{} did not attach within {} s",
