@@ -195,11 +195,13 @@ impl Plan {
         self
     }
 
-    /// Keeps the tests whose names contain `part` (all with None); the
-    /// android row stays if its name or its test's does.
+    /// Keeps the tests whose `file::name` (as the table shows it) contains
+    /// `part` (all with None); the android row stays if its name or its
+    /// test's does.
     pub fn only(mut self, part: Option<&str>) -> Self {
         if let Some(part) = part {
-            self.tests.retain(|t| t.name.contains(part));
+            self.tests
+                .retain(|t| format!("{}::{}", t.file, t.name).contains(part));
             if !bpfloader::ROW.contains(part) && !bpfloader::TEST.contains(part) {
                 self.bpfloader = None;
             }
@@ -294,7 +296,7 @@ echo "@@vm end daemon 0"
             }
             s.push_str(&format!(
                 "echo \"@@vm begin {file}\"\n\
-                 timeout -s KILL {timeout} '{bin}' --test-threads=1 --exact {names} 2>&1\n\
+                 timeout -s KILL {timeout} '{bin}' --test-threads=1 --show-output --exact {names} 2>&1\n\
                  echo \"@@vm end {file} $?\"\n",
                 timeout = self.binary_timeout_s,
                 bin = p.tests[*file],
@@ -674,7 +676,7 @@ mod tests {
         let p = plan();
         let paths = Paths::guest();
         let s = p.script(Arch::Arm64, &paths);
-        assert!(s.contains("'/vm/bin/accounting' --test-threads=1 --exact a b 2>&1"));
+        assert!(s.contains("'/vm/bin/accounting' --test-threads=1 --show-output --exact a b 2>&1"));
         assert!(!s.contains("/vm/bin/pins"));
         assert!(s.contains("faults from perf software events"));
     }

@@ -165,8 +165,8 @@ pub struct Opts {
     /// 3600 with --full).
     #[arg(long)]
     timeout: Option<u64>,
-    /// Only the tests whose names contain this (the daemon's own checks
-    /// still run): for chasing one check across boots.
+    /// Only the tests whose `file::name` contains this (the daemon's own
+    /// checks still run): for chasing one check or one file across boots.
     #[arg(long)]
     only: Option<String>,
     /// Fail when a check could not run for a missing tool (the AOSP tree
@@ -485,7 +485,7 @@ fn run_guest(
         &kernel,
         &plan.script(arch, &checks::Paths::guest()),
     )?;
-    let mut run = guest::boot(arch, &kernel, &initrd, &work, log, timeout)?;
+    let mut run = guest::boot(arch, series, &kernel, &initrd, &work, log, timeout)?;
     let mut label = format!("{} ({})", kernel.release, kernel.package);
     // TCG hiccups, never seen on the host or with a check failing the same
     // way twice: a test thread stuck in the kernel until the guest panics
@@ -509,7 +509,7 @@ fn run_guest(
             if run.timed_out { "HUNG" } else { "SOFT LOCKUP" },
             kept.display()
         );
-        run = guest::boot(arch, &kernel, &initrd, &work, log, timeout)?;
+        run = guest::boot(arch, series, &kernel, &initrd, &work, log, timeout)?;
         boot += 1;
     }
     if boot > 1 {
