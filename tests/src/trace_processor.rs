@@ -376,6 +376,38 @@ pub fn readme_offcpu_query(name: &str) -> String {
 pub const IMPORT_ERRORS_SQL: &str = "select name, idx, severity, source, value from stats \
      where value > 0 and severity in ('error', 'data_loss') order by name, idx";
 
+/// Whether an off-CPU or waker stack (the README's "blocks" query) has
+/// `function` in its user part, or says the kernel gave no user stack
+/// (`[user stack not taken]`: bpf_get_stackid failed, e.g. the stack map
+/// bucket held another stack). That frame only comes from the kernel's
+/// error, so a stack with neither is a fault of ours. A collision lasts
+/// the capture (every block with that stack hashes to the same bucket), so
+/// a test cannot ask for one complete block instead.
+pub fn stack_holds(stack: &str, function: &str) -> bool {
+    stack_part_holds(
+        stack,
+        function,
+        vitalsd::perfetto::fault_samples::USER_STACK_NOT_TAKEN,
+    )
+}
+
+/// [`stack_holds`] for the kernel part (`[kernel stack not taken]`).
+pub fn kernel_stack_holds(stack: &str, function: &str) -> bool {
+    stack_part_holds(
+        stack,
+        function,
+        vitalsd::perfetto::fault_samples::KERNEL_STACK_NOT_TAKEN,
+    )
+}
+
+fn stack_part_holds(stack: &str, function: &str, not_taken: &str) -> bool {
+    if stack.contains(not_taken) {
+        eprintln!("{not_taken} (the kernel's error): {stack}");
+        return true;
+    }
+    stack.contains(function)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

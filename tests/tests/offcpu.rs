@@ -11,7 +11,7 @@ use std::{collections::HashMap, path::Path, time::Duration};
 
 use vitals_common::{drop_reason, OffcpuCounters, WakerCounters, WakerKey};
 use vitals_tests::{
-    trace_processor::{readme_offcpu_query, Row, TraceProcessor},
+    trace_processor::{kernel_stack_holds, readme_offcpu_query, stack_holds, Row, TraceProcessor},
     *,
 };
 use vitalsd::bpf::{
@@ -465,17 +465,17 @@ fn offcpu_capture_stacks_name_the_blocked_and_the_waking_function() {
         assert_eq!(text(b, "waker"), "vitals-release", "{b:?}");
         let (blocked, waker) = (text(b, "blocked_stack"), text(b, "waker_stack"));
         assert!(
-            blocked.contains("vitals_wait_for_release") && blocked.contains("[off-cpu]"),
+            stack_holds(&blocked, "vitals_wait_for_release") && blocked.contains("[off-cpu]"),
             "{b:?}"
         );
         assert!(
-            waker.contains("vitals_release_after_sleep") && waker.contains("[waker]"),
+            stack_holds(&waker, "vitals_release_after_sleep") && waker.contains("[waker]"),
             "{b:?}"
         );
         // The kernel's side of both: the pipe's read and write.
         if kernel_symbols {
-            assert!(blocked.contains("pipe_read"), "{b:?}");
-            assert!(waker.contains("pipe_write"), "{b:?}");
+            assert!(kernel_stack_holds(&blocked, "pipe_read"), "{b:?}");
+            assert!(kernel_stack_holds(&waker, "pipe_write"), "{b:?}");
         } else {
             assert!(blocked.contains("kptr_restrict"), "{b:?}");
         }

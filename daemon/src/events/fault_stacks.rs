@@ -28,7 +28,8 @@ use blazesym::symbolize::{source, Input, Symbolizer};
 use vitals_proto::protos::TracePacket;
 
 use crate::perfetto::fault_samples::{
-    synthetic_frame, FaultSamples, SampleFrame, SampleMapping, OFFCPU_ROOT, WAKER_ROOT,
+    synthetic_frame, FaultSamples, SampleFrame, SampleMapping, KERNEL_STACK_NOT_TAKEN, OFFCPU_ROOT,
+    USER_STACK_NOT_TAKEN, WAKER_ROOT,
 };
 
 use super::{
@@ -188,8 +189,16 @@ impl FaultStacks {
                 SampleKind::Waker { .. } => (Some(WAKER_ROOT), 1),
             };
             let root = root.map(synthetic_frame);
+            let user_missing = (f.kind != SampleKind::Fault && f.stack_id < 0)
+                .then(|| synthetic_frame(USER_STACK_NOT_TAKEN));
+            let kernel_missing = (f.kind != SampleKind::Fault && f.kind.kernel_stack() < 0)
+                .then(|| synthetic_frame(KERNEL_STACK_NOT_TAKEN));
             for i in 0..repeat {
-                let all = root.iter().chain(frames.iter().copied());
+                let all = root
+                    .iter()
+                    .chain(user_missing.iter())
+                    .chain(frames.iter().copied())
+                    .chain(kernel_missing.iter());
                 let ts = f.ts + i * OFFCPU_SAMPLE_NS;
                 let p = self.samples.sample_packet(ts, f.cpu, f.tgid, f.tid, all);
                 packets.push(p);

@@ -40,6 +40,13 @@ pub struct SampleFrame {
 pub const OFFCPU_ROOT: &str = "[off-cpu]";
 /// Root frame of every waker sample (the stack that ended a long block).
 pub const WAKER_ROOT: &str = "[waker]";
+/// Under the root of an off-CPU or waker sample whose user stack the
+/// kernel did not give (bpf_get_stackid failed: a stack map bucket held
+/// another stack, -EEXIST, or the map was full): the sample keeps its
+/// kernel frames and says what is missing instead of looking complete.
+pub const USER_STACK_NOT_TAKEN: &str = "[user stack not taken]";
+/// The same for the kernel stack, at the leaf end.
+pub const KERNEL_STACK_NOT_TAKEN: &str = "[kernel stack not taken]";
 
 /// A frame that stands for no address: the root of off-CPU and waker
 /// callstacks, in a mapping of its own named after vitalsd.

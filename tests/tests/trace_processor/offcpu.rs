@@ -4,7 +4,7 @@
 //! workload with its waker and both stacks.
 
 use super::*;
-use vitals_tests::trace_processor::readme_offcpu_query;
+use vitals_tests::trace_processor::{readme_offcpu_query, stack_holds};
 
 /// One row of the README's "blocks" query.
 #[derive(Debug)]
@@ -43,12 +43,13 @@ pub fn assert_release_block(b: &Block, releaser: i64, named: bool) {
         assert_eq!(b.waker, "vitals-release", "{b:?}");
     }
     assert!(
-        b.blocked_stack.contains("vitals_wait_for_release")
+        stack_holds(&b.blocked_stack, "vitals_wait_for_release")
             && b.blocked_stack.contains("[off-cpu]"),
         "{b:?}"
     );
     assert!(
-        b.waker_stack.contains("vitals_release_after_sleep") && b.waker_stack.contains("[waker]"),
+        stack_holds(&b.waker_stack, "vitals_release_after_sleep")
+            && b.waker_stack.contains("[waker]"),
         "{b:?}"
     );
 }

@@ -83,7 +83,32 @@ fn a_long_block_weighs_its_blocked_ms_under_an_off_cpu_root() {
     assert_eq!(first.len(), 3, "{first:?}");
     assert!(first[1].contains("a_long_block_weighs"), "{first:?}");
     assert!(first[2].starts_with("[unsymbolised"), "{first:?}");
-    assert_eq!(i.callstacks[2].frame_ids.len(), 2);
+    // Its kernel stack was not taken (-EEXIST): said at the leaf end.
+    let third: Vec<String> = i.callstacks[2].frame_ids.iter().map(|&f| name(f)).collect();
+    assert_eq!(third.len(), 3, "{third:?}");
+    assert_eq!(third[2], KERNEL_STACK_NOT_TAKEN, "{third:?}");
+}
+
+/// A block whose user stack the kernel did not give (bpf_get_stackid
+/// failed) says so under its root instead of looking like a stack with
+/// kernel frames only; a fault sample without one stays as it was.
+#[test]
+fn a_block_without_its_user_stack_says_so() {
+    let me = std::process::id();
+    let mut fs = FaultStacks::new(Path::new("/proc"));
+    fs.push(FaultRec {
+        kind: SampleKind::Waker { kernel_stack: 8 },
+        ts: 100,
+        cpu: 0,
+        tgid: me,
+        tid: me,
+        stack_id: -17,
+    });
+    let packets = fs.take_packets(false, |id| (id == 8).then(|| vec![1]));
+    assert_eq!(packets.len(), 1);
+    let all = names(&packets);
+    assert_eq!(all[..2], [WAKER_ROOT, USER_STACK_NOT_TAKEN], "{all:?}");
+    assert!(all[2].starts_with("[unsymbolised"), "{all:?}");
 }
 
 /// A fake /proc holding this process's stat, a maps (a directory until
