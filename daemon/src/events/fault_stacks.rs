@@ -28,8 +28,8 @@ use blazesym::symbolize::{source, Input, Symbolizer};
 use vitals_proto::protos::TracePacket;
 
 use crate::perfetto::fault_samples::{
-    synthetic_frame, FaultSamples, SampleFrame, SampleMapping, KERNEL_STACK_NOT_TAKEN, OFFCPU_ROOT,
-    USER_STACK_NOT_TAKEN, WAKER_ROOT,
+    stack_not_taken, synthetic_frame, FaultSamples, SampleFrame, SampleMapping,
+    KERNEL_STACK_NOT_TAKEN, OFFCPU_ROOT, USER_STACK_NOT_TAKEN, WAKER_ROOT,
 };
 
 use super::{
@@ -190,9 +190,9 @@ impl FaultStacks {
             };
             let root = root.map(synthetic_frame);
             let user_missing = (f.kind != SampleKind::Fault && f.stack_id < 0)
-                .then(|| synthetic_frame(USER_STACK_NOT_TAKEN));
+                .then(|| stack_not_taken(USER_STACK_NOT_TAKEN, f.stack_id));
             let kernel_missing = (f.kind != SampleKind::Fault && f.kind.kernel_stack() < 0)
-                .then(|| synthetic_frame(KERNEL_STACK_NOT_TAKEN));
+                .then(|| stack_not_taken(KERNEL_STACK_NOT_TAKEN, f.kind.kernel_stack()));
             for i in 0..repeat {
                 let all = root
                     .iter()

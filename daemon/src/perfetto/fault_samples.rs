@@ -44,9 +44,22 @@ pub const WAKER_ROOT: &str = "[waker]";
 /// kernel did not give (bpf_get_stackid failed: a stack map bucket held
 /// another stack, -EEXIST, or the map was full): the sample keeps its
 /// kernel frames and says what is missing instead of looking complete.
-pub const USER_STACK_NOT_TAKEN: &str = "[user stack not taken]";
-/// The same for the kernel stack, at the leaf end.
-pub const KERNEL_STACK_NOT_TAKEN: &str = "[kernel stack not taken]";
+pub const USER_STACK_NOT_TAKEN: &str = "[user stack not taken";
+/// The same for the kernel stack, at the leaf end. Both frames' names go
+/// on with the kernel's error: `[user stack not taken: File exists (os
+/// error 17)]` ([`stack_not_taken`]).
+pub const KERNEL_STACK_NOT_TAKEN: &str = "[kernel stack not taken";
+
+/// The frame for a stack id the kernel refused (`id` its -errno), named
+/// `prefix` ([`USER_STACK_NOT_TAKEN`], [`KERNEL_STACK_NOT_TAKEN`]) and the
+/// error.
+pub fn stack_not_taken(prefix: &str, id: i64) -> SampleFrame {
+    let errno = i32::try_from(-id).unwrap_or(0);
+    synthetic_frame(&format!(
+        "{prefix}: {}]",
+        std::io::Error::from_raw_os_error(errno)
+    ))
+}
 
 /// A frame that stands for no address: the root of off-CPU and waker
 /// callstacks, in a mapping of its own named after vitalsd.

@@ -86,7 +86,7 @@ fn a_long_block_weighs_its_blocked_ms_under_an_off_cpu_root() {
     // Its kernel stack was not taken (-EEXIST): said at the leaf end.
     let third: Vec<String> = i.callstacks[2].frame_ids.iter().map(|&f| name(f)).collect();
     assert_eq!(third.len(), 3, "{third:?}");
-    assert_eq!(third[2], KERNEL_STACK_NOT_TAKEN, "{third:?}");
+    assert!(third[2].starts_with(KERNEL_STACK_NOT_TAKEN), "{third:?}");
 }
 
 /// A block whose user stack the kernel did not give (bpf_get_stackid
@@ -107,7 +107,12 @@ fn a_block_without_its_user_stack_says_so() {
     let packets = fs.take_packets(false, |id| (id == 8).then(|| vec![1]));
     assert_eq!(packets.len(), 1);
     let all = names(&packets);
-    assert_eq!(all[..2], [WAKER_ROOT, USER_STACK_NOT_TAKEN], "{all:?}");
+    assert_eq!(all[0], WAKER_ROOT, "{all:?}");
+    // -17: another stack held the bucket.
+    assert_eq!(
+        all[1], "[user stack not taken: File exists (os error 17)]",
+        "{all:?}"
+    );
     assert!(all[2].starts_with("[unsymbolised"), "{all:?}");
 }
 
