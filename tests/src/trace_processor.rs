@@ -378,7 +378,7 @@ pub const IMPORT_ERRORS_SQL: &str = "select name, idx, severity, source, value f
 
 /// Whether an off-CPU or waker stack (the README's "blocks" query) has
 /// `function` in its user part, or says the kernel gave no user stack
-/// (`[user stack not taken]`: bpf_get_stackid failed, e.g. the stack map
+/// (`[user stack not taken: File exists (os error 17)]`: the stack map
 /// bucket held another stack). That frame only comes from the kernel's
 /// error, so a stack with neither is a fault of ours. A collision lasts
 /// the capture (every block with that stack hashes to the same bucket), so
@@ -401,8 +401,13 @@ pub fn kernel_stack_holds(stack: &str, function: &str) -> bool {
 }
 
 fn stack_part_holds(stack: &str, function: &str, not_taken: &str) -> bool {
-    if stack.contains(not_taken) {
-        eprintln!("{not_taken} (the kernel's error): {stack}");
+    // Only a bucket collision (-EEXIST) is the documented, benign refusal:
+    // any other error (-EFAULT with no user regs, -ENOMEM from a full map
+    // a test's few stacks cannot fill, -EINVAL from bad flags) is a fault
+    // of ours and fails the check, as a missing function does.
+    let collision = format!("{not_taken}: {}]", std::io::Error::from_raw_os_error(17));
+    if stack.contains(&collision) {
+        eprintln!("{collision} (another stack holds the bucket): {stack}");
         return true;
     }
     stack.contains(function)
@@ -411,6 +416,26 @@ fn stack_part_holds(stack: &str, function: &str, not_taken: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A collision excuses a missing function; no other refusal does.
+    #[test]
+    fn only_a_bucket_collision_excuses_a_missing_function() {
+        let f = "vitals_wait_for_release";
+        assert!(stack_holds(&format!("[off-cpu] > {f} > pipe_read"), f));
+        assert!(stack_holds(
+            "[off-cpu] > [user stack not taken: File exists (os error 17)] > pipe_read",
+            f
+        ));
+        assert!(!stack_holds(
+            "[off-cpu] > [user stack not taken: Bad address (os error 14)] > pipe_read",
+            f
+        ));
+        assert!(!stack_holds("[off-cpu] > pipe_read", f));
+        assert!(kernel_stack_holds(
+            "[off-cpu] > f > [kernel stack not taken: File exists (os error 17)]",
+            "pipe_read"
+        ));
+    }
 
     #[test]
     fn result_sets_split_on_blank_lines() {
