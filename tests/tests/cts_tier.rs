@@ -104,9 +104,7 @@ fn pinned_spinners_wait_as_run_delay_says() {
     // accounting on (its default); the sysctl exists from 5.14, where
     // sched_info is always on. Set where it exists, for older kernels'
     // sakes only.
-    let _delayacct = Path::new("/proc/sys/kernel/task_delayacct")
-        .exists()
-        .then(DelayAcct::enable);
+    let _delayacct = DelayAcct::enable();
     let mut src = Source::open();
     let mut a = Workload::spawn(&["pinned-spin", "0", "1000"]);
     let mut b = Workload::spawn(&["pinned-spin", "0", "1000"]);
