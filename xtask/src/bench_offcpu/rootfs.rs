@@ -81,16 +81,8 @@ fn install(dir: &Path, packages: &str) -> Result<()> {
 /// The kernel, its initramfs and its headers, checked present.
 fn inspect(dir: &Path) -> Result<Rootfs> {
     let boot = dir.join("boot");
-    let vmlinuz = std::fs::read_dir(&boot)
+    let vmlinuz = crate::vm::kernel::find_vmlinuz(&boot)
         .with_context(|| format!("reading {}", boot.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("vmlinuz-")
-        })
         .with_context(|| format!("no vmlinuz-* in {}", boot.display()))?;
     let release = vmlinuz.file_name().unwrap().to_string_lossy()["vmlinuz-".len()..].to_owned();
     let initrd = boot.join(format!("initrd.img-{release}"));

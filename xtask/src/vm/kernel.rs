@@ -46,15 +46,7 @@ impl Kernel {
             Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned())
         };
         let package = format!("{} {}", field("Package")?, field("Version")?);
-        let image = std::fs::read_dir(root.join("boot"))?
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with("vmlinuz-")
-            })
+        let image = find_vmlinuz(&root.join("boot"))?
             .with_context(|| format!("{} has no boot/vmlinuz-*", deb.display()))?;
         let release = image
             .file_name()
@@ -177,6 +169,17 @@ fn depends(ko: &[u8]) -> Result<Vec<String>> {
                 .collect::<Vec<_>>()
         })
         .collect())
+}
+
+/// The `vmlinuz-*` image in a Debian kernel package's or root's `boot/`.
+pub(crate) fn find_vmlinuz(boot: &Path) -> std::io::Result<Option<PathBuf>> {
+    Ok(std::fs::read_dir(boot)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
+        }))
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ mod bpfloader;
 mod checks;
 mod guest;
 mod initramfs;
-mod kernel;
+pub(crate) mod kernel;
 mod relay;
 mod subset;
 
