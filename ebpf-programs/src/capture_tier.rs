@@ -173,7 +173,8 @@ fn emit_waking(ctx: *mut c_void, pid: i32, prio: i32, target_cpu: i32, comm: [u8
 /// Capture only: attached for the duration of a capture.
 #[tracepoint(category = "sched", name = "sched_waking")]
 pub fn sched_waking(ctx: TracePointContext) -> u32 {
-    if capture_control().flags & capture::FLAG_SCHED != 0 {
+    let flags = capture_control().flags;
+    if flags & (capture::FLAG_SCHED | capture::FLAG_OFFCPU) != 0 {
         let f = unsafe {
             (
                 ctx.read_at::<i32>(setting(&WAKING_PID_OFF) as usize),
@@ -183,8 +184,10 @@ pub fn sched_waking(ctx: TracePointContext) -> u32 {
             )
         };
         if let (Ok(pid), Ok(prio), Ok(cpu), Ok(comm)) = f {
-            emit_waking(ctx.as_ptr(), pid, prio, cpu, comm);
-            crate::offcpu_capture::on_waking(&ctx, pid);
+            if flags & capture::FLAG_SCHED != 0 {
+                emit_waking(ctx.as_ptr(), pid, prio, cpu, comm);
+            }
+            crate::offcpu_capture::on_waking(&ctx, pid, comm);
         }
     }
     0
@@ -192,7 +195,8 @@ pub fn sched_waking(ctx: TracePointContext) -> u32 {
 
 #[tracepoint(category = "sched", name = "sched_waking")]
 pub fn sched_waking_fixed(ctx: TracePointContext) -> u32 {
-    if capture_control().flags & capture::FLAG_SCHED != 0 {
+    let flags = capture_control().flags;
+    if flags & (capture::FLAG_SCHED | capture::FLAG_OFFCPU) != 0 {
         let base = ctx.as_ptr() as *const u8;
         let (pid, prio, cpu, comm) = unsafe {
             (
@@ -202,10 +206,11 @@ pub fn sched_waking_fixed(ctx: TracePointContext) -> u32 {
                 ctx_comm(base, fixed_layout::WAKING_COMM as usize),
             )
         };
-        emit_waking(ctx.as_ptr(), pid, prio, cpu, unsafe {
-            core::mem::transmute::<[u64; 2], [u8; 16]>(comm)
-        });
-        crate::offcpu_capture::on_waking(&ctx, pid);
+        let comm = unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(comm) };
+        if flags & capture::FLAG_SCHED != 0 {
+            emit_waking(ctx.as_ptr(), pid, prio, cpu, comm);
+        }
+        crate::offcpu_capture::on_waking(&ctx, pid, comm);
     }
     0
 }

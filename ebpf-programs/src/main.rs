@@ -300,7 +300,8 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
             None,
             vitals_common::offcpu::reported_state(state),
         );
-        if capture_control().flags & capture::FLAG_SCHED != 0 {
+        let flags = capture_control().flags;
+        if flags & capture::FLAG_SCHED != 0 {
             let extra = unsafe {
                 (
                     ctx.read_at::<i32>(setting(&SWITCH_PREV_PRIO_OFF) as usize),
@@ -322,6 +323,9 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
             );
             offcpu_capture::on_switch_out(&ctx, prev as u32, state);
             blind_window::on_switch(ctx.as_ptr(), missed);
+        } else if flags & capture::FLAG_OFFCPU != 0 {
+            // Off-CPU stacks without the timeline (see switch_btf.rs).
+            offcpu_capture::on_switch_out(&ctx, prev as u32, state);
         }
     }
     0
@@ -348,7 +352,8 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
         None,
         offcpu_state,
     );
-    if capture_control().flags & capture::FLAG_SCHED != 0 {
+    let flags = capture_control().flags;
+    if flags & capture::FLAG_SCHED != 0 {
         let (prev_prio, next_prio, comm) = unsafe {
             (
                 *(base.add(fixed_layout::SWITCH_PREV_PRIO as usize) as *const i32),
@@ -369,6 +374,8 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
         );
         offcpu_capture::on_switch_out(&ctx, prev, state);
         blind_window::on_switch(ctx.as_ptr(), missed);
+    } else if flags & capture::FLAG_OFFCPU != 0 {
+        offcpu_capture::on_switch_out(&ctx, prev, state);
     }
     0
 }

@@ -4,13 +4,14 @@
 //! sched_waking that ends the block, running in the waker's context, takes
 //! the waker's stacks and, when the block lasted at least
 //! `CaptureControl::offcpu_min_ns`, emits one `OffcpuEvent` through the
-//! capture transport. Only called inside the programs' capture branch
-//! (FLAG_SCHED set), so the always-on path pays nothing for it.
+//! capture transport. Only called inside the programs' capture branches
+//! (FLAG_SCHED or FLAG_OFFCPU set: an off-CPU capture may run without the
+//! sched timeline), so the always-on path pays nothing for it.
 
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
-    helpers::bpf_get_current_pid_tgid,
     helpers::bpf_ktime_get_boot_ns,
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::map,
     maps::{HashMap, LruHashMap},
     programs::tracing::StackIdContext,
@@ -75,10 +76,11 @@ pub(crate) fn on_switch_out<C: StackIdContext>(ctx: &C, prev: u32, prev_state: i
     let _ = OFFCPU_START.insert(&prev, &start, 0);
 }
 
-/// sched_waking, capture branch: `pid` is being woken by `current`. Ends
-/// the block `on_switch_out` recorded, if any; a long one is emitted.
+/// sched_waking, capture branch: `pid` (named `comm`) is being woken by
+/// `current`. Ends the block `on_switch_out` recorded, if any; a long one
+/// is emitted.
 #[inline(always)]
-pub(crate) fn on_waking<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32) {
+pub(crate) fn on_waking<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm: [u8; 16]) {
     let c = capture_control();
     if c.flags & capture::FLAG_OFFCPU == 0 || pid <= 0 {
         return;
@@ -108,6 +110,8 @@ pub(crate) fn on_waking<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32) {
             blocked_kernel_stack: start.kernel_stack,
             waker_user_stack: stack(ctx, BPF_F_USER_STACK as u64),
             waker_kernel_stack: stack(ctx, 0),
+            comm,
+            waker_comm: bpf_get_current_comm().unwrap_or_default(),
         },
         capture::lost::OFFCPU,
     );

@@ -98,7 +98,8 @@ fn on_btf_switch(
         Some(sched_info::read(prev_task, next_task)),
         vitals_common::offcpu::raw_state(preempt, prev_state),
     );
-    if capture_control().flags & capture::FLAG_SCHED != 0 {
+    let flags = capture_control().flags;
+    if flags & capture::FLAG_SCHED != 0 {
         let (prev_prio, next_prio, exit_state, next_tgid, comm) = unsafe {
             (
                 task_field::<i32>(prev_task, &TASK_PRIO_OFF),
@@ -126,6 +127,12 @@ fn on_btf_switch(
             // agree.
             next_tgid,
         );
+        offcpu_capture::on_switch_out(ctx, prev, state);
+    } else if flags & capture::FLAG_OFFCPU != 0 {
+        // An off-CPU capture without the timeline (`record --offcpu`
+        // alone): only the blocked stacks, as offwaketime takes them.
+        let exit_state = unsafe { task_field::<u32>(prev_task, &TASK_EXIT_STATE_OFF) };
+        let state = reported_prev_state(preempt, prev_state, exit_state);
         offcpu_capture::on_switch_out(ctx, prev, state);
     }
 }

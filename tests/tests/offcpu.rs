@@ -407,7 +407,8 @@ capture = { duration = "1s", sched = false }
 }
 
 /// Issue #24 part 3, in every cell of the kernel matrix: a `record
-/// --offcpu-pid` capture of the `block-release` workload, imported by
+/// --offcpu-pid` capture (stacks only, no `--sched`) of the
+/// `block-release` workload, imported by
 /// trace_processor (through tests/python/trace_processor_query.py: on the
 /// host, or from a guest over the decoder relay) and asked the README's
 /// "blocks" query. Each round's block of the waiter thread is found,
@@ -446,7 +447,13 @@ fn offcpu_capture_stacks_name_the_blocked_and_the_waking_function() {
     rec.wait();
     w.finish();
 
-    let blocks = TraceProcessor::through_python().query(&trace, &readme_offcpu_query("blocks"));
+    let tp = TraceProcessor::through_python();
+    let blocks = tp.query(&trace, &readme_offcpu_query("blocks"));
+    // Without --sched the capture is offwaketime's job alone: the long
+    // blocks, no timeline (trace_processor.rs's `--sched --offcpu-pid`
+    // capture has both).
+    let timeline = tp.query(&trace, "select count(*) as n from sched_slice");
+    assert_eq!(timeline[0]["n"].as_i64(), Some(0), "{timeline:?}");
     let text = |r: &Row, k: &str| r[k].as_str().unwrap_or("").to_owned();
     let mine: Vec<&Row> = blocks
         .iter()

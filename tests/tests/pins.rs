@@ -340,6 +340,7 @@ fn an_offcpu_capture_forgets_the_blocks_a_previous_one_left_in_the_pins() {
             "2s",
             "--top",
             "0",
+            "--sched",
             "--offcpu-pid",
             &pid,
             "--out",

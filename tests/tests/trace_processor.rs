@@ -192,7 +192,10 @@ fn offcpu_capture_shows_who_woke_the_blocked_thread_and_from_where() {
     let wpid = w.pid();
     let pid = wpid.to_string();
     let rec = Recording::start(
-        &record_args(&trace, &["--duration", "3s", "--offcpu-pid", &pid]),
+        &record_args(
+            &trace,
+            &["--duration", "3s", "--sched", "--offcpu-pid", &pid],
+        ),
         "capture started",
     );
     w.go();

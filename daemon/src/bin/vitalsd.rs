@@ -167,7 +167,7 @@ struct RecordArgs {
     #[arg(long, default_value_t = EventOptions::default().fault_period)]
     fault_period: u32,
     /// Record every long block (off-CPU, with the blocked stack and the
-    /// waker's) of every thread; implies --sched.
+    /// waker's) of every thread; with --sched the timeline too.
     #[arg(long)]
     offcpu: bool,
     /// Record the long blocks of this process only (repeatable: these
@@ -414,10 +414,7 @@ fn record_options(args: RecordArgs) -> (AccountingConfig, RecordOptions) {
         follow_names: Vec::new(),
     });
     let capture = EventOptions {
-        events: EventSet {
-            sched: sched || offcpu.is_some(),
-            faults,
-        },
+        events: EventSet { sched, faults },
         fault_period: fault_period.max(1),
         offcpu,
         ..EventOptions::default()
@@ -435,7 +432,7 @@ fn record_options(args: RecordArgs) -> (AccountingConfig, RecordOptions) {
         force_classic_tracepoints: classic_tracepoints,
         force_task_hash: task_hash_only,
         pins: pins.map(PinMode::AttachFrom).unwrap_or_default(),
-        capture: capture.events.any().then(|| EventSizing {
+        capture: capture.any().then(|| EventSizing {
             ring_bytes: capture_buffer_kb.saturating_mul(1024),
             transport: capture_transport,
             ..EventSizing::default()
@@ -643,10 +640,11 @@ mod tests {
         assert_eq!(events(&["--faults"]), faults);
     }
 
-    /// `--offcpu` and `--offcpu-pid` switch the long blocks on, with the
-    /// sched timeline they are part of; the threshold defaults to 16 ms.
+    /// `--offcpu` and `--offcpu-pid` switch the long blocks on, alone (the
+    /// stacks only, offwaketime's job) or with `--sched`'s timeline; the
+    /// threshold defaults to 16 ms.
     #[test]
-    fn offcpu_flags_imply_sched_and_set_the_watch() {
+    fn offcpu_flags_set_the_watch_and_sched_stays_its_own() {
         let capture = |flags: &[&str]| {
             let cli = Cli::try_parse_from([&["vitalsd", "record"][..], flags].concat()).unwrap();
             let Command::Record(args) = cli.command else {
@@ -656,10 +654,11 @@ mod tests {
         };
         assert_eq!(capture(&["--sched"]).offcpu, None);
         let all = capture(&["--offcpu"]);
-        assert!(all.events.sched);
+        assert!(!all.events.sched && all.any());
         assert_eq!(all.offcpu, Some(OffcpuWatch::default()));
+        assert!(capture(&["--offcpu", "--sched"]).events.sched);
         let one = capture(&["--offcpu-pid", "42", "--offcpu-min-ms", "100"]);
-        assert!(one.events.sched && !one.events.faults);
+        assert!(!one.events.sched && !one.events.faults);
         assert_eq!(
             one.offcpu,
             Some(OffcpuWatch {

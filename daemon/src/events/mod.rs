@@ -15,6 +15,7 @@ pub mod decode;
 pub mod drain;
 pub mod fault_stacks;
 mod kernel_stacks;
+mod lost;
 mod mapped_files;
 mod offcpu_follow;
 pub mod offcpu_watch;
@@ -30,6 +31,7 @@ use std::{
     time::Duration,
 };
 
+use lost::{merge_lost, LostCounts};
 use thiserror::Error;
 use vitals_common::{capture as cap, OffcpuEvent};
 use vitals_proto::protos::{process_tree, trace_packet, ProcessTree, TracePacket};
@@ -75,9 +77,17 @@ pub struct EventOptions {
     pub fault_period: u32,
     /// How often the drain thread polls the ring buffer.
     pub poll: Duration,
-    /// With `events.sched`: the two stacks of every long block of the
-    /// watched threads (issue #24); None: off.
+    /// The two stacks of every long block of the watched threads (issue
+    /// #24); None: off. Without `events.sched` the capture holds those
+    /// and no timeline, as bcc's offwaketime does.
     pub offcpu: Option<OffcpuWatch>,
+}
+
+impl EventOptions {
+    /// Whether the capture records anything (events or off-CPU stacks).
+    pub fn any(&self) -> bool {
+        self.events.any() || self.offcpu.is_some()
+    }
 }
 
 impl Default for EventOptions {
@@ -201,7 +211,7 @@ impl EventRecorder {
         proc_root: &Path,
     ) -> Result<Self, EventsError> {
         let base_lost = transport::lost(acc)?;
-        let offcpu = opts.offcpu.as_ref().filter(|_| opts.events.sched);
+        let offcpu = opts.offcpu.as_ref();
         let started = transport::start(acc, opts.events, opts.fault_period, offcpu)?;
         let drainer = match Drainer::start(started.output, opts.poll) {
             Ok(d) => d,
@@ -235,8 +245,10 @@ impl EventRecorder {
             // records outnumber fault samples by orders of magnitude.
             perf_lost_kind: if opts.events.sched {
                 cap::lost::SCHED
-            } else {
+            } else if opts.events.faults {
                 cap::lost::FAULT
+            } else {
+                cap::lost::OFFCPU
             },
             seen_tids: HashSet::from([0]),
             new_tids: HashMap::new(),
@@ -323,8 +335,10 @@ impl EventRecorder {
     fn absorb_block(&mut self, e: &OffcpuEvent) {
         let blocked_ns = e.hdr.ts.saturating_sub(e.blocked_ts);
         self.tgids.insert(e.tid as i32, e.tgid as i32);
+        self.note_tid(e.tid as i32, e.comm);
         if e.waker_tid > 0 {
             self.tgids.insert(e.waker_tid as i32, e.waker_tgid as i32);
+            self.note_tid(e.waker_tid as i32, e.waker_comm);
         }
         self.faults.push(FaultRec {
             kind: SampleKind::Offcpu {
@@ -626,28 +640,6 @@ impl EventRecorder {
     }
 }
 
-type LostCounts = [u64; cap::lost::COUNT as usize];
-
-/// See `EventRecorder::merge_lost`. `kernel` and `base` are cumulative per-CPU
-/// counters, `perf` per-CPU reports since `base`, charged to `kind`.
-fn merge_lost(
-    mut kernel: Vec<LostCounts>,
-    base: &[LostCounts],
-    perf: &[u64],
-    kind: u32,
-) -> Vec<LostCounts> {
-    if kernel.len() < perf.len() {
-        kernel.resize(perf.len(), [0; cap::lost::COUNT as usize]);
-    }
-    let k = kind as usize;
-    for (cpu, &reported) in perf.iter().enumerate() {
-        let b = base.get(cpu).map_or(0, |b| b[k]);
-        let seen = kernel[cpu][k].saturating_sub(b);
-        kernel[cpu][k] = b + seen.max(reported);
-    }
-    kernel
-}
-
 /// The thread group of `tid` from /proc/<tid>/status (tids are reachable
 /// there even though readdir lists only processes). None once it is gone.
 fn read_tgid(proc_root: &Path, tid: i32) -> Option<i32> {
@@ -655,23 +647,4 @@ fn read_tgid(proc_root: &Path, tid: i32) -> Option<i32> {
     s.lines()
         .find_map(|l| l.strip_prefix("Tgid:"))
         .and_then(|v| v.trim().parse().ok())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn perf_loss_reports_and_kernel_counter_count_the_same_drops_once() {
-        let base = vec![[5, 1, 0, 0], [0, 0, 0, 0]];
-        // cpu 0: counter saw 7 since base, perf reported 7 (same drops);
-        // cpu 1: the perf report is ahead of the counter read;
-        // cpu 2: only a report, no counter slot yet.
-        let kernel = vec![[12, 1, 0, 0], [2, 0, 0, 0]];
-        let merged = merge_lost(kernel, &base, &[7, 3, 4], cap::lost::SCHED);
-        assert_eq!(merged, vec![[12, 1, 0, 0], [3, 0, 0, 0], [4, 0, 0, 0]]);
-        // Fault-only captures charge reports to FAULT.
-        let merged = merge_lost(vec![[0, 0, 0, 0]], &[], &[2], cap::lost::FAULT);
-        assert_eq!(merged, vec![[0, 2, 0, 0]]);
-    }
 }

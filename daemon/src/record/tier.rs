@@ -32,7 +32,7 @@ impl Tier {
     ) -> Result<Self, RecordError> {
         let accounting = match accounting {
             Ok(acc) => acc,
-            Err(_) if !opts.events.any() => {
+            Err(_) if !opts.any() => {
                 return Ok(Self {
                     capture: None,
                     accounting: None,
@@ -40,7 +40,7 @@ impl Tier {
             }
             Err(why) => return Err(RecordError::CaptureNeedsBpf(why)),
         };
-        let capture = if opts.events.any() {
+        let capture = if opts.any() {
             Some(accounting.with(|acc| EventRecorder::start(acc, opts, proc_root))?)
         } else {
             None

@@ -400,6 +400,12 @@ pub struct OffcpuEvent {
     pub blocked_kernel_stack: i64,
     pub waker_user_stack: i64,
     pub waker_kernel_stack: i64,
+    /// The blocked thread's comm (sched_waking's), and the waker's
+    /// (`current`'s): a capture without the timeline has no sched record
+    /// to name them, and short-lived threads are gone from /proc by the
+    /// time user space reads the record.
+    pub comm: [u8; 16],
+    pub waker_comm: [u8; 16],
 }
 
 /// Value of `OFFCPU_START`, keyed by tid: a watched thread's switch-out

@@ -80,7 +80,8 @@ pub struct Started {
 }
 
 /// Starts emitting capture records: fills `OFFCPU_WATCH` with the watched
-/// processes, attaches sched_waking (with `events.sched`) and sets the
+/// processes, attaches sched_waking (with `events.sched` or `offcpu`: the
+/// waking ends a block) and sets the
 /// CAPTURE flag to `events`. Attaching needs CAP_PERFMON: start captures
 /// before dropping it.
 pub fn start(
@@ -122,7 +123,7 @@ pub fn start(
     let slot = acc.transport_slot();
     let ring = lend(slot.idle.as_mut().ok_or(BpfError::CaptureNotConfigured)?)?;
     slot.lent = true;
-    if events.sched {
+    if events.sched || offcpu.is_some() {
         if let Err(e) = acc.attach_waking() {
             // The transport stays here for the next capture.
             take_back(acc, ring);
