@@ -61,9 +61,13 @@ pub fn check(mut acc: Accounting) {
         // Misses that are not the execs' still count here: this host's
         // untraced pid 1, and for the classic programs other processes'
         // bpf() syscalls blinding a CPU (README). Without the fix the
-        // execs alone counted at least one each.
+        // execs alone counted at least one each, so a quarter of them
+        // still tells the fix from its absence. With the classic programs
+        // this host counts 20-60 during the execs on a quiet machine and
+        // 103-147 with builds beside it, against a few in the window
+        // after; the background measured there widens the bound as well.
         assert!(
-            during < EXECS / 10,
+            during < EXECS / 4 + 2 * idle,
             "{EXECS} execs counted {during} switch_missed ({idle} in as long a window without them)"
         );
     }
