@@ -31,9 +31,12 @@ const OFFWAKETIME: &str = "/usr/sbin/offwaketime-bpfcc";
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Config {
     Nothing,
-    /// The off-CPU capture of every thread (implies the sched capture):
-    /// the heaviest setting, what offwaketime's job compares to.
+    /// The off-CPU capture of every thread, stacks of long blocks only:
+    /// offwaketime's job, like for like.
     VitalsdOffcpu,
+    /// The same with the sched timeline beside it (every switch and
+    /// waking written): what rule captures record.
+    VitalsdOffcpuSched,
     /// Always-on accounting only, off-CPU accounting (part 1) included.
     Vitalsd,
     /// Always-on accounting without part 1 (no sched_waking program):
@@ -48,6 +51,7 @@ impl Config {
         match self {
             Config::Nothing => "nothing attached",
             Config::VitalsdOffcpu => "vitalsd record --offcpu",
+            Config::VitalsdOffcpuSched => "vitalsd record --offcpu --sched",
             Config::Vitalsd => "vitalsd record",
             Config::VitalsdNoOffcpu => "vitalsd record --no-offcpu",
             Config::Offwaketime => "offwaketime-bpfcc",
@@ -57,6 +61,7 @@ impl Config {
     fn vitalsd_args(self) -> Option<&'static [&'static str]> {
         match self {
             Config::VitalsdOffcpu => Some(&["--offcpu"]),
+            Config::VitalsdOffcpuSched => Some(&["--offcpu", "--sched"]),
             Config::Vitalsd => Some(&[]),
             Config::VitalsdNoOffcpu => Some(&["--no-offcpu"]),
             Config::Nothing | Config::Offwaketime => None,
@@ -64,9 +69,10 @@ impl Config {
     }
 }
 
-const CONFIGS: [Config; 5] = [
+const CONFIGS: [Config; 6] = [
     Config::Nothing,
     Config::VitalsdOffcpu,
+    Config::VitalsdOffcpuSched,
     Config::Vitalsd,
     Config::VitalsdNoOffcpu,
     Config::Offwaketime,
@@ -212,6 +218,7 @@ fn report(ops: &HashMap<Config, Vec<f64>>, rounds: usize, attach_s: &[f64]) {
     println!("\nloss ratio to offwaketime, paired within each round (median, quartiles):");
     for c in [
         Config::VitalsdOffcpu,
+        Config::VitalsdOffcpuSched,
         Config::Vitalsd,
         Config::VitalsdNoOffcpu,
     ] {
