@@ -185,7 +185,18 @@ enum Bench {
     },
 }
 
-fn main() -> Result<()> {
+/// Errors end the output as one line with their causes, no backtrace: CI
+/// keeps the head and the tail of a long log, and a backtrace of xtask
+/// (RUST_BACKTRACE set by the environment) pushed a failing test's message
+/// out of the tail.
+fn main() {
+    if let Err(e) = xtask_main() {
+        eprintln!("xtask: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn xtask_main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Cmd::Setup => setup::all(),
