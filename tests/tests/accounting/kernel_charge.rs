@@ -60,7 +60,57 @@ pub const LOOPBACK_FLOOD: Load = Load {
     args: &["pinned-udp-flood", "1"],
 };
 
+/// Windows a check may take on this host: its untraced pid 1
+/// (`untraced_pid1`) leaves a few switches a second unseen, and a slice
+/// around one is charged by wall clock, which no program can avoid (a CI
+/// run met +0.14 % with 3 misses in the window; most windows here have
+/// misses elsewhere and read +0.00 %). A window off by more than the
+/// tolerance *and* with misses is measured again; a stock kernel traces
+/// every switch, and its first window counts.
+const ATTEMPTS_ON_UNTRACED_HOSTS: u32 = 3;
+const TOLERANCE_PCT: f64 = 0.1;
+
 pub fn check(mut acc: Accounting, load: Load) {
+    let attempts = if untraced_pid1() {
+        ATTEMPTS_ON_UNTRACED_HOSTS
+    } else {
+        1
+    };
+    for attempt in 1..=attempts {
+        let (ours_ns, kernel_ns, unseen) = measure(&mut acc, &load);
+        let off_pct = (ours_ns / kernel_ns - 1.0).abs() * 100.0;
+        if off_pct > TOLERANCE_PCT && unseen > 0 && attempt < attempts {
+            eprintln!(
+                "window {attempt}: {unseen} switches unseen or charged by wall clock \
+                 (this host's untraced pid 1); measuring again"
+            );
+            continue;
+        }
+        // The sum of the kernel's own charges, slice by slice: equal to
+        // the ns here. Wall time between switches (the classic programs)
+        // read +0.5 % beside the timer storm and +0.8 % beside the
+        // loopback flood on this host, and fails this.
+        assert_within_pct(
+            &format!(
+                "spinner beside {}: on-CPU time vs schedstat sum_exec_runtime",
+                load.what
+            ),
+            ours_ns,
+            kernel_ns,
+            TOLERANCE_PCT,
+        );
+        return;
+    }
+}
+
+/// One window: the spinner's on-CPU time by our counters and by its
+/// schedstat, and how many switches the programs missed or charged by
+/// wall clock meanwhile (anywhere: the counters are per machine).
+fn measure(acc: &mut Accounting, load: &Load) -> (f64, f64, u64) {
+    let unseen_now = |acc: &mut Accounting| {
+        let d = acc.read().expect("reading maps").drops;
+        d[drop_reason::ONCPU_WALL_CLOCK as usize] + d[drop_reason::SWITCH_MISSED as usize]
+    };
     let mut spinner = Workload::spawn(&["pinned-spin", "1", "2000"]);
     let mut other = Workload::spawn(load.args);
     spinner.expect("ready");
@@ -69,11 +119,13 @@ pub fn check(mut acc: Accounting, load: Load) {
     let pid = spinner.pid();
     wait_blocked(pid);
     let stat0 = proc_stat::ProcStat::read();
-    let (kernel0, ours0) = (schedstat(pid).0, super::task(&mut acc, pid).oncpu_ns);
+    let unseen0 = unseen_now(acc);
+    let (kernel0, ours0) = (schedstat(pid).0, super::task(acc, pid).oncpu_ns);
     spinner.go();
     spinner.expect("done");
     wait_blocked(pid);
-    let (kernel1, ours1) = (schedstat(pid).0, super::task(&mut acc, pid).oncpu_ns);
+    let (kernel1, ours1) = (schedstat(pid).0, super::task(acc, pid).oncpu_ns);
+    let unseen = unseen_now(acc) - unseen0;
     let excluded_ns = stat0.excluded_ns_since(Some(1));
     // Ended (its process group, from Workload's drop too) before the
     // assertions, so a failure leaves nothing running.
@@ -83,24 +135,12 @@ pub fn check(mut acc: Accounting, load: Load) {
     eprintln!(
         "spinner beside {} on CPU 1: eBPF {ours_ns} ns, sum_exec_runtime \
          {kernel_ns} ns ({:+.2} %); CPU 1 irq+softirq+steal at most {excluded_ns} ns; \
-         oncpu_wall_clock {}, switch_missed {}",
+         oncpu_wall_clock {}, switch_missed {} ({unseen} in the window)",
         load.what,
         (ours_ns / kernel_ns - 1.0) * 100.0,
         snap.drops[drop_reason::ONCPU_WALL_CLOCK as usize],
         snap.drops[drop_reason::SWITCH_MISSED as usize],
     );
-    // The sum of the kernel's own charges, slice by slice: equal to the ns
-    // here. Wall time between switches (the classic programs) read
-    // +0.5 % beside the timer storm and +0.8 % beside the loopback flood
-    // on this host, and fails this.
-    assert_within_pct(
-        &format!(
-            "spinner beside {}: on-CPU time vs schedstat sum_exec_runtime",
-            load.what
-        ),
-        ours_ns,
-        kernel_ns,
-        0.1,
-    );
     spinner.finish();
+    (ours_ns, kernel_ns, unseen)
 }
