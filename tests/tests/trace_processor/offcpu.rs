@@ -58,15 +58,29 @@ pub fn assert_release_block(b: &Block, releaser: i64, named: bool) {
 /// sched_switch and sched_waking records, an independent decoding of the
 /// kernel's events) covering `ts`: (start, dur, state).
 pub fn thread_state_at(t: &Imported, tid: i64, ts: i64) -> (i64, i64, String) {
-    let r = t.one(&format!(
+    let rows = t.q(&format!(
         "select s.ts, s.dur, s.state from thread_state s join thread using(utid) \
          where tid = {tid} and s.ts <= {ts} + 1000000 and s.ts + s.dur > {ts} \
          and s.state in ('S', 'D') order by abs(s.ts - {ts}) limit 1"
     ));
+    let Some(r) = rows.first() else {
+        // What trace_processor has of the thread around it, for the
+        // failure to say why.
+        let around = t.q(&format!(
+            "select s.ts, s.dur, s.state, s.utid, s.cpu from thread_state s \
+             join thread using(utid) where tid = {tid} \
+             and s.ts + s.dur > {ts} - 100000000 and s.ts < {ts} + 100000000 order by s.ts"
+        ));
+        let threads = t.q(&format!("select * from thread where tid = {tid}"));
+        panic!(
+            "no S or D thread state of {tid} at {ts}; its states within 100 ms: \
+             {around:#?}; its thread rows: {threads:?}"
+        );
+    };
     (
-        int(&r, "ts"),
-        int(&r, "dur"),
-        text(&r, "state").unwrap_or("").to_owned(),
+        int(r, "ts"),
+        int(r, "dur"),
+        text(r, "state").unwrap_or("").to_owned(),
     )
 }
 
