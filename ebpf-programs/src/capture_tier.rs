@@ -113,6 +113,30 @@ pub(crate) fn emit<T: 'static>(ctx: *mut c_void, ev: T, lost: u32) {
     }
 }
 
+/// `emit` for a record built in a map (too large for the BPF stack).
+#[inline(always)]
+pub(crate) fn emit_ref<T: 'static>(ctx: *mut c_void, ev: &T, lost: u32) {
+    let ret = if setting(&CAPTURE_TRANSPORT) == capture::TRANSPORT_PERF_ARRAY {
+        unsafe {
+            bpf_perf_event_output(
+                ctx,
+                &CAPTURE_PERF as *const _ as *mut c_void,
+                BPF_F_CURRENT_CPU,
+                ev as *const T as *mut c_void,
+                core::mem::size_of::<T>() as u64,
+            )
+        }
+    } else {
+        match CAPTURE_EVENTS.output::<T>(ev, BPF_RB_NO_WAKEUP as u64) {
+            Ok(()) => 0,
+            Err(e) => i64::from(e),
+        }
+    };
+    if ret != 0 {
+        capture_lost(lost);
+    }
+}
+
 #[inline(always)]
 pub(crate) fn emit_switch(
     ctx: *mut c_void,

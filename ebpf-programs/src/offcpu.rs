@@ -184,5 +184,8 @@ pub fn offcpu_waking_fixed(ctx: TracePointContext) -> u32 {
 pub fn offcpu_waking_btf(ctx: BtfTracePointContext) -> u32 {
     let p: *const u8 = ctx.arg(0);
     on_waking(unsafe { task_field::<i32>(p, &TASK_PID_OFF) });
+    // An off-CPU capture's blocks end here where this program runs (the
+    // wakee's task at hand for its kernel stack); one array load else.
+    crate::offcpu_capture::on_waking_btf(&ctx, p);
     0
 }

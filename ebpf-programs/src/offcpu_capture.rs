@@ -8,18 +8,23 @@
 //! (FLAG_SCHED or FLAG_OFFCPU set: an off-CPU capture may run without the
 //! sched timeline), so the always-on path pays nothing for it.
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
-    helpers::bpf_ktime_get_boot_ns,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
+        generated::bpf_get_task_stack,
+    },
     macros::map,
-    maps::{HashMap, LruHashMap},
-    programs::tracing::StackIdContext,
+    maps::{HashMap, LruHashMap, PerCpuArray},
+    programs::{tracing::StackIdContext, BtfTracePointContext},
     EbpfContext,
 };
-use vitals_common::{capture, OffcpuEvent, OffcpuStart, PREV_STATE_BLOCKED_MASK};
+use vitals_common::{capture, KernelIps, OffcpuEvent, OffcpuStart, PREV_STATE_BLOCKED_MASK};
 
-use crate::capture_tier::{capture_control, emit, header, CAPTURE_STACKS};
+use crate::capture_tier::{capture_control, emit_ref, header, CAPTURE_STACKS};
+use crate::{setting, task_field, TASK_COMM_OFF, TASK_PID_OFF};
 
 /// tid -> its switch-out while blocked. LRU: a thread that exits blocked
 /// (or whose waking is never seen) ages out instead of filling the map.
@@ -69,18 +74,65 @@ pub(crate) fn on_switch_out<C: StackIdContext>(ctx: &C, prev: u32, prev_state: i
         // the kernel walks from task_pt_regs(current), the user regs saved
         // at its last kernel entry (get_perf_callchain).
         user_stack: stack(ctx, BPF_F_USER_STACK as u64),
-        kernel_stack: stack(ctx, 0),
+        // Where the waking has the task (tp_btf), the kernel stack waits
+        // for it: most blocks are short and then need none.
+        kernel_stack: if c.offcpu_kernel_at_waking != 0 {
+            capture::KERNEL_STACK_AT_WAKING
+        } else {
+            stack(ctx, 0)
+        },
         tgid,
         _pad: 0,
     };
     let _ = OFFCPU_START.insert(&prev, &start, 0);
 }
 
-/// sched_waking, capture branch: `pid` (named `comm`) is being woken by
-/// `current`. Ends the block `on_switch_out` recorded, if any; a long one
-/// is emitted.
+/// Scratch for the record `on_waking` builds: with its kernel frames it
+/// is larger than the BPF stack allows.
+#[map(name = "OFFCPU_EVENT_SCRATCH")]
+static OFFCPU_EVENT_SCRATCH: PerCpuArray<OffcpuEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// sched_waking (the classic capture program), capture branch: `pid`
+/// (named `comm`) is being woken by `current`. Ends the block
+/// `on_switch_out` recorded, if any; a long one is emitted. Where a tp_btf
+/// program ends blocks (`offcpu_kernel_at_waking`), it leaves them to it.
 #[inline(always)]
 pub(crate) fn on_waking<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm: [u8; 16]) {
+    if capture_control().offcpu_kernel_at_waking == 0 {
+        end_block(ctx, pid, comm, core::ptr::null());
+    }
+}
+
+/// tp_btf sched_waking (the always-on `offcpu_waking_btf`): the same for
+/// the wakee `task`, whose kernel stack a long block takes here.
+#[inline(always)]
+pub(crate) fn on_waking_btf(ctx: &BtfTracePointContext, task: *const u8) {
+    let c = capture_control();
+    if c.flags & capture::FLAG_OFFCPU == 0 || c.offcpu_kernel_at_waking == 0 {
+        return;
+    }
+    let (pid, comm) = unsafe {
+        (
+            task_field::<i32>(task, &TASK_PID_OFF),
+            [
+                task_field::<u64>(task, &TASK_COMM_OFF),
+                *(task.add(setting(&TASK_COMM_OFF) as usize + 8) as *const u64),
+            ],
+        )
+    };
+    end_block(
+        ctx,
+        pid,
+        unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(comm) },
+        task,
+    );
+}
+
+/// Ends `pid`'s block, if one was recorded; a long one is emitted with the
+/// waker's stacks, and the blocked kernel stack from `task` (null: it was
+/// taken at the switch-out).
+#[inline(always)]
+fn end_block<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm: [u8; 16], task: *const u8) {
     let c = capture_control();
     if c.flags & capture::FLAG_OFFCPU == 0 || pid <= 0 {
         return;
@@ -95,24 +147,41 @@ pub(crate) fn on_waking<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm
     if hdr.ts < start.ts || hdr.ts - start.ts < c.offcpu_min_ns {
         return;
     }
+    let Some(e) = OFFCPU_EVENT_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    let e = unsafe { &mut *e };
     let waker = bpf_get_current_pid_tgid();
-    emit(
-        ctx.as_ptr(),
-        OffcpuEvent {
-            hdr,
-            blocked_ts: start.ts,
-            tid,
-            tgid: start.tgid,
-            waker_tid: waker as u32,
-            waker_tgid: (waker >> 32) as u32,
-            prev_state: start.prev_state,
-            blocked_user_stack: start.user_stack,
-            blocked_kernel_stack: start.kernel_stack,
-            waker_user_stack: stack(ctx, BPF_F_USER_STACK as u64),
-            waker_kernel_stack: stack(ctx, 0),
-            comm,
-            waker_comm: bpf_get_current_comm().unwrap_or_default(),
-        },
-        capture::lost::OFFCPU,
-    );
+    e.hdr = hdr;
+    e.blocked_ts = start.ts;
+    e.tid = tid;
+    e.tgid = start.tgid;
+    e.waker_tid = waker as u32;
+    e.waker_tgid = (waker >> 32) as u32;
+    e.prev_state = start.prev_state;
+    e.blocked_user_stack = start.user_stack;
+    e.blocked_kernel_stack = start.kernel_stack;
+    e.waker_user_stack = stack(ctx, BPF_F_USER_STACK as u64);
+    e.waker_kernel_stack = stack(ctx, 0);
+    e.comm = comm;
+    e.waker_comm = bpf_get_current_comm().unwrap_or_default();
+    e.blocked_kernel_len = 0;
+    if !task.is_null() && start.kernel_stack == capture::KERNEL_STACK_AT_WAKING {
+        // The wakee is off the CPU, its kernel stack as it blocked
+        // (stack_trace_save_tsk); bytes written, or the error.
+        let ret = unsafe {
+            bpf_get_task_stack(
+                task as *mut _,
+                e.blocked_kernel_ips.0.as_mut_ptr() as *mut c_void,
+                core::mem::size_of::<KernelIps>() as u32,
+                0,
+            )
+        };
+        e.blocked_kernel_len = if ret < 0 {
+            ret as i32
+        } else {
+            (ret / 8) as i32
+        };
+    }
+    emit_ref(ctx.as_ptr(), e, capture::lost::OFFCPU);
 }

@@ -15,7 +15,7 @@ use crate::perfetto::{
     compact_sched::{SwitchRec, WakingRec},
 };
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     Switch {
         cpu: u32,
@@ -29,8 +29,10 @@ pub enum Record {
         rec: WakingRec,
     },
     Fault(FaultRec),
-    /// A long block of a watched thread, with its waker.
-    Offcpu(OffcpuEvent),
+    /// A long block of a watched thread, with its waker. Boxed: with its
+    /// kernel frames it is eight times a switch record, which batches of
+    /// records would otherwise each be sized to.
+    Offcpu(Box<OffcpuEvent>),
     /// Switches a CPU made that no classic program saw.
     BlindWindow(BlindWindow),
     /// Perf array only: the perf buffer of `cpu` reported `count` samples
@@ -131,7 +133,7 @@ pub fn decode(b: &[u8]) -> Option<Record> {
                 stack_id: e.stack_id,
             }))
         }
-        capture::KIND_OFFCPU => Some(Record::Offcpu(read(b)?)),
+        capture::KIND_OFFCPU => Some(Record::Offcpu(Box::new(read(b)?))),
         blind::KIND_BLIND_WINDOW => {
             let e: BlindWindowEvent = read(b)?;
             Some(Record::BlindWindow(BlindWindow {
@@ -207,7 +209,7 @@ mod tests {
             waker_tid: 9,
             ..Default::default()
         };
-        assert_eq!(decode(&bytes(&o)), Some(Record::Offcpu(o)));
+        assert_eq!(decode(&bytes(&o)), Some(Record::Offcpu(Box::new(o))));
         assert_eq!(decode(&bytes(&o)[..40]), None);
         let w = BlindWindowEvent {
             hdr: EventHeader {

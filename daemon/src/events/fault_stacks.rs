@@ -101,6 +101,10 @@ struct ProcessFrames {
     retrying: HashMap<u64, (u32, SampleFrame)>,
 }
 
+/// Ids of carried stacks start here: a stack map's ids are its bucket
+/// indexes, below its max_entries (at most 2^31 for any map here).
+const CARRIED_STACK_IDS: u32 = 1 << 31;
+
 /// The symboliser's caches plus the sample sequence's interning state.
 pub struct FaultStacks {
     proc_root: PathBuf,
@@ -109,6 +113,9 @@ pub struct FaultStacks {
     /// the kernel never replaces a used stack-map bucket without
     /// BPF_F_REUSE_STACKID.
     stacks: HashMap<u32, Vec<u64>>,
+    /// The next id for a stack a record carried itself (`carried_stack`),
+    /// above any stack map's.
+    next_carried_id: u32,
     processes: HashMap<u32, ProcessFrames>,
     /// Kernel frames of off-CPU and waker samples.
     kernel: KernelFrames,
@@ -127,6 +134,7 @@ impl FaultStacks {
             proc_root: proc_root.to_owned(),
             symbolizer: Symbolizer::new(),
             stacks: HashMap::new(),
+            next_carried_id: CARRIED_STACK_IDS,
             processes: HashMap::new(),
             kernel: KernelFrames::new(),
             build_ids: HashMap::new(),
@@ -138,6 +146,17 @@ impl FaultStacks {
 
     pub fn push(&mut self, f: FaultRec) {
         self.pending.push(f);
+    }
+
+    /// A kernel stack a record carried (not in the stack map): kept under
+    /// an id of its own, which the sample then names like a map's.
+    pub fn carried_stack(&mut self, ips: &[u64]) -> i64 {
+        let id = self.next_carried_id;
+        // 2^31 ids a capture; past that the oldest are reused (their
+        // samples written long before).
+        self.next_carried_id = id.checked_add(1).unwrap_or(CARRIED_STACK_IDS);
+        self.stacks.insert(id, ips.to_vec());
+        i64::from(id)
     }
 
     /// Symbolises the pending samples and returns the packets to write:

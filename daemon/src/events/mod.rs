@@ -340,10 +340,22 @@ impl EventRecorder {
             self.tgids.insert(e.waker_tid as i32, e.waker_tgid as i32);
             self.note_tid(e.waker_tid as i32, e.waker_comm);
         }
+        // Taken at the waking (tp_btf): the frames, or the helper's error.
+        let kernel_stack = if e.blocked_kernel_stack == cap::KERNEL_STACK_AT_WAKING {
+            match usize::try_from(e.blocked_kernel_len) {
+                Ok(n) => {
+                    let ips = &e.blocked_kernel_ips.0[..n.min(cap::OFFCPU_KERNEL_IPS)];
+                    self.faults.carried_stack(ips)
+                }
+                Err(_) => i64::from(e.blocked_kernel_len),
+            }
+        } else {
+            e.blocked_kernel_stack
+        };
         self.faults.push(FaultRec {
             kind: SampleKind::Offcpu {
                 blocked_ns,
-                kernel_stack: e.blocked_kernel_stack,
+                kernel_stack,
             },
             ts: e.blocked_ts,
             cpu: e.hdr.cpu,

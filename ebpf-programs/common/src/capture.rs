@@ -28,6 +28,13 @@ pub const OFFCPU_SCOPE_WATCHED: u32 = 1;
 /// A fixed bound (the programs are loaded once, the list comes from a
 /// config that reloads); user space counts the tgids it could not add.
 pub const OFFCPU_WATCH_MAX_TGIDS: u32 = 64;
+/// `OffcpuStart::kernel_stack` / `OffcpuEvent::blocked_kernel_stack` when
+/// the blocked thread's kernel stack is taken at its waking, into
+/// `OffcpuEvent::blocked_kernel_ips` (`CaptureControl::offcpu_kernel_at_waking`).
+pub const KERNEL_STACK_AT_WAKING: i64 = i64::MIN;
+/// Frames of a kernel stack taken at the waking (bpf_get_task_stack);
+/// deeper ones are cut at the outer end (`OffcpuEvent::blocked_kernel_len`).
+pub const OFFCPU_KERNEL_IPS: usize = 48;
 
 /// Indexes into the per-CPU `CAPTURE_LOST` array.
 pub mod lost {

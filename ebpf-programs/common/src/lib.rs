@@ -316,6 +316,14 @@ pub struct CaptureControl {
     pub offcpu_scope: u32,
     /// Tells one capture from the next (`blind::BlindState`).
     pub capture_id: u32,
+    /// FLAG_OFFCPU: 1 when a tp_btf sched_waking (which has the wakee's
+    /// task) ends the blocks, so the switch-out takes only the user stack
+    /// and the kernel stack of a long block is taken at its waking
+    /// (bpf_get_task_stack): a kernel walk for long blocks only instead of
+    /// every blocking switch. The user stack of a task that is not
+    /// `current` cannot be walked, so it stays at the switch-out.
+    pub offcpu_kernel_at_waking: u32,
+    pub _pad: u32,
 }
 
 /// Common prefix of every capture record.
@@ -406,6 +414,23 @@ pub struct OffcpuEvent {
     /// time user space reads the record.
     pub comm: [u8; 16],
     pub waker_comm: [u8; 16],
+    /// With `blocked_kernel_stack == capture::KERNEL_STACK_AT_WAKING`:
+    /// the frames bpf_get_task_stack gave (innermost first), or its
+    /// negative error.
+    pub blocked_kernel_len: i32,
+    pub _pad: u32,
+    pub blocked_kernel_ips: KernelIps,
+}
+
+/// Kernel frames carried in a record (`capture::OFFCPU_KERNEL_IPS`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelIps(pub [u64; capture::OFFCPU_KERNEL_IPS]);
+
+impl Default for KernelIps {
+    fn default() -> Self {
+        Self([0; capture::OFFCPU_KERNEL_IPS])
+    }
 }
 
 /// Value of `OFFCPU_START`, keyed by tid: a watched thread's switch-out

@@ -93,6 +93,13 @@ impl Accounting {
         self.offcpu
     }
 
+    /// Is the always-on sched_waking the tp_btf one, which has the wakee's
+    /// task? An off-CPU capture then takes a long block's kernel stack
+    /// at its waking (`CaptureControl::offcpu_kernel_at_waking`).
+    pub fn offcpu_waking_has_task(&self) -> bool {
+        self.sched_programs == SchedPrograms::Btf && self.offcpu.is_some()
+    }
+
     /// The classic always-on programs' layout (the scheduler programs
     /// when `sched_programs` is `Classic`).
     pub fn layout(&self) -> TracepointLayout {

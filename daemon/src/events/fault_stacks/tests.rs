@@ -116,6 +116,42 @@ fn a_block_without_its_user_stack_says_so() {
     assert!(all[2].starts_with("[unsymbolised"), "{all:?}");
 }
 
+/// A kernel stack the record carried (taken at the waking) gets an id
+/// above any stack map's and is never asked of the map; its frames stand
+/// at the leaf end like a map's, two such stacks apart.
+#[test]
+fn a_carried_kernel_stack_is_the_blocks_own() {
+    let me = std::process::id();
+    let mut fs = FaultStacks::new(Path::new("/proc"));
+    let first = fs.carried_stack(&[1, 2]);
+    let second = fs.carried_stack(&[3]);
+    assert!(first >= i64::from(CARRIED_STACK_IDS) && second == first + 1);
+    for (kernel_stack, ts) in [(first, 100), (second, 200)] {
+        fs.push(FaultRec {
+            kind: SampleKind::Offcpu {
+                blocked_ns: 1,
+                kernel_stack,
+            },
+            ts,
+            cpu: 0,
+            tgid: me,
+            tid: me,
+            stack_id: -14,
+        });
+    }
+    let mut asked = Vec::new();
+    let packets = fs.take_packets(false, |id| {
+        asked.push(id);
+        None
+    });
+    assert!(asked.is_empty(), "the map was asked for {asked:?}");
+    assert_eq!(packets.len(), 2);
+    let i = packets[0].interned_data.as_ref().expect("interned data");
+    let lens: Vec<usize> = i.callstacks.iter().map(|c| c.frame_ids.len()).collect();
+    // Root, the user stack's refusal, then 2 and 1 kernel frames.
+    assert_eq!(lens, [4, 3], "{:?}", names(&packets));
+}
+
 /// A fake /proc holding this process's stat, a maps (a directory until
 /// `maps` is given: reading it fails, as a passing failure would) and
 /// a root/ that is the real /, so its mapped files open.

@@ -80,8 +80,8 @@ pub struct Started {
 }
 
 /// Starts emitting capture records: fills `OFFCPU_WATCH` with the watched
-/// processes, attaches sched_waking (with `events.sched` or `offcpu`: the
-/// waking ends a block) and sets the
+/// processes, attaches sched_waking (with `events.sched`, or `offcpu`
+/// where no always-on tp_btf sched_waking ends the blocks) and sets the
 /// CAPTURE flag to `events`. Attaching needs CAP_PERFMON: start captures
 /// before dropping it.
 pub fn start(
@@ -120,10 +120,13 @@ pub fn start(
         Some(WatchedProcesses::Tgids(tgids)) => watch_tgids(acc, tgids)?,
         _ => 0,
     };
+    let offcpu_kernel_at_waking = u32::from(acc.offcpu_waking_has_task());
     let slot = acc.transport_slot();
     let ring = lend(slot.idle.as_mut().ok_or(BpfError::CaptureNotConfigured)?)?;
     slot.lent = true;
-    if events.sched || offcpu.is_some() {
+    // The capture's sched_waking writes the timeline's wakings and, where
+    // the always-on tp_btf one cannot (no task at hand), ends the blocks.
+    if events.sched || (offcpu.is_some() && offcpu_kernel_at_waking == 0) {
         if let Err(e) = acc.attach_waking() {
             // The transport stays here for the next capture.
             take_back(acc, ring);
@@ -147,6 +150,8 @@ pub fn start(
                 _ => capture::OFFCPU_SCOPE_ALL,
             },
             capture_id: capture_id(),
+            offcpu_kernel_at_waking,
+            _pad: 0,
         },
     )?;
     Ok(Started {
