@@ -52,7 +52,8 @@ fn stack<C: StackIdContext>(ctx: &C, flags: u64) -> i64 {
 
 /// sched_switch, capture branch: `prev` (still `current`) switches out with
 /// the classic tracepoint's `prev_state`. A blocked thread of the watched
-/// process leaves its user and kernel stacks for `on_waking`.
+/// process leaves its user stack for the waking that ends the block, and
+/// its kernel stack too unless that waking takes it (`end_block`).
 #[inline(always)]
 pub(crate) fn on_switch_out<C: StackIdContext>(ctx: &C, prev: u32, prev_state: i64) {
     let c = capture_control();

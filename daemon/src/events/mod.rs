@@ -139,6 +139,10 @@ pub struct EventStats {
     /// switching out was the one last seen switching in (`switch_missed`
     /// cannot see them).
     pub blind_windows_counter_only: u64,
+    /// Recorded switches whose prev was not the CPU's last recorded next
+    /// (a switch went unseen between them): each written after a
+    /// synthetic switch to its real prev (`compact_sched::build_bundle`).
+    pub switch_gaps: u64,
 }
 
 impl EventStats {
@@ -185,6 +189,9 @@ pub struct EventRecorder {
     /// Which `cap::lost` kind perf-reported losses are charged to.
     perf_lost_kind: u32,
     seen_tids: HashSet<i32>,
+    /// Each thread's last comm in the records: the name of a switch's real
+    /// prev after an unseen switch (`write_bundles`).
+    comms: HashMap<i32, Comm>,
     /// Seen tids not yet named in a ProcessTree packet.
     new_tids: HashMap<i32, Comm>,
     /// tid -> tgid, from the switch records (prev is `current` there;
@@ -251,6 +258,7 @@ impl EventRecorder {
                 cap::lost::OFFCPU
             },
             seen_tids: HashSet::from([0]),
+            comms: HashMap::new(),
             new_tids: HashMap::new(),
             tgids: HashMap::new(),
             faults: FaultStacks::new(proc_root),
@@ -297,11 +305,13 @@ impl EventRecorder {
                         self.tgids.insert(rec.next_pid, next_tgid as i32);
                     }
                     self.note_tid(rec.next_pid, rec.next_comm);
+                    self.comms.insert(rec.next_pid, rec.next_comm);
                     self.cpu(cpu).switches.push(rec);
                     self.stats.switch_events += 1;
                 }
                 Record::Waking { cpu, rec } => {
                     self.note_tid(rec.pid, rec.comm);
+                    self.comms.insert(rec.pid, rec.comm);
                     self.cpu(cpu).wakings.push(rec);
                     self.stats.waking_events += 1;
                 }
@@ -336,6 +346,7 @@ impl EventRecorder {
         let blocked_ns = e.hdr.ts.saturating_sub(e.blocked_ts);
         self.tgids.insert(e.tid as i32, e.tgid as i32);
         self.note_tid(e.tid as i32, e.comm);
+        self.comms.insert(e.tid as i32, e.comm);
         if e.waker_tid > 0 {
             self.tgids.insert(e.waker_tid as i32, e.waker_tgid as i32);
             self.note_tid(e.waker_tid as i32, e.waker_comm);
@@ -537,7 +548,15 @@ impl EventRecorder {
             if ev.is_empty() && !lost_here {
                 continue;
             }
-            let bundle = build_bundle(cpu as u32, ev, lost_here);
+            let gaps_before = ev.gaps;
+            let (comms, proc_root) = (&self.comms, &self.proc_root);
+            let bundle = build_bundle(cpu as u32, ev, lost_here, |pid| {
+                comms
+                    .get(&pid)
+                    .copied()
+                    .or_else(|| read_comm(proc_root, pid))
+            });
+            self.stats.switch_gaps += ev.gaps - gaps_before;
             ev.clear();
             let before_bytes = writer.bytes_written();
             writer.write_packet(TracePacket {
@@ -650,6 +669,16 @@ impl EventRecorder {
         }
         log::info!("capture aborted");
     }
+}
+
+/// The comm of `tid` from /proc/<tid>/comm (tids are reachable there too).
+fn read_comm(proc_root: &Path, tid: i32) -> Option<Comm> {
+    let name = std::fs::read(proc_root.join(format!("{tid}/comm"))).ok()?;
+    let name = name.strip_suffix(b"\n").unwrap_or(&name);
+    let mut comm: Comm = [0; 16];
+    let n = name.len().min(15);
+    comm[..n].copy_from_slice(&name[..n]);
+    Some(comm)
 }
 
 /// The thread group of `tid` from /proc/<tid>/status (tids are reachable

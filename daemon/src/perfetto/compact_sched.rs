@@ -9,10 +9,18 @@
 //!   0x100 = preempted), which trace_processor decodes by the kernel release
 //!   in SystemInfo.
 //! - The prev pid/comm of a switch are implicit (the previous switch's next
-//!   on that CPU), as in traced_probes' compact format.
+//!   on that CPU), as in traced_probes' compact format. Where a switch went
+//!   unseen between two recorded ones (a classic program's blind window, a
+//!   lost record, a kernel that does not trace some task), the recorded
+//!   prev is not the last next: trace_processor would then charge the
+//!   switch-out (and its state) to the wrong thread, and the thread that
+//!   really blocked would show no state at all. A synthetic switch to the
+//!   real prev at the same instant goes first (`gaps`); the thread it
+//!   replaces is shown preempted (R+), what it is in a blind window.
 
 use std::collections::HashMap;
 
+use vitals_common::fixed_layout::TASK_REPORT_MAX;
 use vitals_proto::protos::{ftrace_event_bundle::CompactSched, FtraceEventBundle};
 
 /// A task's comm as the kernel stores it (NUL-padded).
@@ -38,11 +46,17 @@ pub struct WakingRec {
     pub comm: Comm,
 }
 
-/// One CPU's events since its last bundle.
+/// One CPU's events since its last bundle, and the task the last bundle
+/// left on it.
 #[derive(Debug, Clone, Default)]
 pub struct CpuEvents {
     pub switches: Vec<SwitchRec>,
     pub wakings: Vec<WakingRec>,
+    /// The last written switch's next pid (kept by `clear`).
+    pub last_next: Option<i32>,
+    /// Switches written after an unseen one (a synthetic switch went
+    /// before each where the real prev's comm was known).
+    pub gaps: u64,
 }
 
 impl CpuEvents {
@@ -50,6 +64,7 @@ impl CpuEvents {
         self.switches.is_empty() && self.wakings.is_empty()
     }
 
+    /// Empties the events; `last_next` and `gaps` stay.
     pub fn clear(&mut self) {
         self.switches.clear();
         self.wakings.clear();
@@ -89,21 +104,55 @@ impl Interner {
 
 /// Builds the bundle for `cpu`. Events are sorted by timestamp first (a
 /// stable sort: records of one CPU already arrive in order, this only
-/// guards the delta encoding, which cannot go negative).
-pub fn build_bundle(cpu: u32, ev: &mut CpuEvents, lost_events: bool) -> FtraceEventBundle {
+/// guards the delta encoding, which cannot go negative). `comm_of` names
+/// the real prev of a switch after a gap (None: no synthetic switch).
+pub fn build_bundle(
+    cpu: u32,
+    ev: &mut CpuEvents,
+    lost_events: bool,
+    mut comm_of: impl FnMut(i32) -> Option<Comm>,
+) -> FtraceEventBundle {
     ev.switches.sort_by_key(|s| s.ts);
     ev.wakings.sort_by_key(|w| w.ts);
     let mut cs = CompactSched::default();
     let mut interner = Interner::default();
     let mut prev = 0u64;
+    let mut push =
+        |cs: &mut CompactSched, ts: u64, state: i64, pid: i32, prio: i32, comm: &Comm| {
+            cs.switch_timestamp.push(ts - prev);
+            prev = ts;
+            cs.switch_prev_state.push(state);
+            cs.switch_next_pid.push(pid);
+            cs.switch_next_prio.push(prio);
+            cs.switch_next_comm_index.push(interner.get(comm));
+        };
+    let (mut last_next, mut gaps) = (ev.last_next, 0);
     for s in &ev.switches {
-        cs.switch_timestamp.push(s.ts - prev);
-        prev = s.ts;
-        cs.switch_prev_state.push(s.prev_state);
-        cs.switch_next_pid.push(s.next_pid);
-        cs.switch_next_prio.push(s.next_prio);
-        cs.switch_next_comm_index.push(interner.get(&s.next_comm));
+        if last_next.is_some_and(|n| n != s.prev_pid) {
+            gaps += 1;
+            if let Some(comm) = comm_of(s.prev_pid) {
+                push(
+                    &mut cs,
+                    s.ts,
+                    TASK_REPORT_MAX,
+                    s.prev_pid,
+                    s.prev_prio,
+                    &comm,
+                );
+            }
+        }
+        push(
+            &mut cs,
+            s.ts,
+            s.prev_state,
+            s.next_pid,
+            s.next_prio,
+            &s.next_comm,
+        );
+        last_next = Some(s.next_pid);
     }
+    ev.last_next = last_next;
+    ev.gaps += gaps;
     let mut prev = 0u64;
     for w in &ev.wakings {
         cs.waking_timestamp.push(w.ts - prev);
@@ -161,7 +210,7 @@ mod tests {
             ],
             ..CpuEvents::default()
         };
-        let b = build_bundle(3, &mut ev, false);
+        let b = build_bundle(3, &mut ev, false, |_| None);
         let cs = b.compact_sched.unwrap();
         assert_eq!(b.cpu, Some(3));
         assert_eq!(cs.switch_timestamp, vec![1_000_000, 100, 250]);
@@ -187,8 +236,9 @@ mod tests {
                 target_cpu: 1,
                 comm: comm_from("x"),
             }],
+            ..CpuEvents::default()
         };
-        let b = build_bundle(0, &mut ev, true);
+        let b = build_bundle(0, &mut ev, true, |_| None);
         let cs = b.compact_sched.unwrap();
         assert_eq!(cs.switch_timestamp, vec![10, 40]);
         assert_eq!(cs.waking_timestamp, vec![30]);
@@ -201,9 +251,54 @@ mod tests {
         assert_eq!(b.lost_events, Some(true));
     }
 
+    /// A switch whose recorded prev is not the CPU's last next (one went
+    /// unseen between them, here or across bundles) gets a synthetic switch
+    /// to its real prev first, so trace_processor's implicit prev is right;
+    /// without the prev's comm there is none, the gap still counted.
+    #[test]
+    fn a_switch_after_an_unseen_one_gets_its_real_prev_first() {
+        let rec = |ts, prev_pid, next_pid, comm: &str| SwitchRec {
+            ts,
+            prev_pid,
+            prev_prio: 110,
+            prev_state: 1,
+            next_pid,
+            next_prio: 120,
+            next_comm: comm_from(comm),
+        };
+        let mut ev = CpuEvents {
+            switches: vec![rec(10, 0, 5, "a"), rec(20, 5, 6, "b")],
+            ..CpuEvents::default()
+        };
+        let b = build_bundle(0, &mut ev, false, |_| None);
+        assert_eq!(b.compact_sched.unwrap().switch_next_pid, vec![5, 6]);
+        assert_eq!((ev.last_next, ev.gaps), (Some(6), 0));
+        ev.clear();
+        // 6 ran, then 7 unseen: 7 switches out (S) to 8.
+        ev.switches.push(rec(40, 7, 8, "c"));
+        let b = build_bundle(0, &mut ev, false, |pid| {
+            (pid == 7).then(|| comm_from("seven"))
+        });
+        let cs = b.compact_sched.unwrap();
+        assert_eq!(cs.switch_next_pid, vec![7, 8]);
+        assert_eq!(cs.switch_prev_state, vec![TASK_REPORT_MAX, 1]);
+        assert_eq!(decode_deltas(&cs.switch_timestamp), vec![40, 40]);
+        assert_eq!(cs.switch_next_prio, vec![110, 120]);
+        assert_eq!(
+            cs.intern_table[cs.switch_next_comm_index[0] as usize],
+            "seven"
+        );
+        assert_eq!((ev.last_next, ev.gaps), (Some(8), 1));
+        ev.clear();
+        ev.switches.push(rec(50, 9, 8, "d"));
+        let b = build_bundle(0, &mut ev, false, |_| None);
+        assert_eq!(b.compact_sched.unwrap().switch_next_pid, vec![8]);
+        assert_eq!(ev.gaps, 2);
+    }
+
     #[test]
     fn empty_bundle_only_reports_loss() {
-        let b = build_bundle(1, &mut CpuEvents::default(), true);
+        let b = build_bundle(1, &mut CpuEvents::default(), true, |_| None);
         assert!(b.compact_sched.is_none());
         assert_eq!(b.lost_events, Some(true));
     }
@@ -224,7 +319,7 @@ mod tests {
             ev.switches
                 .push(sw(1_000_000_000 + i * 5_000, 4000 + (i % 2) as i32, "t", 1));
         }
-        let b = build_bundle(0, &mut ev, false);
+        let b = build_bundle(0, &mut ev, false, |_| None);
         let per = b.encoded_len() as f64 / 1000.0;
         assert!(per <= 10.0, "{per} bytes per switch");
     }

@@ -90,6 +90,11 @@ impl RecordSummary {
                     c.blind_windows_counter_only,
                     crate::perfetto::blind_windows::PARENT_TRACK_NAME
                 );
+                let _ = writeln!(
+                    s,
+                    "switches after an unseen one: {} (each written after a synthetic switch to its real prev; the task that had the CPU shows preempted)",
+                    c.switch_gaps
+                );
             }
         }
         let _ = writeln!(
