@@ -141,8 +141,10 @@ pub struct EventStats {
     pub blind_windows_counter_only: u64,
     /// Recorded switches whose prev was not the CPU's last recorded next
     /// (a switch went unseen between them): each written after a
-    /// synthetic switch to its real prev (`compact_sched::build_bundle`).
+    /// synthetic switch to its real prev where its comm was known
+    /// (`compact_sched::build_bundle`), those written so.
     pub switch_gaps: u64,
+    pub synthetic_switches: u64,
 }
 
 impl EventStats {
@@ -548,7 +550,7 @@ impl EventRecorder {
             if ev.is_empty() && !lost_here {
                 continue;
             }
-            let gaps_before = ev.gaps;
+            let (gaps_before, synthetic_before) = (ev.gaps, ev.synthetic);
             let (comms, proc_root) = (&self.comms, &self.proc_root);
             let bundle = build_bundle(cpu as u32, ev, lost_here, |pid| {
                 comms
@@ -557,6 +559,7 @@ impl EventRecorder {
                     .or_else(|| read_comm(proc_root, pid))
             });
             self.stats.switch_gaps += ev.gaps - gaps_before;
+            self.stats.synthetic_switches += ev.synthetic - synthetic_before;
             ev.clear();
             let before_bytes = writer.bytes_written();
             writer.write_packet(TracePacket {

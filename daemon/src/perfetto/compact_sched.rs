@@ -54,9 +54,10 @@ pub struct CpuEvents {
     pub wakings: Vec<WakingRec>,
     /// The last written switch's next pid (kept by `clear`).
     pub last_next: Option<i32>,
-    /// Switches written after an unseen one (a synthetic switch went
-    /// before each where the real prev's comm was known).
+    /// Switches written after an unseen one, and of those the ones a
+    /// synthetic switch went before (the real prev's comm known).
     pub gaps: u64,
+    pub synthetic: u64,
 }
 
 impl CpuEvents {
@@ -126,7 +127,7 @@ pub fn build_bundle(
             cs.switch_next_prio.push(prio);
             cs.switch_next_comm_index.push(interner.get(comm));
         };
-    let (mut last_next, mut gaps) = (ev.last_next, 0);
+    let (mut last_next, mut gaps, mut synthetic) = (ev.last_next, 0, 0);
     for s in &ev.switches {
         if last_next.is_some_and(|n| n != s.prev_pid) {
             gaps += 1;
@@ -139,6 +140,7 @@ pub fn build_bundle(
                     s.prev_prio,
                     &comm,
                 );
+                synthetic += 1;
             }
         }
         push(
@@ -153,6 +155,7 @@ pub fn build_bundle(
     }
     ev.last_next = last_next;
     ev.gaps += gaps;
+    ev.synthetic += synthetic;
     let mut prev = 0u64;
     for w in &ev.wakings {
         cs.waking_timestamp.push(w.ts - prev);
@@ -288,12 +291,12 @@ mod tests {
             cs.intern_table[cs.switch_next_comm_index[0] as usize],
             "seven"
         );
-        assert_eq!((ev.last_next, ev.gaps), (Some(8), 1));
+        assert_eq!((ev.last_next, ev.gaps, ev.synthetic), (Some(8), 1, 1));
         ev.clear();
         ev.switches.push(rec(50, 9, 8, "d"));
         let b = build_bundle(0, &mut ev, false, |_| None);
         assert_eq!(b.compact_sched.unwrap().switch_next_pid, vec![8]);
-        assert_eq!(ev.gaps, 2);
+        assert_eq!((ev.gaps, ev.synthetic), (2, 1));
     }
 
     #[test]

@@ -92,8 +92,9 @@ impl RecordSummary {
                 );
                 let _ = writeln!(
                     s,
-                    "switches after an unseen one: {} (each written after a synthetic switch to its real prev; the task that had the CPU shows preempted)",
-                    c.switch_gaps
+                    "switches after an unseen one: {} ({} written after a synthetic switch to their real prev; the task that had the CPU shows preempted)",
+                    c.switch_gaps,
+                    c.synthetic_switches
                 );
             }
         }
