@@ -61,6 +61,8 @@ impl Config {
 
 struct Tool {
     child: Child,
+    /// vitalsd's stdout (its summary at exit), read to its end.
+    summary: Option<std::thread::JoinHandle<String>>,
 }
 
 impl Tool {
@@ -87,7 +89,7 @@ impl Tool {
                         _ => &[][..],
                     })
                     .env("RUST_LOG", "info")
-                    .stdout(Stdio::null())
+                    .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
                     .spawn()
                     .context("starting vitalsd")?
@@ -115,12 +117,22 @@ impl Tool {
             let _ = child.kill();
             bail!("{} did not attach within 60 s", cfg.name());
         }
+        // vitalsd prints its summary (with the map drops line) at exit.
+        let summary = child.stdout.take().map(|mut out| {
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = std::io::Read::read_to_string(&mut out, &mut s);
+                s
+            })
+        });
         // bpftrace prints "Attaching" just before attaching.
         std::thread::sleep(Duration::from_millis(500));
-        Ok(Some(Tool { child }))
+        Ok(Some(Tool { child, summary }))
     }
 
-    fn stop(mut self) -> Result<()> {
+    /// Ends the tool; for vitalsd, the run's `switch_missed` from its
+    /// summary's map drops line (None: not printed).
+    fn stop(mut self) -> Result<Option<u64>> {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.child.try_wait()?.is_none() {
@@ -131,8 +143,18 @@ impl Tool {
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = self.child.wait();
-        Ok(())
+        let summary = self.summary.take().and_then(|h| h.join().ok());
+        Ok(summary.as_deref().and_then(switch_missed))
     }
+}
+
+/// `switch_missed=N` of a vitalsd summary's `map drops:` line.
+fn switch_missed(summary: &str) -> Option<u64> {
+    let line = summary.lines().find(|l| l.starts_with("map drops:"))?;
+    let v = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("switch_missed="))?;
+    v.parse().ok()
 }
 
 /// Reads `out` to its end on a thread of its own (so the tool never
@@ -214,6 +236,8 @@ pub fn run(rounds: usize, loops: u64, baseline: Option<std::path::PathBuf>) -> R
     // run divided by bpftrace's loss in the same round: pairing within a
     // round cancels the drift between rounds on a shared VM.
     let mut paired: HashMap<Config, Vec<f64>> = HashMap::new();
+    // Each vitalsd run's switch_missed, per config (#22: by program kind).
+    let mut missed: HashMap<Config, Vec<Option<u64>>> = HashMap::new();
     set_bpf_stats(false)?;
     println!("perf bench sched pipe -l {loops}, taskset -c 0, {rounds} interleaved rounds");
     for round in 0..rounds {
@@ -223,7 +247,11 @@ pub fn run(rounds: usize, loops: u64, baseline: Option<std::path::PathBuf>) -> R
             let tool = Tool::start(cfg)?;
             let ops = perf_bench(loops)?;
             if let Some(t) = tool {
-                t.stop()?;
+                if ours.contains(&cfg) {
+                    missed.entry(cfg).or_default().push(t.stop()?);
+                } else {
+                    t.stop()?;
+                }
             }
             println!("  round {round}: {:<30} {:>10.0} ops/s", cfg.name(), ops);
             results.entry(cfg).or_default().push(ops);
@@ -234,6 +262,14 @@ pub fn run(rounds: usize, loops: u64, baseline: Option<std::path::PathBuf>) -> R
             let l = 1.0 - this(c) / this(Config::Nothing);
             paired.entry(c).or_default().push(l / bt_loss.max(1e-9));
         }
+    }
+    println!("\nswitch_missed per run (vitalsd's summary; - where it printed none):");
+    for &c in &ours {
+        let runs: Vec<String> = missed[&c]
+            .iter()
+            .map(|m| m.map_or("-".into(), |n| n.to_string()))
+            .collect();
+        println!("  {:<30} {}", c.name(), runs.join(" "));
     }
     let med = |c: Config| median(results[&c].clone());
     let base = med(Config::Nothing);
@@ -332,4 +368,18 @@ pub fn run(rounds: usize, loops: u64, baseline: Option<std::path::PathBuf>) -> R
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn switch_missed_is_read_from_the_map_drops_line() {
+        let summary = "capture: none\nmap drops: task_map_full=0 switch_missed=17 \
+                       oncpu_wall_clock=1\ntrace: x";
+        assert_eq!(switch_missed(summary), Some(17));
+        assert_eq!(switch_missed("map drops: task_map_full=0"), None);
+        assert_eq!(switch_missed("no summary"), None);
+    }
 }
