@@ -140,8 +140,8 @@ pub(super) const CELLS_ONLY: &[(&str, &[(Arch, &str)])] = &[
 /// on the host).
 pub(super) const LEFT_OUT: &[(&str, &str)] = &[
     (
-        "wakeup_wait_matches_bpftrace",
-        "its reference is bpftrace, which a guest does not have",
+        "wakeup_wait_is_the_kernels_run_delay_on_tp_btf",
+        "it runs bpftrace beside it (its figure reported), which a guest does not have",
     ),
     (
         "classic_wakeup_wait_matches_bpftrace",
