@@ -321,10 +321,10 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
                 // learns it from the thread's switch-outs or /proc.
                 0,
             );
-            offcpu_capture::on_switch_out(&ctx, prev as u32, state);
             blind_window::on_switch(ctx.as_ptr(), missed);
-        } else if flags & capture::FLAG_OFFCPU != 0 {
-            // Off-CPU stacks without the timeline (see switch_btf.rs).
+        }
+        // With or without the timeline (`record --offcpu` alone).
+        if flags & capture::FLAG_OFFCPU != 0 {
             offcpu_capture::on_switch_out(&ctx, prev as u32, state);
         }
     }
@@ -372,9 +372,9 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
             // See sched_switch: unknown here.
             0,
         );
-        offcpu_capture::on_switch_out(&ctx, prev, state);
         blind_window::on_switch(ctx.as_ptr(), missed);
-    } else if flags & capture::FLAG_OFFCPU != 0 {
+    }
+    if flags & capture::FLAG_OFFCPU != 0 {
         offcpu_capture::on_switch_out(&ctx, prev, state);
     }
     0

@@ -50,15 +50,15 @@ fn stack<C: StackIdContext>(ctx: &C, flags: u64) -> i64 {
     }
 }
 
-/// sched_switch, capture branch: `prev` (still `current`) switches out with
-/// the classic tracepoint's `prev_state`. A blocked thread of the watched
-/// process leaves its user stack for the waking that ends the block, and
-/// its kernel stack too unless that waking takes it (`end_block`).
+/// sched_switch, called with FLAG_OFFCPU set: `prev` (still `current`)
+/// switches out with the classic tracepoint's `prev_state`. A blocked
+/// thread of a watched process leaves its user stack for the waking that
+/// ends the block, and its kernel stack too unless that waking takes it
+/// (`end_block`).
 #[inline(always)]
 pub(crate) fn on_switch_out<C: StackIdContext>(ctx: &C, prev: u32, prev_state: i64) {
     let c = capture_control();
-    if c.flags & capture::FLAG_OFFCPU == 0 || prev_state & PREV_STATE_BLOCKED_MASK == 0 || prev == 0
-    {
+    if prev_state & PREV_STATE_BLOCKED_MASK == 0 || prev == 0 {
         return;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;

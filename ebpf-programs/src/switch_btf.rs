@@ -99,12 +99,18 @@ fn on_btf_switch(
         vitals_common::offcpu::raw_state(preempt, prev_state),
     );
     let flags = capture_control().flags;
+    if flags & (capture::FLAG_SCHED | capture::FLAG_OFFCPU) == 0 {
+        return;
+    }
+    // The classic tracepoint's prev_state encoding, so the capture decoder
+    // sees one format whichever program recorded it.
+    let exit_state = unsafe { task_field::<u32>(prev_task, &TASK_EXIT_STATE_OFF) };
+    let state = reported_prev_state(preempt, prev_state, exit_state);
     if flags & capture::FLAG_SCHED != 0 {
-        let (prev_prio, next_prio, exit_state, next_tgid, comm) = unsafe {
+        let (prev_prio, next_prio, next_tgid, comm) = unsafe {
             (
                 task_field::<i32>(prev_task, &TASK_PRIO_OFF),
                 task_field::<i32>(next_task, &TASK_PRIO_OFF),
-                task_field::<u32>(prev_task, &TASK_EXIT_STATE_OFF),
                 task_field::<i32>(next_task, &TASK_TGID_OFF) as u32,
                 [
                     task_field::<u64>(next_task, &TASK_COMM_OFF),
@@ -112,9 +118,6 @@ fn on_btf_switch(
                 ],
             )
         };
-        // The classic tracepoint's prev_state encoding, so the capture
-        // decoder sees one format whichever program recorded it.
-        let state = reported_prev_state(preempt, prev_state, exit_state);
         emit_switch(
             ctx.as_ptr(),
             prev,
@@ -127,12 +130,9 @@ fn on_btf_switch(
             // agree.
             next_tgid,
         );
-        offcpu_capture::on_switch_out(ctx, prev, state);
-    } else if flags & capture::FLAG_OFFCPU != 0 {
-        // An off-CPU capture without the timeline (`record --offcpu`
-        // alone): only the blocked stacks, as offwaketime takes them.
-        let exit_state = unsafe { task_field::<u32>(prev_task, &TASK_EXIT_STATE_OFF) };
-        let state = reported_prev_state(preempt, prev_state, exit_state);
+    }
+    // With or without the timeline (`record --offcpu` alone).
+    if flags & capture::FLAG_OFFCPU != 0 {
         offcpu_capture::on_switch_out(ctx, prev, state);
     }
 }
