@@ -24,7 +24,7 @@ pub mod transport;
 pub use offcpu_watch::{OffcpuRequest, OffcpuWatch, WatchedProcesses};
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     io::Write,
     num::NonZeroU32,
     path::{Path, PathBuf},
@@ -41,7 +41,7 @@ use crate::{
     event_set::EventSet,
     perfetto::{
         blind_windows::{BlindWindow, BlindWindowTracks},
-        compact_sched::{build_bundle, comm_str, Comm, CpuEvents},
+        compact_sched::{build_bundle, comm_from, comm_str, Comm, CpuEvents},
         offcpu_blocks::{LongBlock, OffcpuBlocks},
         CounterSpec, CounterUnit, CounterValue, PerfettoError, TraceWriter, TrackUuid,
         DEFAULT_SEQUENCE_ID,
@@ -190,9 +190,9 @@ pub struct EventRecorder {
     perf_lost: Vec<u64>,
     /// Which `cap::lost` kind perf-reported losses are charged to.
     perf_lost_kind: u32,
-    seen_tids: HashSet<i32>,
-    /// Each thread's last comm in the records: the name of a switch's real
-    /// prev after an unseen switch (`write_bundles`).
+    /// Each thread's last comm in the records (its key set: the tids seen):
+    /// the name of a switch's real prev after an unseen switch
+    /// (`write_bundles`).
     comms: HashMap<i32, Comm>,
     /// Seen tids not yet named in a ProcessTree packet.
     new_tids: HashMap<i32, Comm>,
@@ -259,7 +259,6 @@ impl EventRecorder {
             } else {
                 cap::lost::OFFCPU
             },
-            seen_tids: HashSet::from([0]),
             comms: HashMap::new(),
             new_tids: HashMap::new(),
             tgids: HashMap::new(),
@@ -307,13 +306,11 @@ impl EventRecorder {
                         self.tgids.insert(rec.next_pid, next_tgid as i32);
                     }
                     self.note_tid(rec.next_pid, rec.next_comm);
-                    self.comms.insert(rec.next_pid, rec.next_comm);
                     self.cpu(cpu).switches.push(rec);
                     self.stats.switch_events += 1;
                 }
                 Record::Waking { cpu, rec } => {
                     self.note_tid(rec.pid, rec.comm);
-                    self.comms.insert(rec.pid, rec.comm);
                     self.cpu(cpu).wakings.push(rec);
                     self.stats.waking_events += 1;
                 }
@@ -348,7 +345,6 @@ impl EventRecorder {
         let blocked_ns = e.hdr.ts.saturating_sub(e.blocked_ts);
         self.tgids.insert(e.tid as i32, e.tgid as i32);
         self.note_tid(e.tid as i32, e.comm);
-        self.comms.insert(e.tid as i32, e.comm);
         if e.waker_tid > 0 {
             self.tgids.insert(e.waker_tid as i32, e.waker_tgid as i32);
             self.note_tid(e.waker_tid as i32, e.waker_comm);
@@ -405,8 +401,10 @@ impl EventRecorder {
         &mut self.per_cpu[i]
     }
 
+    /// Keeps `tid`'s comm; a tid seen first is named at the next flush
+    /// (tid 0, the idle task, never: it is no thread of a process).
     fn note_tid(&mut self, tid: i32, comm: Comm) {
-        if self.seen_tids.insert(tid) {
+        if self.comms.insert(tid, comm).is_none() && tid != 0 {
             self.new_tids.insert(tid, comm);
         }
     }
@@ -677,11 +675,9 @@ impl EventRecorder {
 /// The comm of `tid` from /proc/<tid>/comm (tids are reachable there too).
 fn read_comm(proc_root: &Path, tid: i32) -> Option<Comm> {
     let name = std::fs::read(proc_root.join(format!("{tid}/comm"))).ok()?;
-    let name = name.strip_suffix(b"\n").unwrap_or(&name);
-    let mut comm: Comm = [0; 16];
-    let n = name.len().min(15);
-    comm[..n].copy_from_slice(&name[..n]);
-    Some(comm)
+    Some(comm_from(
+        String::from_utf8_lossy(&name).trim_end_matches('\n'),
+    ))
 }
 
 /// The thread group of `tid` from /proc/<tid>/status (tids are reachable
