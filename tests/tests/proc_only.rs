@@ -213,11 +213,12 @@ fn record_without_bpf_capabilities_writes_proc_counters_and_declares_the_mode() 
     let trace = dir.path().join("t.pftrace");
     let mut w = Workload::spawn(&["touch", &PAGES.to_string()]);
     w.expect("ready");
-    let rss_before = kernel_rss(w.pid());
     // Idle from here until `go` once blocked on its stdin (after "ready"
     // it may still fault, setting up its read): the recording's first scan
-    // sees these.
+    // sees these, so the reference RSS and stat are read only then (read
+    // before, CI once saw the trace one page above it).
     wait_blocked(w.pid());
+    let rss_before = kernel_rss(w.pid());
     let k0 = kernel_stat(w.pid());
     let mut child = without_bpf(&[
         "record",
