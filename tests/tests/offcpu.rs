@@ -428,6 +428,7 @@ fn offcpu_capture_stacks_name_the_blocked_and_the_waking_function() {
     let (waiter, releaser) = (tids[0], tids[1]);
     w.expect("ready");
     let pid = w.pid().to_string();
+    let _stats = vitals_tests::bpf_stats::StatsEnabled::enable();
     let rec = Recording::start(
         &[
             "--duration",
@@ -441,11 +442,18 @@ fn offcpu_capture_stacks_name_the_blocked_and_the_waking_function() {
         ],
         "capture started",
     );
+    let recorder = rec.child.id() as i32;
+    let before = vitals_tests::bpf_stats::programs_of(recorder);
     w.go();
     w.expect("done");
+    let ran = vitals_tests::bpf_stats::ran_between(
+        &before,
+        &vitals_tests::bpf_stats::programs_of(recorder),
+    );
     // Alive until the recorder has symbolised its stacks.
     rec.wait();
     w.finish();
+    assert_kernel_stack_taken_at_waking(&ran);
 
     let tp = TraceProcessor::through_python();
     let blocks = tp.query(&trace, &readme_offcpu_query("blocks"));
@@ -486,5 +494,27 @@ fn offcpu_capture_stacks_name_the_blocked_and_the_waking_function() {
         } else {
             assert!(blocked.contains("kptr_restrict"), "{b:?}");
         }
+    }
+}
+
+/// Where the always-on sched_waking is a tp_btf program (it has the
+/// wakee's task), an off-CPU-only capture takes a long block's kernel
+/// stack there, at its waking, and attaches no capture sched_waking
+/// (classic, 350 ns a wakeup in the bench): that program must not have
+/// run. On classic kernels the capture's own sched_waking does the work.
+fn assert_kernel_stack_taken_at_waking(ran: &[vitals_tests::bpf_stats::ProgRuns]) {
+    let runs = |prefix: &str| -> u64 {
+        ran.iter()
+            .filter(|p| p.name.starts_with(prefix))
+            .map(|p| p.run_cnt)
+            .sum()
+    };
+    // Kernel names are cut at 15 bytes: "offcpu_waking_b".
+    let btf = ran.iter().any(|p| p.name.starts_with("offcpu_waking_b"));
+    eprintln!("programs that ran during the blocks: {ran:?}");
+    if btf {
+        assert_eq!(runs("sched_waking"), 0, "capture sched_waking ran: {ran:?}");
+    } else {
+        assert!(runs("sched_waking") > 0, "no sched_waking ran: {ran:?}");
     }
 }

@@ -44,6 +44,8 @@ mod offcpu;
 mod offcpu_rules;
 #[path = "trace_processor/process_model.rs"]
 mod process_model;
+#[path = "trace_processor/synthetic_switch.rs"]
+mod synthetic_switch;
 #[path = "trace_processor/timeline.rs"]
 mod timeline;
 
