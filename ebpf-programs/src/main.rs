@@ -106,6 +106,9 @@ static TASK_PRIO_OFF: u32 = 0;
 static TASK_COMM_OFF: u32 = 0;
 #[no_mangle]
 static TASK_EXIT_STATE_OFF: u32 = 0;
+/// `flags` (PF_*): an off-CPU capture tells kernel threads by it.
+#[no_mangle]
+static TASK_FLAGS_OFF: u32 = 0;
 /// `se.sum_exec_runtime` (struct sched_entity inside task_struct).
 #[no_mangle]
 static TASK_SUM_EXEC_OFF: u32 = 0;
@@ -325,7 +328,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         }
         // With or without the timeline (`record --offcpu` alone).
         if flags & capture::FLAG_OFFCPU != 0 {
-            offcpu_capture::on_switch_out(&ctx, prev as u32, state);
+            offcpu_capture::on_switch_out(&ctx, prev as u32, state, core::ptr::null());
         }
     }
     0
@@ -375,7 +378,7 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
         blind_window::on_switch(ctx.as_ptr(), missed);
     }
     if flags & capture::FLAG_OFFCPU != 0 {
-        offcpu_capture::on_switch_out(&ctx, prev, state);
+        offcpu_capture::on_switch_out(&ctx, prev, state, core::ptr::null());
     }
     0
 }

@@ -11,20 +11,22 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
         generated::bpf_get_task_stack,
     },
-    macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    macros::{btf_tracepoint, map},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::{tracing::StackIdContext, BtfTracePointContext},
     EbpfContext,
 };
-use vitals_common::{capture, KernelIps, OffcpuEvent, OffcpuStart, PREV_STATE_BLOCKED_MASK};
+use vitals_common::{
+    capture, KernelIps, OffcpuEvent, OffcpuStart, OffcpuUserStack, PREV_STATE_BLOCKED_MASK,
+};
 
-use crate::capture_tier::{capture_control, emit_ref, header, CAPTURE_STACKS};
-use crate::{setting, task_field, TASK_COMM_OFF, TASK_PID_OFF};
+use crate::capture_tier::{capture_control, emit, emit_ref, header, CAPTURE_STACKS};
+use crate::{setting, task_field, xadd, TASK_COMM_OFF, TASK_FLAGS_OFF, TASK_PID_OFF};
 
 /// tid -> its switch-out while blocked. LRU: a thread that exits blocked
 /// (or whose waking is never seen) ages out instead of filling the map.
@@ -40,6 +42,23 @@ static OFFCPU_START: LruHashMap<u32, OffcpuStart> = LruHashMap::with_max_entries
 static OFFCPU_WATCH: HashMap<u32, u32> =
     HashMap::with_max_entries(capture::OFFCPU_WATCH_MAX_TGIDS, 0);
 
+/// tid -> the `blocked_ts` of the first of its long blocks whose user
+/// stack waits for its syscall's return (`on_sys_exit`). LRU: a thread
+/// that never returns (it exits while blocked) ages out. Sized like
+/// `OFFCPU_START`; an entry lives from a long block's waking to the
+/// thread's next syscall return, microseconds later.
+#[map(name = "OFFCPU_AWAIT_USER")]
+static OFFCPU_AWAIT_USER: LruHashMap<u32, u64> = LruHashMap::with_max_entries(1, 0);
+
+/// How many entries `OFFCPU_AWAIT_USER` holds, so that the sys_exit
+/// program, which runs at every syscall's return while an off-CPU capture
+/// runs, skips its lookup while none does (the usual case). An entry the
+/// LRU evicts is never subtracted: the count then stays above zero and
+/// costs the lookups, not correctness. User space zeroes it at a
+/// capture's start, with the map.
+#[map(name = "OFFCPU_AWAITING")]
+static OFFCPU_AWAITING: Array<u64> = Array::with_max_entries(1, 0);
+
 /// A stack id, or the helper's negative error: a kernel thread has no user
 /// stack, which is not a loss, so nothing is counted here.
 #[inline(always)]
@@ -54,9 +73,16 @@ fn stack<C: StackIdContext>(ctx: &C, flags: u64) -> i64 {
 /// switches out with the classic tracepoint's `prev_state`. A blocked
 /// thread of a watched process leaves its user stack for the waking that
 /// ends the block, and its kernel stack too unless that waking takes it
-/// (`end_block`).
+/// (`end_block`). `prev_task` (tp_btf; null from the classic programs)
+/// tells a user thread, whose user stack of a block in S waits for its
+/// syscall's return instead (`CaptureControl::offcpu_user_at_exit`).
 #[inline(always)]
-pub(crate) fn on_switch_out<C: StackIdContext>(ctx: &C, prev: u32, prev_state: i64) {
+pub(crate) fn on_switch_out<C: StackIdContext>(
+    ctx: &C,
+    prev: u32,
+    prev_state: i64,
+    prev_task: *const u8,
+) {
     let c = capture_control();
     if prev_state & PREV_STATE_BLOCKED_MASK == 0 || prev == 0 {
         return;
@@ -74,7 +100,11 @@ pub(crate) fn on_switch_out<C: StackIdContext>(ctx: &C, prev: u32, prev_state: i
         // At sched_switch the regs are the kernel's; with BPF_F_USER_STACK
         // the kernel walks from task_pt_regs(current), the user regs saved
         // at its last kernel entry (get_perf_callchain).
-        user_stack: stack(ctx, BPF_F_USER_STACK as u64),
+        user_stack: if user_stack_at_exit(c.offcpu_user_at_exit, prev_state, prev_task) {
+            capture::USER_STACK_AT_EXIT
+        } else {
+            stack(ctx, BPF_F_USER_STACK as u64)
+        },
         // Where the waking has the task (tp_btf), the kernel stack waits
         // for it: most blocks are short and then need none.
         kernel_stack: if c.offcpu_kernel_at_waking != 0 {
@@ -86,6 +116,18 @@ pub(crate) fn on_switch_out<C: StackIdContext>(ctx: &C, prev: u32, prev_state: i
         _pad: 0,
     };
     let _ = OFFCPU_START.insert(&prev, &start, 0);
+}
+
+/// Whether a block's user stack waits for its syscall's return: the
+/// sys_exit program is attached, the block is in S (TASK_REPORT's
+/// TASK_INTERRUPTIBLE; a D block may be a page fault's, which returns
+/// through no syscall) and the task is a user thread.
+#[inline(always)]
+fn user_stack_at_exit(enabled: u32, prev_state: i64, prev_task: *const u8) -> bool {
+    enabled != 0
+        && prev_state == 1
+        && !prev_task.is_null()
+        && unsafe { task_field::<u32>(prev_task, &TASK_FLAGS_OFF) } & capture::PF_KTHREAD == 0
 }
 
 /// Scratch for the record `on_waking` builds: with its kernel frames it
@@ -184,5 +226,63 @@ fn end_block<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm: [u8; 16],
             (ret / 8) as i32
         };
     }
+    if start.user_stack == capture::USER_STACK_AT_EXIT {
+        // The first block's start stays if a later block of the same
+        // syscall comes first: the user stack record covers both.
+        if OFFCPU_AWAIT_USER
+            .insert(&tid, &start.ts, BPF_NOEXIST as u64)
+            .is_ok()
+        {
+            if let Some(n) = OFFCPU_AWAITING.get_ptr_mut(0) {
+                xadd(n, 1);
+            }
+        }
+    }
     emit_ref(ctx.as_ptr(), e, capture::lost::OFFCPU);
+}
+
+/// raw_syscalls:sys_exit (tp_btf), attached during an off-CPU capture with
+/// `offcpu_user_at_exit`: `current` returns from a syscall. If a long
+/// block of it awaits its user stack, the user registers are still the
+/// syscall's (the tracepoint fires before signal delivery on the way
+/// out), so the walk is the blocked call's.
+/// Arguments: (struct pt_regs *regs, long ret).
+#[btf_tracepoint(function = "sys_exit")]
+pub fn offcpu_sys_exit_btf(ctx: BtfTracePointContext) -> u32 {
+    on_sys_exit(&ctx);
+    0
+}
+
+#[inline(always)]
+fn on_sys_exit(ctx: &BtfTracePointContext) {
+    let c = capture_control();
+    if c.flags & capture::FLAG_OFFCPU == 0 || c.offcpu_user_at_exit == 0 {
+        return;
+    }
+    let Some(awaiting) = OFFCPU_AWAITING.get_ptr_mut(0) else {
+        return;
+    };
+    if unsafe { core::ptr::read_volatile(awaiting) } == 0 {
+        return;
+    }
+    let id = bpf_get_current_pid_tgid();
+    let tid = id as u32;
+    let since_ts = match unsafe { OFFCPU_AWAIT_USER.get(&tid) } {
+        Some(ts) => *ts,
+        None => return,
+    };
+    if OFFCPU_AWAIT_USER.remove(&tid).is_ok() {
+        xadd(awaiting, u64::MAX);
+    }
+    emit(
+        ctx.as_ptr(),
+        OffcpuUserStack {
+            hdr: header(capture::KIND_OFFCPU_USER_STACK),
+            since_ts,
+            tid,
+            tgid: (id >> 32) as u32,
+            user_stack: stack(ctx, BPF_F_USER_STACK as u64),
+        },
+        capture::lost::OFFCPU,
+    );
 }

@@ -133,6 +133,6 @@ fn on_btf_switch(
     }
     // With or without the timeline (`record --offcpu` alone).
     if flags & capture::FLAG_OFFCPU != 0 {
-        offcpu_capture::on_switch_out(ctx, prev, state);
+        offcpu_capture::on_switch_out(ctx, prev, state, prev_task);
     }
 }

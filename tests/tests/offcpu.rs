@@ -451,9 +451,24 @@ fn offcpu_capture_stacks_name_the_blocked_and_the_waking_function() {
         &vitals_tests::bpf_stats::programs_of(recorder),
     );
     // Alive until the recorder has symbolised its stacks.
-    rec.wait();
+    let printed = rec.wait();
     w.finish();
-    assert_kernel_stack_taken_at_waking(&ran);
+    if assert_kernel_stack_taken_at_waking(&ran) {
+        // The waiter blocks in read() (S): its user stack, checked below,
+        // was taken as read() returned, by the sys_exit program.
+        let at_exit: u64 = printed
+            .split("user stacks: ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no user-stack figures in {printed}"));
+        assert!(at_exit >= ROUNDS as u64, "{printed}");
+        assert!(
+            ran.iter()
+                .any(|p| p.name.starts_with("offcpu_sys_exit") && p.run_cnt > 0),
+            "{ran:?}"
+        );
+    }
 
     let tp = TraceProcessor::through_python();
     let blocks = tp.query(&trace, &readme_offcpu_query("blocks"));
@@ -502,7 +517,8 @@ fn offcpu_capture_stacks_name_the_blocked_and_the_waking_function() {
 /// stack there, at its waking, and attaches no capture sched_waking
 /// (classic, 350 ns a wakeup in the bench): that program must not have
 /// run. On classic kernels the capture's own sched_waking does the work.
-fn assert_kernel_stack_taken_at_waking(ran: &[vitals_tests::bpf_stats::ProgRuns]) {
+/// Returns whether it is the tp_btf path.
+fn assert_kernel_stack_taken_at_waking(ran: &[vitals_tests::bpf_stats::ProgRuns]) -> bool {
     let runs = |prefix: &str| -> u64 {
         ran.iter()
             .filter(|p| p.name.starts_with(prefix))
@@ -517,4 +533,5 @@ fn assert_kernel_stack_taken_at_waking(ran: &[vitals_tests::bpf_stats::ProgRuns]
     } else {
         assert!(runs("sched_waking") > 0, "no sched_waking ran: {ran:?}");
     }
+    btf
 }

@@ -7,7 +7,7 @@
 
 use vitals_common::{
     blind::{self, BlindWindowEvent},
-    capture, FaultEvent, OffcpuEvent, SwitchEvent, WakingEvent,
+    capture, FaultEvent, OffcpuEvent, OffcpuUserStack, SwitchEvent, WakingEvent,
 };
 
 use crate::perfetto::{
@@ -33,6 +33,8 @@ pub enum Record {
     /// kernel frames it is eight times a switch record, which batches of
     /// records would otherwise each be sized to.
     Offcpu(Box<OffcpuEvent>),
+    /// The user stack of long blocks that waited for their syscall's return.
+    OffcpuUserStack(OffcpuUserStack),
     /// Switches a CPU made that no classic program saw.
     BlindWindow(BlindWindow),
     /// Perf array only: the perf buffer of `cpu` reported `count` samples
@@ -134,6 +136,7 @@ pub fn decode(b: &[u8]) -> Option<Record> {
             }))
         }
         capture::KIND_OFFCPU => Some(Record::Offcpu(Box::new(read(b)?))),
+        capture::KIND_OFFCPU_USER_STACK => Some(Record::OffcpuUserStack(read(b)?)),
         blind::KIND_BLIND_WINDOW => {
             let e: BlindWindowEvent = read(b)?;
             Some(Record::BlindWindow(BlindWindow {
@@ -211,6 +214,19 @@ mod tests {
         };
         assert_eq!(decode(&bytes(&o)), Some(Record::Offcpu(Box::new(o))));
         assert_eq!(decode(&bytes(&o)[..40]), None);
+        let u = OffcpuUserStack {
+            hdr: EventHeader {
+                kind: capture::KIND_OFFCPU_USER_STACK,
+                cpu: 0,
+                ts: 60,
+            },
+            since_ts: 10,
+            tid: 7,
+            tgid: 5,
+            user_stack: 3,
+        };
+        assert_eq!(decode(&bytes(&u)), Some(Record::OffcpuUserStack(u)));
+        assert_eq!(decode(&bytes(&u)[..30]), None);
         let w = BlindWindowEvent {
             hdr: EventHeader {
                 kind: blind::KIND_BLIND_WINDOW,

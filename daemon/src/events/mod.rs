@@ -18,6 +18,7 @@ mod kernel_stacks;
 mod lost;
 mod mapped_files;
 mod offcpu_follow;
+mod offcpu_user;
 pub mod offcpu_watch;
 pub mod transport;
 
@@ -33,7 +34,7 @@ use std::{
 
 use lost::{merge_lost, LostCounts};
 use thiserror::Error;
-use vitals_common::{capture as cap, OffcpuEvent};
+use vitals_common::capture as cap;
 use vitals_proto::protos::{process_tree, trace_packet, ProcessTree, TracePacket};
 
 use crate::{
@@ -48,11 +49,7 @@ use crate::{
     },
 };
 
-use self::{
-    decode::{FaultRec, Record, SampleKind},
-    drain::Drainer,
-    fault_stacks::FaultStacks,
-};
+use self::{decode::Record, drain::Drainer, fault_stacks::FaultStacks};
 
 /// The sequence the fault samples and their interned callstacks live on,
 /// apart from the main one so its incremental state is theirs alone.
@@ -145,12 +142,16 @@ pub struct EventStats {
     /// (`compact_sched::build_bundle`), those written so.
     pub switch_gaps: u64,
     pub synthetic_switches: u64,
+    /// Long blocks whose user stack came at their syscall's return, and
+    /// those whose syscall had not returned when the capture ended.
+    pub user_stacks_at_exit: u64,
+    pub user_stacks_unseen: u64,
 }
 
 impl EventStats {
     pub fn render(&self) -> String {
         format!(
-            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); {} long blocks ({} weighed as 10 s); ring buffer lost: {} sched, {} fault, {} long-block records; {} watched processes dropped, {} joined later; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
+            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); {} long blocks ({} weighed as 10 s; user stacks: {} at their syscall's return, {} not returned by the end); ring buffer lost: {} sched, {} fault, {} long-block records; {} watched processes dropped, {} joined later; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
             self.switch_events,
             self.waking_events,
             self.bundles,
@@ -163,6 +164,8 @@ impl EventStats {
             self.fault.frames_retried,
             self.fault.offcpu_blocks,
             self.fault.offcpu_capped,
+            self.user_stacks_at_exit,
+            self.user_stacks_unseen,
             self.lost_sched,
             self.lost_faults,
             self.lost_offcpu,
@@ -202,6 +205,8 @@ pub struct EventRecorder {
     faults: FaultStacks,
     /// Long blocks not written yet, and their tracks' state.
     blocks: Vec<LongBlock>,
+    /// Blocked-stack samples waiting for their syscall's user stack.
+    awaiting_user: offcpu_user::AwaitingUserStacks,
     block_tracks: OffcpuBlocks,
     /// Names whose new processes join the off-CPU watch.
     offcpu_follow: offcpu_follow::Follow,
@@ -265,6 +270,7 @@ impl EventRecorder {
             faults: FaultStacks::new(proc_root),
             blocks: Vec::new(),
             block_tracks: OffcpuBlocks::new(),
+            awaiting_user: Default::default(),
             offcpu_follow: offcpu_follow::Follow::of(offcpu),
             windows: Vec::new(),
             window_tracks: BlindWindowTracks::new(),
@@ -319,6 +325,11 @@ impl EventRecorder {
                     self.faults.push(f);
                 }
                 Record::Offcpu(e) => self.absorb_block(&e),
+                Record::OffcpuUserStack(u) => {
+                    for r in self.awaiting_user.resolve(&u) {
+                        self.faults.push(r);
+                    }
+                }
                 Record::BlindWindow(w) => {
                     self.stats.blind_windows += 1;
                     self.stats.unseen_switches += u64::from(w.unseen_switches);
@@ -337,60 +348,6 @@ impl EventRecorder {
                 }
             }
         }
-    }
-
-    /// A long block: its blocked stack (weighted by the blocked time) and
-    /// its waker's go to the symboliser, the block to the timeline.
-    fn absorb_block(&mut self, e: &OffcpuEvent) {
-        let blocked_ns = e.hdr.ts.saturating_sub(e.blocked_ts);
-        self.tgids.insert(e.tid as i32, e.tgid as i32);
-        self.note_tid(e.tid as i32, e.comm);
-        if e.waker_tid > 0 {
-            self.tgids.insert(e.waker_tid as i32, e.waker_tgid as i32);
-            self.note_tid(e.waker_tid as i32, e.waker_comm);
-        }
-        // Taken at the waking (tp_btf): the frames, or the helper's error.
-        let kernel_stack = if e.blocked_kernel_stack == cap::KERNEL_STACK_AT_WAKING {
-            match usize::try_from(e.blocked_kernel_len) {
-                Ok(n) => {
-                    let ips = &e.blocked_kernel_ips.0[..n.min(cap::OFFCPU_KERNEL_IPS)];
-                    self.faults.carried_stack(ips)
-                }
-                Err(_) => i64::from(e.blocked_kernel_len),
-            }
-        } else {
-            e.blocked_kernel_stack
-        };
-        self.faults.push(FaultRec {
-            kind: SampleKind::Offcpu {
-                blocked_ns,
-                kernel_stack,
-            },
-            ts: e.blocked_ts,
-            cpu: e.hdr.cpu,
-            tgid: e.tgid,
-            tid: e.tid,
-            stack_id: e.blocked_user_stack,
-        });
-        self.faults.push(FaultRec {
-            kind: SampleKind::Waker {
-                kernel_stack: e.waker_kernel_stack,
-            },
-            ts: e.hdr.ts,
-            cpu: e.hdr.cpu,
-            tgid: e.waker_tgid,
-            tid: e.waker_tid,
-            stack_id: e.waker_user_stack,
-        });
-        self.blocks.push(LongBlock {
-            blocked_ts: e.blocked_ts,
-            waking_ts: e.hdr.ts,
-            tid: e.tid,
-            tgid: e.tgid,
-            waker_tid: e.waker_tid,
-            waker_tgid: e.waker_tgid,
-            prev_state: e.prev_state,
-        });
     }
 
     fn cpu(&mut self, cpu: u32) -> &mut CpuEvents {
@@ -579,6 +536,11 @@ impl EventRecorder {
         writer: &mut TraceWriter<W>,
         last: bool,
     ) -> Result<(), EventsError> {
+        if last {
+            for r in self.awaiting_user.give_up() {
+                self.faults.push(r);
+            }
+        }
         let seq = NonZeroU32::new(SAMPLE_SEQUENCE_ID).expect("nonzero");
         for p in self
             .faults
@@ -587,6 +549,8 @@ impl EventRecorder {
             writer.write_packet_on_sequence(seq, p)?;
         }
         self.stats.fault = self.faults.stats;
+        self.stats.user_stacks_at_exit = self.awaiting_user.resolved;
+        self.stats.user_stacks_unseen = self.awaiting_user.unseen;
         Ok(())
     }
 

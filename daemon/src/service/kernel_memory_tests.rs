@@ -45,6 +45,7 @@ fn the_default_config_on_an_8_cpu_phone() {
         "CAPTURE_STACKS",
         "CAPTURE_FAULT_CTR",
         "OFFCPU_START",
+        "OFFCPU_AWAIT_USER",
     ]
     .iter()
     .map(|n| by_name(&maps, n))

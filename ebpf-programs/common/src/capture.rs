@@ -18,6 +18,8 @@ pub const KIND_SWITCH: u32 = 1;
 pub const KIND_WAKING: u32 = 2;
 pub const KIND_FAULT: u32 = 3;
 pub const KIND_OFFCPU: u32 = 4;
+/// (5 is `blind::KIND_BLIND_WINDOW`.)
+pub const KIND_OFFCPU_USER_STACK: u32 = 6;
 
 /// `CaptureControl::offcpu_scope`: every thread is watched.
 pub const OFFCPU_SCOPE_ALL: u32 = 0;
@@ -32,6 +34,14 @@ pub const OFFCPU_WATCH_MAX_TGIDS: u32 = 64;
 /// the blocked thread's kernel stack is taken at its waking, into
 /// `OffcpuEvent::blocked_kernel_ips` (`CaptureControl::offcpu_kernel_at_waking`).
 pub const KERNEL_STACK_AT_WAKING: i64 = i64::MIN;
+/// `OffcpuStart::user_stack` / `OffcpuEvent::blocked_user_stack` when the
+/// blocked thread's user stack is taken as its syscall returns, in an
+/// `OffcpuUserStack` record (`CaptureControl::offcpu_user_at_exit`).
+pub const USER_STACK_AT_EXIT: i64 = i64::MIN + 1;
+/// `task_struct.flags` bit of a kernel thread (include/linux/sched.h,
+/// the same value since 2.6): it has no user stack and no syscall to
+/// return from, so its user stack is never deferred.
+pub const PF_KTHREAD: u32 = 0x0020_0000;
 /// Frames of a kernel stack taken at the waking (bpf_get_task_stack);
 /// deeper ones are cut at the outer end (`OffcpuEvent::blocked_kernel_len`).
 pub const OFFCPU_KERNEL_IPS: usize = 48;

@@ -128,7 +128,10 @@ fn fold_rodata_load(
         );
         if class == 0x01 && op & 0xe0 == 0x60 && src == reg {
             // BPF_LDX | BPF_MEM from the .rodata pointer.
-            ensure!(dst == reg, "insn {j}: .rodata load into another register");
+            ensure!(
+                dst == reg || overwrites_unread(code, j + 1, reg, &targets),
+                "insn {j}: .rodata load into another register, r{reg} still live"
+            );
             let len = match op & 0x18 {
                 0x00 => 4,
                 0x08 => 2,
@@ -146,7 +149,7 @@ fn fold_rodata_load(
             } else {
                 0xb4 // BPF_ALU | BPF_MOV | BPF_K
             };
-            code[p..p + INSN].copy_from_slice(&[op, reg, 0, 0, 0, 0, 0, 0]);
+            code[p..p + INSN].copy_from_slice(&[op, dst, 0, 0, 0, 0, 0, 0]);
             code[p + 4..p + 8].copy_from_slice(&(v as u32).to_le_bytes());
             // ld_imm64 (two slots) -> two `ja +0`.
             for k in [at, at + INSN] {
@@ -165,6 +168,29 @@ fn fold_rodata_load(
         j += if op == BPF_LD_IMM64 { 2 } else { 1 };
     }
     bail!("insn {i}: .rodata address never loaded from")
+}
+
+/// Whether insn `j` (no jump lands on it) writes `reg` without reading
+/// it: then a load from the .rodata pointer in `reg` into another register
+/// just before it leaves the pointer dead, and folding the load into a
+/// constant in that register is exact (the compiler does this when it
+/// reuses the pointer's register at once).
+fn overwrites_unread(code: &[u8], j: usize, reg: u8, targets: &[usize]) -> bool {
+    let p = j * INSN;
+    let Some(insn) = code.get(p..p + INSN) else {
+        return false;
+    };
+    let (op, dst, src) = (insn[0], insn[1] & 0x0f, insn[1] >> 4);
+    let writes = match op {
+        // BPF_LDX | BPF_MEM, any size.
+        op if op & 0x07 == 0x01 && op & 0xe0 == 0x60 => src != reg,
+        // mov32/mov64 of an immediate, and ld_imm64.
+        0xb4 | 0xb7 | BPF_LD_IMM64 => true,
+        // mov32/mov64 from a register.
+        0xbc | 0xbf => src != reg,
+        _ => false,
+    };
+    writes && dst == reg && !targets.contains(&j)
 }
 
 fn jump_targets(code: &[u8]) -> Vec<usize> {
@@ -350,4 +376,60 @@ fn link_callees(
         code[at + 4..at + 8].copy_from_slice(&(imm as i32).to_le_bytes());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod fold_tests {
+    use super::*;
+
+    fn insn(op: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; INSN] {
+        let mut i = [0u8; INSN];
+        i[0] = op;
+        i[1] = dst | (src << 4);
+        i[2..4].copy_from_slice(&off.to_le_bytes());
+        i[4..8].copy_from_slice(&imm.to_le_bytes());
+        i
+    }
+
+    /// r1 = .rodata + 8 ll; w2 = *(u32 *)(r1 + 0); `then`; exit.
+    fn program(then: [u8; INSN]) -> Vec<u8> {
+        [
+            insn(BPF_LD_IMM64, 1, 0, 0, 8),
+            insn(0, 0, 0, 0, 0),
+            insn(0x61, 2, 1, 0, 0),
+            then,
+            insn(0x95, 0, 0, 0, 0),
+        ]
+        .concat()
+    }
+
+    /// The pointer's register overwritten at once: the load folds into a
+    /// constant in the load's own destination.
+    #[test]
+    fn a_load_into_another_register_folds_when_the_pointer_dies_at_once() {
+        // r1 = *(u64 *)(r10 - 0x60): r1 written, not read.
+        let mut code = program(insn(0x79, 1, 10, -0x60, 0));
+        fold_rodata_load(&mut code, 0, 100, |addr, len| {
+            assert_eq!((addr, len), (108, 4));
+            Ok(7)
+        })
+        .unwrap();
+        assert_eq!(&code[2 * INSN..3 * INSN], &insn(0xb4, 2, 0, 0, 7));
+        assert_eq!(&code[..INSN], &insn(0x05, 0, 0, 0, 0));
+    }
+
+    /// The pointer read again after the load, or not overwritten: refused.
+    #[test]
+    fn a_load_into_another_register_is_refused_while_the_pointer_lives() {
+        for then in [
+            insn(0x61, 3, 1, 4, 0), // w3 = *(u32 *)(r1 + 4): r1 read
+            insn(0x0f, 1, 1, 0, 0), // r1 += r1: read and written
+            insn(0xbf, 3, 1, 0, 0), // r3 = r1
+            insn(0x05, 0, 0, 0, 0), // ja: r1 still live beyond
+        ] {
+            let mut code = program(then);
+            let err = fold_rodata_load(&mut code, 0, 100, |_, _| Ok(7)).unwrap_err();
+            assert!(err.to_string().contains("another register"), "{err}");
+        }
+    }
 }

@@ -200,8 +200,8 @@ impl EventTransport {
     }
 }
 
-/// max_entries of CAPTURE_EVENTS, CAPTURE_STACKS, CAPTURE_FAULT_CTR and
-/// OFFCPU_START.
+/// max_entries of CAPTURE_EVENTS, CAPTURE_STACKS, CAPTURE_FAULT_CTR,
+/// OFFCPU_START and OFFCPU_AWAIT_USER.
 /// Without a capture configured (`sizing` None) the capture maps take
 /// their minimum size, so the always-on tier's memory does not grow.
 pub(crate) fn capture_map_sizes(
@@ -209,7 +209,7 @@ pub(crate) fn capture_map_sizes(
     transport: EventTransport,
     ringbuf_ok: bool,
     page: u32,
-) -> [(&'static str, u32); 4] {
+) -> [(&'static str, u32); 5] {
     // The ring buffer goes unused with the perf array: minimum.
     let ring_bytes = match (sizing, transport, ringbuf_ok) {
         (_, _, false) => 1,
@@ -232,6 +232,13 @@ pub(crate) fn capture_map_sizes(
         (
             names::OFFCPU_START,
             sizing.map_or(1, |c| c.fault_processes.max(1)),
+        ),
+        // Threads whose long block's user stack waits for their syscall's
+        // return (LRU; ~64 bytes an entry), each from its waking until it
+        // runs again: a quarter of the blocked ones.
+        (
+            names::OFFCPU_AWAIT_USER,
+            sizing.map_or(1, |c| (c.fault_processes / 4).max(1)),
         ),
     ]
 }

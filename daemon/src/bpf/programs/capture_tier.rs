@@ -12,7 +12,7 @@ use aya::{
         perf::{PerfEventArray, PerfEventArrayBuffer},
         MapData,
     },
-    programs::TracePoint,
+    programs::{BtfTracePoint, TracePoint},
     Ebpf,
 };
 use vitals_common::names;
@@ -153,6 +153,43 @@ impl Accounting {
                     }
                 }
                 Err(e) => log::warn!("detaching sched_waking: {e}"),
+            }
+        }
+    }
+
+    /// Attaches `offcpu_sys_exit_btf` for an off-CPU capture; false (and
+    /// logged) where it is not loaded or the attach fails: the capture
+    /// then takes user stacks at the switch-out.
+    pub(crate) fn attach_sys_exit(&mut self) -> bool {
+        let name = names::PROG_OFFCPU_SYS_EXIT_BTF;
+        if !self.sys_exit_loaded {
+            return false;
+        }
+        let Some(ebpf) = self.ebpf.as_mut() else {
+            return false;
+        };
+        match program::<BtfTracePoint>(ebpf, name)
+            .and_then(|p| p.attach().map_err(attach_err(name, "tp_btf/sys_exit")))
+        {
+            Ok(link) => {
+                self.sys_exit_link = Some(link);
+                true
+            }
+            Err(e) => {
+                log::warn!("{e}: this capture takes user stacks at the switch-out");
+                false
+            }
+        }
+    }
+
+    /// Detaches `offcpu_sys_exit_btf` if a capture attached it.
+    pub(crate) fn detach_sys_exit(&mut self) {
+        let name = names::PROG_OFFCPU_SYS_EXIT_BTF;
+        if let (Some(link), Some(ebpf)) = (self.sys_exit_link.take(), self.ebpf.as_mut()) {
+            if let Err(e) = program::<BtfTracePoint>(ebpf, name)
+                .and_then(|p| p.detach(link).map_err(program_err(name)))
+            {
+                log::warn!("detaching {name}: {e}");
             }
         }
     }

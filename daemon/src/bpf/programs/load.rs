@@ -75,10 +75,11 @@ impl Accounting {
             "sched_process_free",
             pin_to,
         )?;
-        let (sched_programs, wait_from_kernel) = attach_sched(
+        let (sched_programs, wait_from_kernel, sys_exit_loaded) = attach_sched(
             &mut ebpf,
             cfg.runq_wait,
             settings.offcpu.is_some(),
+            cfg.capture.is_some(),
             layout,
             settings.btf_offsets.as_ref(),
             pin_to,
@@ -144,6 +145,8 @@ impl Accounting {
             },
             pinned_waking: None,
             waking_link: None,
+            sys_exit_loaded,
+            sys_exit_link: None,
             map_read: MapRead::Batch,
             mapped: Default::default(),
         })
@@ -209,15 +212,17 @@ fn sched_events(runq_wait: bool, wait_from_kernel: bool, offcpu: bool) -> Vec<&'
 /// with `kernel_btf` (aya gets only its attach targets) where the
 /// kernel takes them, else as classic
 /// tracepoints in `layout` (with `pin_to` pinned there instead). Returns
-/// which, and whether runqueue wait comes from run_delay.
+/// which, whether runqueue wait comes from run_delay, and whether the
+/// off-CPU capture's sys_exit program is loaded (`load_sys_exit`).
 fn attach_sched(
     ebpf: &mut Ebpf,
     runq_wait: bool,
     offcpu: bool,
+    capture: bool,
     layout: TracepointLayout,
     kernel_btf: Option<&KernelBtf>,
     pin_to: Option<&Path>,
-) -> Result<(SchedPrograms, bool), BpfError> {
+) -> Result<(SchedPrograms, bool, bool), BpfError> {
     // Some(whether their task_struct has sched_info.run_delay) with BTF.
     let btf_run_delay = kernel_btf.map(|k| k.task.run_delay.is_some());
     // aya needs only the attach targets' ids from vmlinux BTF, which our
@@ -235,6 +240,7 @@ fn attach_sched(
             None => None,
         };
     let mut sched_programs = SchedPrograms::Classic;
+    let mut sys_exit_loaded = false;
     let run_delay = btf_run_delay == Some(true);
     if let Some(btf) = &vmlinux_btf {
         if btf_run_delay == Some(false) {
@@ -248,7 +254,12 @@ fn attach_sched(
         let switch = kernel_btf.map_or(SwitchPrototype::StateArgument, |k| k.switch);
         let events = sched_events(runq_wait, run_delay, offcpu);
         match attach_btf_sched(ebpf, &events, switch, btf) {
-            Ok(()) => sched_programs = SchedPrograms::Btf,
+            Ok(()) => {
+                sched_programs = SchedPrograms::Btf;
+                if offcpu && capture && pin_to.is_none() {
+                    sys_exit_loaded = load_sys_exit(ebpf, kernel_btf, btf);
+                }
+            }
             // Surprising where the probes said yes, hence a warning.
             Err(e) => log::warn!(
                 "{}",
@@ -268,7 +279,32 @@ fn attach_sched(
     Ok((
         sched_programs,
         sched_programs == SchedPrograms::Btf && run_delay,
+        sys_exit_loaded,
     ))
+}
+
+/// Loads (verifies) `offcpu_sys_exit_btf`, attached only while an off-CPU
+/// capture runs (`CaptureControl::offcpu_user_at_exit`). Without it (no
+/// tp_btf/sys_exit: CONFIG_FTRACE_SYSCALLS off, or a refusal) captures
+/// take the user stack at every blocking switch-out, as before.
+fn load_sys_exit(ebpf: &mut Ebpf, kernel_btf: Option<&KernelBtf>, btf: &Btf) -> bool {
+    let name = names::PROG_OFFCPU_SYS_EXIT_BTF;
+    if !kernel_btf.is_some_and(KernelBtf::has_sys_exit) {
+        log::info!(
+            "no btf_trace_sys_exit in {VMLINUX_BTF}: off-CPU captures take the user stack at \
+             each blocking switch-out"
+        );
+        return false;
+    }
+    match program::<BtfTracePoint>(ebpf, name)
+        .and_then(|p| p.load("sys_exit", btf).map_err(program_err(name)))
+    {
+        Ok(()) => true,
+        Err(e) => {
+            log::warn!("{e}: off-CPU captures take the user stack at each blocking switch-out");
+            false
+        }
+    }
 }
 
 /// The classic programs' sched_process_exec program, which follows a

@@ -18,7 +18,7 @@ mod switch_counters;
 use std::collections::HashMap;
 
 use aya::{
-    programs::{trace_point::TracePointLinkId, ProgramError},
+    programs::{tp_btf::BtfTracePointLinkId, trace_point::TracePointLinkId, ProgramError},
     Ebpf,
 };
 
@@ -63,6 +63,10 @@ pub struct Accounting {
     pinned_waking: Option<aya::programs::TracePoint>,
     /// sched_waking link while a capture with FLAG_SCHED runs.
     waking_link: Option<TracePointLinkId>,
+    /// `offcpu_sys_exit_btf` is loaded (tp_btf, off-CPU accounting and a
+    /// capture tier), and its link while an off-CPU capture runs.
+    sys_exit_loaded: bool,
+    sys_exit_link: Option<BtfTracePointLinkId>,
     /// How the hashes are read; `Batch` falls back to `Iterate` for
     /// good on a kernel without batch lookups.
     map_read: MapRead,

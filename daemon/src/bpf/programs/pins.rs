@@ -107,6 +107,9 @@ impl Accounting {
             },
             pinned_waking,
             waking_link: None,
+            // tp_btf only; bpfloader's programs are classic.
+            sys_exit_loaded: false,
+            sys_exit_link: None,
             map_read: MapRead::Batch,
             mapped: Default::default(),
         })

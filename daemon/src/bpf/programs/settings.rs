@@ -361,6 +361,7 @@ impl LoadSettings {
                 (names::G_TASK_PRIO, o.prio),
                 (names::G_TASK_COMM, o.comm),
                 (names::G_TASK_EXIT_STATE, o.exit_state),
+                (names::G_TASK_FLAGS, o.flags),
                 (names::G_TASK_SUM_EXEC, o.sum_exec_runtime),
                 // 0: no run_delay, the wakeup programs measure the wait.
                 (names::G_TASK_RUN_DELAY, o.run_delay.unwrap_or(0)),
@@ -402,8 +403,8 @@ impl LoadSettings {
     }
 
     /// Every map's max_entries.
-    pub(super) fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 16] {
-        let [events, stacks, fault_ctr, offcpu_start] =
+    pub(super) fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 17] {
+        let [events, stacks, fault_ctr, offcpu_start, offcpu_await_user] =
             capture_map_sizes(cfg.capture, self.transport, self.ringbuf_ok, self.page);
         [
             (names::TASKS, self.tasks_hash_len),
@@ -450,6 +451,7 @@ impl LoadSettings {
             stacks,
             fault_ctr,
             offcpu_start,
+            offcpu_await_user,
             (names::WAKERS, self.waker_slots()),
             (names::WAKER_HALF, 1),
         ]

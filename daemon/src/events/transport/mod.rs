@@ -116,6 +116,20 @@ pub fn start(
             }
         }
     }
+    // Likewise blocks an earlier capture left waiting for a user stack.
+    if let Ok(map) = acc.map_mut(names::OFFCPU_AWAIT_USER) {
+        if let Ok(mut awaiting) = HashMap::<_, u32, u64>::try_from(map) {
+            let tids: Vec<u32> = awaiting.keys().filter_map(Result::ok).collect();
+            for tid in tids {
+                let _ = awaiting.remove(&tid);
+            }
+        }
+    }
+    if let Ok(map) = acc.map_mut(names::OFFCPU_AWAITING) {
+        if let Ok(mut count) = Array::<_, u64>::try_from(map) {
+            let _ = count.set(0, 0, 0);
+        }
+    }
     let offcpu_watch_dropped = match offcpu.map(|w| &w.processes) {
         Some(WatchedProcesses::Tgids(tgids)) => watch_tgids(acc, tgids)?,
         _ => 0,
@@ -133,6 +147,11 @@ pub fn start(
             return Err(e);
         }
     }
+    // A user thread's long block in S takes its user stack as its syscall
+    // returns, where that program loaded (tp_btf, beside the waking that
+    // takes the kernel stack); else at every blocking switch-out.
+    let offcpu_user_at_exit =
+        u32::from(offcpu.is_some() && offcpu_kernel_at_waking != 0 && acc.attach_sys_exit());
     if events.sched {
         // Blind windows: harmless to leave off on failure (fewer marked).
         if let Err(e) = acc.transport_slot().switch_counters.set_enabled(true) {
@@ -151,7 +170,7 @@ pub fn start(
             },
             capture_id: capture_id(),
             offcpu_kernel_at_waking,
-            _pad: 0,
+            offcpu_user_at_exit,
         },
     )?;
     Ok(Started {
@@ -247,6 +266,7 @@ fn take_back(acc: &mut Accounting, out: EventOutput) {
 pub fn pause(acc: &mut Accounting) -> Result<(), BpfError> {
     let res = set_flag(acc, CaptureControl::default());
     acc.detach_waking();
+    acc.detach_sys_exit();
     if let Err(e) = acc.transport_slot().switch_counters.set_enabled(false) {
         log::warn!("capture end: {e}");
     }
