@@ -14,7 +14,7 @@ use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
-        generated::bpf_get_task_stack,
+        generated::{bpf_get_stack, bpf_get_task_stack},
     },
     macros::{btf_tracepoint, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
@@ -22,7 +22,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use vitals_common::{
-    capture, KernelIps, OffcpuEvent, OffcpuStart, OffcpuUserStack, PREV_STATE_BLOCKED_MASK,
+    capture, AwaitUserStack, KernelIps, OffcpuEvent, OffcpuStart, OffcpuUserStack,
+    PREV_STATE_BLOCKED_MASK,
 };
 
 use crate::capture_tier::{capture_control, emit, emit_ref, header, CAPTURE_STACKS};
@@ -48,7 +49,7 @@ static OFFCPU_WATCH: HashMap<u32, u32> =
 /// `OFFCPU_START`; an entry lives from a long block's waking to the
 /// thread's next syscall return, microseconds later.
 #[map(name = "OFFCPU_AWAIT_USER")]
-static OFFCPU_AWAIT_USER: LruHashMap<u32, u64> = LruHashMap::with_max_entries(1, 0);
+static OFFCPU_AWAIT_USER: LruHashMap<u32, AwaitUserStack> = LruHashMap::with_max_entries(1, 0);
 
 /// How many entries `OFFCPU_AWAIT_USER` holds, so that the sys_exit
 /// program, which runs at every syscall's return while an off-CPU capture
@@ -77,7 +78,7 @@ fn stack<C: StackIdContext>(ctx: &C, flags: u64) -> i64 {
 /// tells a user thread, whose user stack of a block in S waits for its
 /// syscall's return instead (`CaptureControl::offcpu_user_at_exit`).
 #[inline(always)]
-pub(crate) fn on_switch_out<C: StackIdContext>(
+pub(crate) fn on_switch_out<C: StackIdContext + EbpfContext>(
     ctx: &C,
     prev: u32,
     prev_state: i64,
@@ -94,13 +95,20 @@ pub(crate) fn on_switch_out<C: StackIdContext>(
     {
         return;
     }
+    // The user IP the thread entered the kernel from, where its user
+    // stack waits for its syscall's return: one frame, no walk.
+    let user_ip = if user_stack_at_exit(c.offcpu_user_at_exit, prev_state, prev_task) {
+        user_ip(ctx.as_ptr())
+    } else {
+        0
+    };
     let start = OffcpuStart {
         ts: unsafe { bpf_ktime_get_boot_ns() },
         prev_state,
         // At sched_switch the regs are the kernel's; with BPF_F_USER_STACK
         // the kernel walks from task_pt_regs(current), the user regs saved
         // at its last kernel entry (get_perf_callchain).
-        user_stack: if user_stack_at_exit(c.offcpu_user_at_exit, prev_state, prev_task) {
+        user_stack: if user_ip != 0 {
             capture::USER_STACK_AT_EXIT
         } else {
             stack(ctx, BPF_F_USER_STACK as u64)
@@ -114,6 +122,7 @@ pub(crate) fn on_switch_out<C: StackIdContext>(
         },
         tgid,
         _pad: 0,
+        user_ip,
     };
     let _ = OFFCPU_START.insert(&prev, &start, 0);
 }
@@ -128,6 +137,27 @@ fn user_stack_at_exit(enabled: u32, prev_state: i64, prev_task: *const u8) -> bo
         && prev_state == 1
         && !prev_task.is_null()
         && unsafe { task_field::<u32>(prev_task, &TASK_FLAGS_OFF) } & capture::PF_KTHREAD == 0
+}
+
+/// `current`'s user IP at its last kernel entry: the first frame of its
+/// user stack (get_perf_callchain stores task_pt_regs(current)'s ip
+/// first, and with room for one frame walks no further); 0 if none.
+#[inline(always)]
+fn user_ip(ctx: *mut c_void) -> u64 {
+    let mut ip = [0u64; 1];
+    let n = unsafe {
+        bpf_get_stack(
+            ctx,
+            ip.as_mut_ptr() as *mut c_void,
+            8,
+            BPF_F_USER_STACK as u64,
+        )
+    };
+    if n == 8 {
+        ip[0]
+    } else {
+        0
+    }
 }
 
 /// Scratch for the record `on_waking` builds: with its kernel frames it
@@ -227,18 +257,36 @@ fn end_block<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm: [u8; 16],
         };
     }
     if start.user_stack == capture::USER_STACK_AT_EXIT {
-        // The first block's start stays if a later block of the same
-        // syscall comes first: the user stack record covers both.
-        if OFFCPU_AWAIT_USER
-            .insert(&tid, &start.ts, BPF_NOEXIST as u64)
-            .is_ok()
-        {
-            if let Some(n) = OFFCPU_AWAITING.get_ptr_mut(0) {
-                xadd(n, 1);
-            }
-        }
+        await_user_stack(tid, &start);
     }
     emit_ref(ctx.as_ptr(), e, capture::lost::OFFCPU);
+}
+
+/// Leaves `tid`'s long block for its syscall's return. An earlier block
+/// of the same syscall (same user IP) stays first: one record covers
+/// both. One entered from elsewhere (a page fault's, whose syscall never
+/// came) gives way: it ends without a user stack, not with another's.
+#[inline(always)]
+fn await_user_stack(tid: u32, start: &OffcpuStart) {
+    if let Some(w) = unsafe { OFFCPU_AWAIT_USER.get(&tid) } {
+        if w.user_ip == start.user_ip {
+            return;
+        }
+    }
+    let w = AwaitUserStack {
+        since_ts: start.ts,
+        user_ip: start.user_ip,
+    };
+    if OFFCPU_AWAIT_USER
+        .insert(&tid, &w, BPF_NOEXIST as u64)
+        .is_ok()
+    {
+        if let Some(n) = OFFCPU_AWAITING.get_ptr_mut(0) {
+            xadd(n, 1);
+        }
+    } else {
+        let _ = OFFCPU_AWAIT_USER.insert(&tid, &w, 0);
+    }
 }
 
 /// raw_syscalls:sys_exit (tp_btf), attached during an off-CPU capture with
@@ -267,21 +315,27 @@ fn on_sys_exit(ctx: &BtfTracePointContext) {
     }
     let id = bpf_get_current_pid_tgid();
     let tid = id as u32;
-    let since_ts = match unsafe { OFFCPU_AWAIT_USER.get(&tid) } {
-        Some(ts) => *ts,
+    let w = match unsafe { OFFCPU_AWAIT_USER.get(&tid) } {
+        Some(w) => *w,
         None => return,
     };
     if OFFCPU_AWAIT_USER.remove(&tid).is_ok() {
         xadd(awaiting, u64::MAX);
     }
+    // sys_exit fires before signal delivery rewrites the user registers.
+    let user_stack = if user_ip(ctx.as_ptr()) == w.user_ip {
+        stack(ctx, BPF_F_USER_STACK as u64)
+    } else {
+        capture::USER_STACK_NOT_IN_SYSCALL
+    };
     emit(
         ctx.as_ptr(),
         OffcpuUserStack {
             hdr: header(capture::KIND_OFFCPU_USER_STACK),
-            since_ts,
+            since_ts: w.since_ts,
             tid,
             tgid: (id >> 32) as u32,
-            user_stack: stack(ctx, BPF_F_USER_STACK as u64),
+            user_stack,
         },
         capture::lost::OFFCPU,
     );

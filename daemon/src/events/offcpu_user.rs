@@ -6,7 +6,7 @@
 //! `since_ts` (a poll woken to no event sleeps again in the same
 //! syscall). What is still held when the capture ends (the thread had
 //! not run again, it exited blocked, or its record was lost) is written
-//! without a user stack, as `ENODATA`, and counted.
+//! without a user stack (`USER_STACK_UNSEEN`), and counted.
 
 use std::collections::HashMap;
 
@@ -17,9 +17,7 @@ use super::{
     EventRecorder, LongBlock,
 };
 
-/// The user "stack id" of a block whose syscall did not return within
-/// the capture: the trace shows "[user stack not taken: No data available]".
-pub const USER_STACK_UNSEEN: i64 = -(libc::ENODATA as i64);
+pub use crate::perfetto::fault_samples::USER_STACK_UNSEEN;
 
 #[derive(Debug, Default)]
 pub struct AwaitingUserStacks {
@@ -194,6 +192,14 @@ mod tests {
             vec![(7, 10, USER_STACK_UNSEEN), (8, 110, USER_STACK_UNSEEN)]
         );
         assert_eq!((a.resolved, a.unseen), (2, 2));
+        // What the trace says of them, and of a syscall that was not theirs.
+        let name = |id| {
+            crate::perfetto::fault_samples::stack_not_taken("[user stack not taken", id)
+                .function
+                .unwrap()
+        };
+        assert!(name(USER_STACK_UNSEEN).contains("had not returned"));
+        assert!(name(cap::USER_STACK_NOT_IN_SYSCALL).contains("in no syscall"));
         assert!(a.give_up().is_empty());
     }
 }

@@ -38,6 +38,11 @@ pub const KERNEL_STACK_AT_WAKING: i64 = i64::MIN;
 /// blocked thread's user stack is taken as its syscall returns, in an
 /// `OffcpuUserStack` record (`CaptureControl::offcpu_user_at_exit`).
 pub const USER_STACK_AT_EXIT: i64 = i64::MIN + 1;
+/// `OffcpuUserStack::user_stack` when the syscall that returned is not
+/// the one the blocks were in (their user IP differs): a block in S that
+/// was no syscall's (a page fault waiting on userfaultfd or FUSE), whose
+/// user stack is then not known rather than another call's.
+pub const USER_STACK_NOT_IN_SYSCALL: i64 = i64::MIN + 2;
 /// `task_struct.flags` bit of a kernel thread (include/linux/sched.h,
 /// the same value since 2.6): it has no user stack and no syscall to
 /// return from, so its user stack is never deferred.

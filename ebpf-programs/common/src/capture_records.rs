@@ -141,4 +141,18 @@ pub struct OffcpuStart {
     pub kernel_stack: i64,
     pub tgid: u32,
     pub _pad: u32,
+    /// With `user_stack == capture::USER_STACK_AT_EXIT`: the user IP the
+    /// thread entered the kernel from (its user stack's first frame), by
+    /// which its syscall's return is told from another's.
+    pub user_ip: u64,
+}
+
+/// Value of `OFFCPU_AWAIT_USER`, keyed by tid: the long blocks whose user
+/// stack waits for the return of the syscall entered from `user_ip`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AwaitUserStack {
+    /// The `blocked_ts` of the first of these blocks.
+    pub since_ts: u64,
+    pub user_ip: u64,
 }

@@ -441,6 +441,7 @@ mod pod {
     unsafe impl aya::Pod for super::ExitRecordShort {}
     unsafe impl aya::Pod for super::CaptureControl {}
     unsafe impl aya::Pod for super::OffcpuStart {}
+    unsafe impl aya::Pod for super::AwaitUserStack {}
     unsafe impl aya::Pod for super::OffcpuCounters {}
     unsafe impl aya::Pod for super::WakerKey {}
     unsafe impl aya::Pod for super::WakerCounters {}

@@ -20,7 +20,7 @@ use aya::maps::{
     perf::PerfEventArrayBuffer, Array, HashMap, MapData, MapError, PerCpuArray, RingBuf,
     StackTraceMap,
 };
-use vitals_common::{capture, names, CaptureControl, OffcpuStart};
+use vitals_common::{capture, names, AwaitUserStack, CaptureControl, OffcpuStart};
 
 use crate::{
     bpf::{map_err, Accounting, BpfError, IdleTransport},
@@ -118,7 +118,7 @@ pub fn start(
     }
     // Likewise blocks an earlier capture left waiting for a user stack.
     if let Ok(map) = acc.map_mut(names::OFFCPU_AWAIT_USER) {
-        if let Ok(mut awaiting) = HashMap::<_, u32, u64>::try_from(map) {
+        if let Ok(mut awaiting) = HashMap::<_, u32, AwaitUserStack>::try_from(map) {
             let tids: Vec<u32> = awaiting.keys().filter_map(Result::ok).collect();
             for tid in tids {
                 let _ = awaiting.remove(&tid);
