@@ -26,6 +26,7 @@ mod blind_window;
 mod capture_tier;
 mod exec;
 mod faults;
+mod free;
 mod mapped;
 #[cfg(feature = "miss-log")]
 mod miss_log;
@@ -44,8 +45,8 @@ use aya_ebpf::{
 };
 use capture_tier::{capture_control, ctx_comm, emit_switch};
 use vitals_common::{
-    capture, comm_prefix, drop_reason, fixed_layout, free_comm_field, free_pid_offset, ExitKey,
-    ExitedTask, FaultCounters, TaskRecord, PREV_STATE_BLOCKED_MASK,
+    capture, drop_reason, fixed_layout, ExitKey, ExitedTask, FaultCounters, TaskRecord,
+    PREV_STATE_BLOCKED_MASK,
 };
 
 // ---- load-time settings (.rodata, set by the loader; the verifier treats
@@ -543,97 +544,6 @@ pub fn sched_wakeup_btf(ctx: BtfTracePointContext) -> u32 {
 pub fn sched_wakeup_new_btf(ctx: BtfTracePointContext) -> u32 {
     let p: *const u8 = ctx.arg(0);
     on_wakeup(unsafe { task_field::<i32>(p, &TASK_PID_OFF) })
-}
-
-/// The task is gone for good (delayed_put_task_struct, an RCU grace period
-/// after release_task): it will never run or fault again, so its counters
-/// are final. Copy them, with its comm, into EXITED and delete its key, so
-/// a reused tid starts from zero and nothing is lost; for a thread-group
-/// leader, freed after all its other threads, also the process's fault
-/// counters. Helpers: map lookup/update/delete, bpf_probe_read (ctx reads)
-/// and bpf_ktime_get_ns, all long before 5.10.
-#[tracepoint(category = "sched", name = "sched_process_free")]
-pub fn sched_process_free(ctx: TracePointContext) -> u32 {
-    let comm_word = match unsafe { ctx.read_at::<u32>(fixed_layout::FREE_COMM as usize) } {
-        Ok(word) => word,
-        Err(_) => return 0,
-    };
-    let mut pid_off = setting(&FREE_PID_OFF);
-    if pid_off == 0 {
-        pid_off = free_pid_offset(comm_word);
-    }
-    let pid: i32 = match unsafe { ctx.read_at(pid_off as usize) } {
-        Ok(p) => p,
-        Err(_) => return 0,
-    };
-    if pid <= 0 {
-        return 0;
-    }
-    let tid = pid as u32;
-    forget_wakeup(tid);
-    // Pointers: an Option<value>'s undefined None payload fails `!read_ok`.
-    let task = mapped::final_task(tid).or_else(|| TASKS.get_ptr(tid));
-    // A process's fault counters are keyed by its tgid, the leader's tid,
-    // which stays allocated until the leader is released after its other
-    // threads: so an entry under this tid means this is that leader (also
-    // when the leader itself found TASKS full).
-    let process_faults = mapped::final_process(tid).or_else(|| PROCESS_FAULTS.get_ptr(tid));
-    if task.is_none() && process_faults.is_none() {
-        // Never switched out nor faulted while we were attached.
-        return 0;
-    }
-    // Built in a per-CPU scratch slot: with the off-CPU and run_delay
-    // fields an ExitedTask on the stack, plus the copies the compiler
-    // makes, exceeds the BPF stack's 512 bytes.
-    let Some(exited) = mapped::exit_scratch() else {
-        return 0;
-    };
-    exited.counters = match task {
-        Some(p) => unsafe { *p },
-        None => TaskRecord::default(),
-    };
-    exited.comm = free_comm(&ctx, comm_word);
-    exited.process_faults = FaultCounters::default();
-    if let Some(f) = process_faults {
-        exited.process_faults = unsafe { *f };
-        exited.counters.tgid = tid;
-        mapped::forget_process(tid);
-        let _ = PROCESS_FAULTS.remove(tid);
-    }
-    let key = ExitKey {
-        freed_ns: unsafe { bpf_ktime_get_ns() },
-        tid,
-        _pad: 0,
-    };
-    if !mapped::store_exited(key, exited) {
-        count_drop(drop_reason::EXITED_MAP_FULL);
-    }
-    mapped::forget_task(tid);
-    let _ = TASKS.remove(tid);
-    0
-}
-
-/// sched_process_free's comm, in either layout (`free_comm_field`): 16
-/// bytes read at the field (bpf_probe_read: the offset of a `__data_loc`
-/// string is only known at run time), what lies past the string zeroed.
-#[inline(always)]
-fn free_comm(ctx: &TracePointContext, comm_word: u32) -> [u8; 16] {
-    let field = free_comm_field(comm_word);
-    match unsafe { ctx.read_at::<[u8; 16]>(field.off as usize) } {
-        Ok(raw) => comm_prefix(raw, field.len),
-        Err(_) => [0; 16],
-    }
-}
-
-#[inline(always)]
-fn forget_wakeup(tid: u32) {
-    if setting(&WAKE_ARRAY) != 0 {
-        if let Some(ts) = WAKE_TS_ARRAY.get_ptr_mut(tid) {
-            unsafe { *ts = 0 };
-        }
-    } else {
-        let _ = WAKE_TS.remove(tid);
-    }
 }
 
 #[cfg(not(test))]

@@ -46,7 +46,15 @@ pub struct ProgRuns {
     pub name: String,
     /// Runs counted while statistics were on.
     pub run_cnt: u64,
+    /// enum bpf_prog_type (5 tracepoint, 26 tracing: tp_btf).
+    pub prog_type: u32,
+    /// Runs the kernel skipped (a classic tracepoint program while
+    /// bpf_prog_active was raised on its CPU); 0 before Linux 5.12.
+    pub recursion_misses: u64,
 }
+
+pub const BPF_PROG_TYPE_TRACEPOINT: u32 = 5;
+pub const BPF_PROG_TYPE_TRACING: u32 = 26;
 
 /// Every BPF program `pid` holds an fd of, once per program.
 pub fn programs_of(pid: i32) -> Vec<ProgRuns> {
@@ -73,6 +81,8 @@ pub fn programs_of(pid: i32) -> Vec<ProgRuns> {
                 id,
                 name: names.get(&id).cloned().unwrap_or_default(),
                 run_cnt: fields.get("run_cnt").copied().unwrap_or(0),
+                prog_type: fields.get("prog_type").copied().unwrap_or(0) as u32,
+                recursion_misses: fields.get("recursion_misses").copied().unwrap_or(0),
             });
         }
     }

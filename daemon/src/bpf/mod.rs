@@ -35,6 +35,7 @@ mod features;
 pub mod mapped;
 pub mod object;
 mod programs;
+mod stale;
 pub mod tracefs;
 
 use std::path::PathBuf;

@@ -149,7 +149,14 @@ pub mod drop_reason {
     /// totals held `max_waker_pairs` pairs already) and was not counted
     /// (the wakee's own blocked time still was).
     pub const WAKER_MAP_FULL: u32 = 6;
-    pub const COUNT: u32 = 7;
+    /// Counted by user space, not by a program: runs of the classic
+    /// sched_process_free that the kernel skipped because
+    /// `bpf_prog_active` was raised on its CPU (the program's
+    /// `recursion_misses`, Linux 5.12+). Each leaves a freed task's
+    /// counters behind as if it were alive. The tp_btf program is never
+    /// skipped so.
+    pub const FREE_MISSED: u32 = 7;
+    pub const COUNT: u32 = 8;
     pub const NAMES: [&str; COUNT as usize] = [
         "task_map_full",
         "process_map_full",
@@ -158,6 +165,7 @@ pub mod drop_reason {
         "switch_missed",
         "oncpu_wall_clock",
         "waker_map_full",
+        "free_missed",
     ];
 }
 
@@ -379,6 +387,7 @@ pub mod names {
     pub const PROG_SCHED_WAKEUP_BTF: &str = "sched_wakeup_btf";
     pub const PROG_SCHED_WAKEUP_NEW_BTF: &str = "sched_wakeup_new_btf";
     pub const PROG_SCHED_PROCESS_FREE: &str = "sched_process_free";
+    pub const PROG_SCHED_PROCESS_FREE_BTF: &str = "sched_process_free_btf";
     pub const PROG_PAGE_FAULT_USER: &str = "page_fault_user";
     pub const PROG_PERF_MINFLT: &str = "perf_minflt";
     pub const PROG_PERF_MAJFLT: &str = "perf_majflt";

@@ -10,6 +10,7 @@
 //! cumulative counters per process.
 
 pub mod batch;
+mod free_stale;
 mod mapped_read;
 pub mod totals;
 mod wakers;
@@ -133,6 +134,12 @@ impl Accounting {
         }
 
         snap.drops = self.drops();
+        let free_missed = self.free_missed();
+        snap.drops[drop_reason::FREE_MISSED as usize] = free_missed.unwrap_or(0);
+        // Not worth a failed read: the slots stay, as without the sweep.
+        if let Err(e) = self.free_stale_slots(&mut snap, free_missed) {
+            log::warn!("freeing task slots sched_process_free left: {e}");
+        }
         if self.offcpu().is_some() {
             snap.wakers = self.read_wakers();
             let full = &mut snap.drops[drop_reason::WAKER_MAP_FULL as usize];

@@ -91,12 +91,15 @@ const SWITCH_PROTOS: [(SwitchPrototype, &[&str]); 2] = [
 /// (a pointer to a function prototype whose first parameter is the BPF
 /// context `void *`), typedefs resolved (`bool` is `_Bool`).
 /// sched_switch's has two forms (`SWITCH_PROTOS`); its list here is unused.
-const EXPECTED_PROTOS: [(&str, &[&str]); 4] = [
+const EXPECTED_PROTOS: [(&str, &[&str]); 5] = [
     ("btf_trace_sched_switch", &[]),
     ("btf_trace_sched_wakeup", &["void", "task_struct"]),
     ("btf_trace_sched_wakeup_new", &["void", "task_struct"]),
     // The off-CPU accounting's waker side (`offcpu_waking_btf`).
     ("btf_trace_sched_waking", &["void", "task_struct"]),
+    // The freed task (`sched_process_free_btf`), which a raw tracepoint
+    // sees even where bpf_prog_active would skip the classic program.
+    ("btf_trace_sched_process_free", &["void", "task_struct"]),
 ];
 
 /// raw_syscalls:sys_exit's prototype (`offcpu_sys_exit_btf`): optional,

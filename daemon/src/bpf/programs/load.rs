@@ -7,12 +7,13 @@
 use std::{collections::HashMap, path::Path};
 
 use aya::{
-    programs::{perf_event::SoftwareEvent, BtfTracePoint, PerfEvent},
+    programs::{perf_event::SoftwareEvent, BtfTracePoint, PerfEvent, TracePoint},
     Btf, Ebpf, Endianness,
 };
 use vitals_common::{fixed_layout, names};
 
 use super::{
+    super::stale::StaleSweep,
     super::{
         attach_err,
         features::{self, VMLINUX_BTF},
@@ -27,6 +28,7 @@ use super::{
     },
     attach::{attach_perf_sw, attach_tracepoint, pin_maps},
     capture_tier::{load_capture_tier, TransportSlot},
+    free_misses::FreeMisses,
     program,
     settings::{FieldOffsets, LoadSettings},
     Accounting,
@@ -84,9 +86,7 @@ impl Accounting {
             settings.btf_offsets.as_ref(),
             pin_to,
         )?;
-        if sched_programs == SchedPrograms::Classic && pin_to.is_none() {
-            attach_exec_follower(&mut ebpf, &tracefs);
-        }
+        let free_misses = follow_exec_and_free(&mut ebpf, &tracefs, sched_programs, pin_to)?;
         let fault_source = attach_fault_source(&mut ebpf, fault_source, cfg.fault_source, pin_to)?;
         if let Some(dir) = pin_to {
             pin_maps(&ebpf, dir)?;
@@ -149,8 +149,45 @@ impl Accounting {
             sys_exit_link: None,
             map_read: MapRead::Batch,
             mapped: Default::default(),
+            free_misses,
+            stale: StaleSweep::for_this_host(),
         })
     }
+}
+
+/// The classic programs' exec follower (`attach_exec_follower`), and the
+/// sched_process_free watched for skipped runs; neither for `pin_to`.
+fn follow_exec_and_free(
+    ebpf: &mut Ebpf,
+    tracefs: &Tracefs,
+    sched: SchedPrograms,
+    pin_to: Option<&Path>,
+) -> Result<FreeMisses, BpfError> {
+    if pin_to.is_some() {
+        return Ok(FreeMisses::default());
+    }
+    if sched == SchedPrograms::Classic {
+        attach_exec_follower(ebpf, tracefs);
+    }
+    watch_free(ebpf, sched)
+}
+
+/// The attached sched_process_free (tp_btf with the tp_btf scheduler
+/// programs, else classic), watched for runs the kernel skipped.
+fn watch_free(ebpf: &mut Ebpf, sched: SchedPrograms) -> Result<FreeMisses, BpfError> {
+    let fd_err = |name| move |e: aya::programs::ProgramError| program_err(name)(e);
+    Ok(match sched {
+        SchedPrograms::Btf => {
+            let name = names::PROG_SCHED_PROCESS_FREE_BTF;
+            let p = program::<BtfTracePoint>(ebpf, name)?;
+            FreeMisses::watch(p.fd().map_err(fd_err(name))?)
+        }
+        SchedPrograms::Classic => {
+            let name = names::PROG_SCHED_PROCESS_FREE;
+            let p = program::<TracePoint>(ebpf, name)?;
+            FreeMisses::watch(p.fd().map_err(fd_err(name))?)
+        }
+    })
 }
 
 /// The context-switch counters that reveal blind windows to the classic
@@ -252,10 +289,14 @@ fn attach_sched(
         // A kernel or policy that refuses them (verifier, LSM) costs
         // the cheaper attach, not the accounting.
         let switch = kernel_btf.map_or(SwitchPrototype::StateArgument, |k| k.switch);
-        let events = sched_events(runq_wait, run_delay, offcpu);
+        // sched_process_free first, as the classic one was attached first
+        // (see `Accounting::load`).
+        let mut events = vec!["sched_process_free"];
+        events.extend(sched_events(runq_wait, run_delay, offcpu));
         match attach_btf_sched(ebpf, &events, switch, btf) {
             Ok(()) => {
                 sched_programs = SchedPrograms::Btf;
+                drop_classic_free(ebpf);
                 if offcpu && capture && pin_to.is_none() {
                     sys_exit_loaded = load_sys_exit(ebpf, kernel_btf, btf);
                 }
@@ -281,6 +322,21 @@ fn attach_sched(
         sched_programs == SchedPrograms::Btf && run_delay,
         sys_exit_loaded,
     ))
+}
+
+/// Detaches the classic sched_process_free once its tp_btf twin runs:
+/// `trace_call_bpf()` skips the classic one while `bpf_prog_active` is
+/// raised on its CPU (another process's map syscall), which would leave a
+/// freed task's counters behind (`free_missed`). A task freed while both
+/// ran is handled once: the second finds its slot already free.
+fn drop_classic_free(ebpf: &mut Ebpf) {
+    let name = names::PROG_SCHED_PROCESS_FREE;
+    if let Err(e) =
+        program::<TracePoint>(ebpf, name).and_then(|p| p.unload().map_err(program_err(name)))
+    {
+        // Both stay attached: each free is still handled once.
+        log::warn!("{e}");
+    }
 }
 
 /// Loads (verifies) `offcpu_sys_exit_btf`, attached only while an off-CPU
@@ -415,6 +471,7 @@ fn check_capabilities() -> Result<(), BpfError> {
 /// prototype of it (`switch`).
 fn btf_sched_program(event: &str, switch: SwitchPrototype) -> &'static str {
     match (event, switch) {
+        ("sched_process_free", _) => names::PROG_SCHED_PROCESS_FREE_BTF,
         ("sched_switch", SwitchPrototype::StateInTask) => names::PROG_SWITCH_PRE5_18,
         _ => sched_program(SchedPrograms::Btf, TracepointLayout::Fixed, event),
     }

@@ -9,6 +9,7 @@
 
 mod attach;
 mod capture_tier;
+mod free_misses;
 mod load;
 pub mod memory;
 mod pins;
@@ -23,13 +24,15 @@ use aya::{
 };
 
 pub(crate) use self::capture_tier::{IdleTransport, TransportSlot};
-use self::pins::PinnedProgram;
 pub use self::settings::WAKE_ARRAY_MAX_PIDS;
 pub(crate) use self::switch_counters::SwitchCounters;
+use self::{free_misses::FreeMisses, pins::PinnedProgram};
 use super::{
     mapped::Mappings,
     object::{EventTransport, MapRead, SchedPrograms, TracepointLayout},
-    program_err, BpfError, EventSizing, FaultSource, Features, MapLimits, OffcpuSettings,
+    program_err,
+    stale::StaleSweep,
+    BpfError, EventSizing, FaultSource, Features, MapLimits, OffcpuSettings,
 };
 
 /// The loaded and attached accounting programs.
@@ -72,9 +75,30 @@ pub struct Accounting {
     map_read: MapRead,
     /// The arrays read through mmap, mapped at the first read.
     mapped: Mappings,
+    /// sched_process_free's runs the kernel skipped (`free_missed`).
+    free_misses: FreeMisses,
+    /// The slots those skips left behind, found against /proc.
+    stale: StaleSweep,
 }
 
 impl Accounting {
+    /// sched_process_free's runs the kernel skipped so far (`free_missed`);
+    /// None where the kernel does not count them.
+    pub(in crate::bpf) fn free_missed(&mut self) -> Option<u64> {
+        let n = self.free_misses.read();
+        self.free_misses.counted().then_some(n)
+    }
+
+    pub(in crate::bpf) fn stale_sweep(&mut self) -> &mut StaleSweep {
+        &mut self.stale
+    }
+
+    /// Task slots freed from user space because sched_process_free was
+    /// skipped (`counters::stale`).
+    pub fn stale_slots_freed(&self) -> u64 {
+        self.stale.freed
+    }
+
     /// Where capture records go (set at load).
     pub fn capture_transport(&self) -> EventTransport {
         self.transport

@@ -11,6 +11,7 @@ use aya::{
 use vitals_common::names;
 
 use super::{
+    super::stale::StaleSweep,
     super::{
         attach_err, map_err,
         object::{
@@ -24,6 +25,7 @@ use super::{
     },
     attach::attach_perf_on_cpus,
     capture_tier::{IdleTransport, TransportSlot},
+    free_misses::FreeMisses,
     Accounting,
 };
 
@@ -46,6 +48,7 @@ impl Accounting {
         let mut pins = PinnedAttach {
             dir,
             programs: Vec::new(),
+            free_misses: FreeMisses::default(),
         };
         let (layout, runq_wait) = pins.attach_sched()?;
         let fault_source = pins.attach_faults(cfg.fault_source, &features)?;
@@ -112,6 +115,8 @@ impl Accounting {
             sys_exit_link: None,
             map_read: MapRead::Batch,
             mapped: Default::default(),
+            free_misses: pins.free_misses,
+            stale: StaleSweep::for_this_host(),
         })
     }
 }
@@ -207,6 +212,8 @@ fn open_pinned_maps(
 struct PinnedAttach<'a> {
     dir: &'a Path,
     programs: Vec<PinnedProgram>,
+    /// The pinned sched_process_free, watched for skipped runs.
+    free_misses: FreeMisses,
 }
 
 impl PinnedAttach<'_> {
@@ -269,6 +276,10 @@ impl PinnedAttach<'_> {
         let free = self
             .open(names::PROG_SCHED_PROCESS_FREE)
             .ok_or(BpfError::Missing("pinned sched_process_free program"))?;
+        // bpfloader's programs are classic: skipped under bpf_prog_active.
+        if let Ok(fd) = free.fd() {
+            self.free_misses = FreeMisses::watch(fd);
+        }
         self.attach(
             free,
             names::PROG_SCHED_PROCESS_FREE,

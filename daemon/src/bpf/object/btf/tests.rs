@@ -175,6 +175,7 @@ fn kernel_built(
     b.proto("btf_trace_sched_wakeup", &[void_ptr, task_ptr]);
     b.proto("btf_trace_sched_wakeup_new", &[void_ptr, task_ptr]);
     b.proto("btf_trace_sched_waking", &[void_ptr, task_ptr]);
+    b.proto("btf_trace_sched_process_free", &[void_ptr, task_ptr]);
     b.build()
 }
 
@@ -220,6 +221,7 @@ fn aya_finds_the_attach_targets_at_their_ids() {
         "sched_wakeup",
         "sched_wakeup_new",
         "sched_waking",
+        "sched_process_free",
     ] {
         let typedef = format!("btf_trace_{event}");
         let id = full
@@ -358,6 +360,7 @@ fn reads_the_running_kernels_btf_like_bpftool_does() {
         "sched_wakeup",
         "sched_wakeup_new",
         "sched_waking",
+        "sched_process_free",
     ] {
         let bpftool_id: u32 = text
             .lines()
