@@ -535,3 +535,89 @@ fn assert_kernel_stack_taken_at_waking(ran: &[vitals_tests::bpf_stats::ProgRuns]
     }
     btf
 }
+
+/// A thread blocked in S inside a page fault, not a syscall (a missing
+/// page of a userfaultfd mapping, as ART's compaction blocks threads).
+/// On tp_btf a long block's user stack waits for its syscall's return
+/// (`offcpu_sys_exit_btf`), and this block has none: the next syscall
+/// returns at another user address, and the trace must say the stack was
+/// not taken, never show that later call's stack as the block's. On the
+/// classic path the stack is walked at the switch-out and names the
+/// faulting function. Either way the waker is the filling thread, from
+/// the function that filled the page.
+#[test]
+fn offcpu_capture_says_a_block_in_a_page_fault_has_no_syscall_stack() {
+    const ROUNDS: usize = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("uffd.pftrace");
+    let mut w = Workload::spawn(&["uffd-block", &ROUNDS.to_string(), "50"]);
+    let tids = w.read_numbers("tids");
+    let (faulter, filler) = (tids[0], tids[1]);
+    w.expect("ready");
+    let pid = w.pid().to_string();
+    let _stats = vitals_tests::bpf_stats::StatsEnabled::enable();
+    let rec = Recording::start(
+        &[
+            "--duration",
+            "2s",
+            "--top",
+            "0",
+            "--out",
+            trace.to_str().unwrap(),
+            "--offcpu-pid",
+            &pid,
+        ],
+        "capture started",
+    );
+    let recorder = rec.child.id() as i32;
+    let before = vitals_tests::bpf_stats::programs_of(recorder);
+    w.go();
+    w.expect("done");
+    let ran = vitals_tests::bpf_stats::ran_between(
+        &before,
+        &vitals_tests::bpf_stats::programs_of(recorder),
+    );
+    let printed = rec.wait();
+    w.finish();
+    let at_exit = assert_kernel_stack_taken_at_waking(&ran)
+        && ran.iter().any(|p| p.name.starts_with("offcpu_sys_exit"));
+    let tp = TraceProcessor::through_python();
+    let blocks = tp.query(&trace, &readme_offcpu_query("blocks"));
+    let text = |r: &Row, k: &str| r[k].as_str().unwrap_or("").to_owned();
+    let mine: Vec<&Row> = blocks
+        .iter()
+        .filter(|r| r["tid"].as_i64() == Some(faulter))
+        .collect();
+    assert_eq!(
+        mine.len(),
+        ROUNDS,
+        "one block per page: {blocks:#?}\n{printed}"
+    );
+    let kernel_symbols = std::fs::read_to_string("/proc/sys/kernel/kptr_restrict")
+        .unwrap()
+        .trim()
+        != "2";
+    let marker = vitalsd::perfetto::fault_samples::stack_not_taken(
+        vitalsd::perfetto::fault_samples::USER_STACK_NOT_TAKEN,
+        vitals_common::capture::USER_STACK_NOT_IN_SYSCALL,
+    )
+    .function
+    .expect("the marker frame is named");
+    eprintln!("user stack at the syscall's return: {at_exit}; marker {marker:?}");
+    for b in mine {
+        assert_eq!(b["waker_tid"].as_i64(), Some(filler), "{b:?}");
+        assert_eq!(text(b, "waker"), "vitals-filler", "{b:?}");
+        let (blocked, waker) = (text(b, "blocked_stack"), text(b, "waker_stack"));
+        if at_exit {
+            assert!(blocked.contains(&marker), "{b:?}");
+            // Not getppid's stack (the faulting thread's next syscall).
+            assert!(!blocked.contains("vitals_fault_on_page"), "{b:?}");
+        } else {
+            assert!(stack_holds(&blocked, "vitals_fault_on_page"), "{b:?}");
+        }
+        assert!(stack_holds(&waker, "vitals_fill_after_sleep"), "{b:?}");
+        if kernel_symbols {
+            assert!(kernel_stack_holds(&blocked, "handle_userfault"), "{b:?}");
+        }
+    }
+}

@@ -6,6 +6,8 @@
 
 #[path = "vitals-workload/pinned_loads.rs"]
 mod pinned_loads;
+#[path = "vitals-workload/uffd.rs"]
+mod uffd;
 
 use pinned_loads::{pinned_bpf_reader, pinned_timers, pinned_udp_flood};
 use std::{
@@ -387,6 +389,9 @@ fn main() {
             arg(&args, 3),
             args.get(4).is_some_and(|a| a == "main"),
         ),
+        // uffd-block <times> <ms>: a thread blocked in a page fault (S,
+        // userfaultfd), each ended by a known filler thread (uffd.rs).
+        Some("uffd-block") => uffd::uffd_block(arg(&args, 2), arg(&args, 3)),
         // children <n> <ms>: after a line on stdin, runs n short-lived
         // children one after the other (this binary, `spin-exit <ms>`),
         // printing "child <pid>" as each is reaped, then "done".
@@ -431,7 +436,7 @@ fn main() {
             offcpu(arg(&args, 2), arg(&args, 3), arg(&args, 4))
         }
         _ => {
-            eprintln!("usage: vitals-workload spin|pinned-spin|pinned-waker|pinned-timers|pinned-udp-flood|spin-exit|touch|sleep|threads|thread-churn|pingpong|children|reuse-pid|heap-churn|exec-from-thread|offcpu ...");
+            eprintln!("usage: vitals-workload spin|pinned-spin|pinned-waker|pinned-timers|pinned-udp-flood|spin-exit|touch|sleep|threads|thread-churn|pingpong|children|reuse-pid|heap-churn|exec-from-thread|offcpu|uffd-block ...");
             std::process::exit(2);
         }
     }
