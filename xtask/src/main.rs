@@ -102,6 +102,8 @@ enum Cmd {
         loops: u64,
         #[arg(long)]
         vitalsd: PathBuf,
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
     /// Benchmarks against the tools a user would pick instead.
     Bench {
@@ -148,6 +150,10 @@ enum Bench {
         /// The guest is killed after this many minutes.
         #[arg(long, default_value_t = 120)]
         timeout_min: u64,
+        /// Another vitalsd build whose `record --offcpu` runs in the same
+        /// rounds (before/after a change).
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
     /// procfs scans with 1000 processes / 5000 threads: vitalsd vs top, top -H, pidstat -t.
     Scan,
@@ -227,7 +233,8 @@ fn xtask_main() -> Result<()> {
             rounds,
             loops,
             vitalsd,
-        } => bench_offcpu::run_in_guest(rounds, loops, vitalsd),
+            baseline,
+        } => bench_offcpu::run_in_guest(rounds, loops, vitalsd, baseline),
         Cmd::Bench { which } => {
             setup::all()?;
             build_release()?;
@@ -250,7 +257,8 @@ fn xtask_main() -> Result<()> {
                     loops,
                     accel,
                     timeout_min,
-                } => bench_offcpu::run(rounds, loops, accel, timeout_min),
+                    baseline,
+                } => bench_offcpu::run(rounds, loops, accel, timeout_min, baseline.as_deref()),
                 Bench::Idle { seconds, baseline } => bench_idle::run(seconds, baseline),
                 Bench::AlwaysOn {
                     seconds,

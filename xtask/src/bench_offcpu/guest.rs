@@ -44,6 +44,8 @@ enum Config {
     VitalsdNoOffcpu,
     /// bcc's offwaketime, every thread, until stopped.
     Offwaketime,
+    /// `--baseline`'s build, `record --offcpu`.
+    BaselineOffcpu,
 }
 
 impl Config {
@@ -55,12 +57,13 @@ impl Config {
             Config::Vitalsd => "vitalsd record",
             Config::VitalsdNoOffcpu => "vitalsd record --no-offcpu",
             Config::Offwaketime => "offwaketime-bpfcc",
+            Config::BaselineOffcpu => "baseline record --offcpu",
         }
     }
 
     fn vitalsd_args(self) -> Option<&'static [&'static str]> {
         match self {
-            Config::VitalsdOffcpu => Some(&["--offcpu"]),
+            Config::VitalsdOffcpu | Config::BaselineOffcpu => Some(&["--offcpu"]),
             Config::VitalsdOffcpuSched => Some(&["--offcpu", "--sched"]),
             Config::Vitalsd => Some(&[]),
             Config::VitalsdNoOffcpu => Some(&["--no-offcpu"]),
@@ -87,10 +90,18 @@ struct Tool {
 impl Tool {
     /// Starts `cfg` and returns once its programs are attached, with the
     /// time that took.
-    fn start(cfg: Config, vitalsd: &Path) -> Result<Option<(Tool, Duration)>> {
+    fn start(
+        cfg: Config,
+        vitalsd: &Path,
+        baseline: Option<&Path>,
+    ) -> Result<Option<(Tool, Duration)>> {
         let started = Instant::now();
         let (mut group, marker) = if let Some(args) = cfg.vitalsd_args() {
-            let mut c = Command::new(vitalsd);
+            let bin = match cfg {
+                Config::BaselineOffcpu => baseline.context("no --baseline")?,
+                _ => vitalsd,
+            };
+            let mut c = Command::new(bin);
             c.args([
                 "record",
                 "--duration",
@@ -170,8 +181,12 @@ fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
     (median(v.clone()), q(0.25), q(0.75))
 }
 
-pub fn run(rounds: usize, loops: u64, vitalsd: PathBuf) -> Result<()> {
+pub fn run(rounds: usize, loops: u64, vitalsd: PathBuf, baseline: Option<PathBuf>) -> Result<()> {
     anyhow::ensure!(rounds > 0, "--rounds must be at least 1");
+    let mut configs = CONFIGS.to_vec();
+    if baseline.is_some() {
+        configs.push(Config::BaselineOffcpu);
+    }
     println!(
         "guest kernel {}, {} CPUs online",
         std::fs::read_to_string("/proc/sys/kernel/osrelease")?.trim(),
@@ -182,9 +197,9 @@ pub fn run(rounds: usize, loops: u64, vitalsd: PathBuf) -> Result<()> {
     let mut attach_s: Vec<f64> = Vec::new();
     for round in 0..rounds {
         // Rotate the order so drift on the shared host hits every config alike.
-        for i in 0..CONFIGS.len() {
-            let cfg = CONFIGS[(i + round) % CONFIGS.len()];
-            let tool = Tool::start(cfg, &vitalsd)?;
+        for i in 0..configs.len() {
+            let cfg = configs[(i + round) % configs.len()];
+            let tool = Tool::start(cfg, &vitalsd, baseline.as_deref())?;
             let result = perf_bench(loops);
             if let Some((t, took)) = tool {
                 if cfg == Config::Offwaketime {
@@ -207,7 +222,11 @@ fn report(ops: &HashMap<Config, Vec<f64>>, rounds: usize, attach_s: &[f64]) {
     let base = median(ops[&Config::Nothing].clone());
     println!("\nmedian ops/s, and throughput loss against nothing attached paired within each round (median, quartiles):");
     println!("  {:<28} {:>10.0} ops/s", Config::Nothing.name(), base);
-    for &c in &CONFIGS[1..] {
+    let mut rows: Vec<Config> = CONFIGS[1..].to_vec();
+    if ops.contains_key(&Config::BaselineOffcpu) {
+        rows.push(Config::BaselineOffcpu);
+    }
+    for c in rows {
         let (m, q1, q3) = spread((0..rounds).map(|r| loss(c, r) * 100.0).collect());
         println!(
             "  {:<28} {:>10.0} ops/s  loss {m:>5.1}%  ({q1:.1} .. {q3:.1})",
@@ -229,6 +248,22 @@ fn report(ops: &HashMap<Config, Vec<f64>>, rounds: usize, attach_s: &[f64]) {
         println!("  {:<28} {m:.2}  ({q1:.2} .. {q3:.2})", c.name());
     }
     println!("  (target: vitalsd record --offcpu below half of offwaketime's loss, ratio < 0.50)");
+    if ops.contains_key(&Config::BaselineOffcpu) {
+        let base = Config::BaselineOffcpu;
+        let ratios = (0..rounds)
+            .map(|r| loss(base, r) / loss(Config::Offwaketime, r).max(1e-9))
+            .collect();
+        let (m, q1, q3) = spread(ratios);
+        println!("  {:<28} {m:.2}  ({q1:.2} .. {q3:.2})", base.name());
+        let (m, q1, q3) = spread(
+            (0..rounds)
+                .map(|r| loss(Config::VitalsdOffcpu, r) / loss(base, r).max(1e-9))
+                .collect(),
+        );
+        println!(
+            "this build's --offcpu loss / the baseline's, paired within each round: median {m:.2} ({q1:.2} .. {q3:.2}; 1.00: no change)"
+        );
+    }
     // Part 1's always-on cost: one sched_waking per wakeup, two a round
     // trip of the pipe, this workload's worst case.
     let part1 = (0..rounds)

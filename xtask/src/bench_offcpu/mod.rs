@@ -86,8 +86,16 @@ fn kvm_problem() -> Option<String> {
     None
 }
 
-fn init_script(rounds: usize, loops: u64) -> String {
+/// The baseline build's name in the guest's bench directory.
+const BASELINE_BIN: &str = "vitalsd-baseline";
+
+fn init_script(rounds: usize, loops: u64, baseline: bool) -> String {
     let dir = rootfs::BENCH_DIR;
+    let baseline = if baseline {
+        format!(" --baseline /{dir}/{BASELINE_BIN}")
+    } else {
+        String::new()
+    };
     format!(
         r#"#!/bin/sh
 # PID 1 of the bench guest (xtask/src/bench_offcpu/mod.rs).
@@ -98,7 +106,7 @@ mount -t tmpfs tmpfs /tmp
 mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
-/{dir}/xtask bench-offcpu-guest --rounds {rounds} --loops {loops} --vitalsd /{dir}/vitalsd
+/{dir}/xtask bench-offcpu-guest --rounds {rounds} --loops {loops} --vitalsd /{dir}/vitalsd{baseline}
 echo "@@bench exit $?"
 dmesg | grep -iE 'bug|warn|oops|call trace|hung' | tail -n 20
 sync
@@ -109,7 +117,19 @@ sleep 60
     )
 }
 
-pub fn run(rounds: usize, loops: u64, accel: Accel, timeout_min: u64) -> Result<()> {
+/// `baseline`: another vitalsd build whose `record --offcpu` runs in the
+/// same rounds, so a change is judged against its predecessor on one
+/// footing (TCG's speed drifts threefold between days on this host).
+pub fn run(
+    rounds: usize,
+    loops: u64,
+    accel: Accel,
+    timeout_min: u64,
+    baseline: Option<&Path>,
+) -> Result<()> {
+    if let Some(b) = baseline {
+        anyhow::ensure!(b.is_file(), "--baseline {}: no such file", b.display());
+    }
     if accel == Accel::Kvm {
         if let Some(why) = kvm_problem() {
             bail!(
@@ -123,10 +143,12 @@ pub fn run(rounds: usize, loops: u64, accel: Accel, timeout_min: u64) -> Result<
     let image = work.join("root.ext4");
     let xtask = std::env::current_exe().context("the xtask binary's path")?;
     let vitalsd = workspace_root().join("target/release/vitalsd");
+    let mut files: Vec<(&str, &Path)> = vec![("xtask", &xtask), ("vitalsd", &vitalsd)];
+    files.extend(baseline.map(|b| (BASELINE_BIN, b)));
     rootfs::pack(
         &root,
-        &[("xtask", &xtask), ("vitalsd", &vitalsd)],
-        &init_script(rounds, loops),
+        &files,
+        &init_script(rounds, loops, baseline.is_some()),
         &image,
         2048,
     )?;
