@@ -149,9 +149,15 @@ pub fn start(
     }
     // A user thread's long block in S takes its user stack as its syscall
     // returns, where that program loaded (tp_btf, beside the waking that
-    // takes the kernel stack); else at every blocking switch-out.
+    // takes the kernel stack); else at every blocking switch-out. Only
+    // when every thread is watched: raw_syscalls:sys_exit puts every
+    // syscall of every task on the slow path (+40 ns a getppid of an
+    // unwatched process, measured), a tax on the whole system that a
+    // capture of a few processes would pay to save walks of its own
+    // blocks (README, "User stacks at the syscall's return").
+    let watch_all = matches!(offcpu.map(|w| &w.processes), Some(WatchedProcesses::All));
     let offcpu_user_at_exit =
-        u32::from(offcpu.is_some() && offcpu_kernel_at_waking != 0 && acc.attach_sys_exit());
+        u32::from(watch_all && offcpu_kernel_at_waking != 0 && acc.attach_sys_exit());
     if events.sched {
         // Blind windows: harmless to leave off on failure (fewer marked).
         if let Err(e) = acc.transport_slot().switch_counters.set_enabled(true) {
