@@ -174,7 +174,15 @@ fn sleeper_switches_equal_status() {
     );
     let kernel = (k1.0 - k0.0, k1.1 - k0.1);
     eprintln!("sleeper: source {ours:?}, status {kernel:?}");
-    assert!(ours.0 >= 300, "300 sleeps are 300 voluntary switches");
+    // Each sleep switches at least once, voluntarily as a rule; a sleeper
+    // preempted between setting its state and schedule() switches out
+    // involuntarily, and its timer may fire before it runs again, so that
+    // sleep ends without a voluntary switch (an arm64 6.1 guest counted
+    // 299 and 3, the kernel's status and ours alike).
+    assert!(
+        ours.0 + ours.1 >= 300,
+        "300 sleeps are at least 300 switches: {ours:?}"
+    );
     assert_eq!(ours, kernel);
     w.finish();
 }

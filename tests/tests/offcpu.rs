@@ -428,30 +428,7 @@ fn offcpu_capture_stacks_name_the_blocked_and_the_waking_function() {
     let (waiter, releaser) = (tids[0], tids[1]);
     w.expect("ready");
     let pid = w.pid().to_string();
-    let _stats = vitals_tests::bpf_stats::StatsEnabled::enable();
-    let rec = Recording::start(
-        &[
-            "--duration",
-            "2s",
-            "--top",
-            "0",
-            "--out",
-            trace.to_str().unwrap(),
-            "--offcpu-pid",
-            &pid,
-        ],
-        "capture started",
-    );
-    let recorder = rec.child.id() as i32;
-    let before = vitals_tests::bpf_stats::programs_of(recorder);
-    w.go();
-    w.expect("done");
-    let ran = vitals_tests::bpf_stats::ran_between(
-        &before,
-        &vitals_tests::bpf_stats::programs_of(recorder),
-    );
-    // Alive until the recorder has symbolised its stacks.
-    let printed = rec.wait();
+    let (printed, ran) = record_offcpu(&mut w, &trace, &["--offcpu-pid", &pid]);
     w.finish();
     assert_kernel_stack_taken_at_waking(&ran);
     // One process watched: its user stacks are walked at the blocking
@@ -503,6 +480,39 @@ fn offcpu_capture_stacks_name_the_blocked_and_the_waking_function() {
             assert!(blocked.contains("kptr_restrict"), "{b:?}");
         }
     }
+}
+
+/// A 2 s `record` to `trace` with `watch` (`--offcpu`, `--offcpu-pid P`)
+/// while workload `w` runs its rounds (after its "ready"): the summary it
+/// printed and the BPF programs that ran during the rounds (run counts
+/// on while they ran). The workload is still alive: the caller ends it.
+fn record_offcpu(
+    w: &mut Workload,
+    trace: &std::path::Path,
+    watch: &[&str],
+) -> (String, Vec<vitals_tests::bpf_stats::ProgRuns>) {
+    let _stats = vitals_tests::bpf_stats::StatsEnabled::enable();
+    let mut args = vec![
+        "--duration",
+        "2s",
+        "--top",
+        "0",
+        "--out",
+        trace.to_str().unwrap(),
+    ];
+    args.extend_from_slice(watch);
+    let rec = Recording::start(&args, "capture started");
+    let recorder = rec.child.id() as i32;
+    let before = vitals_tests::bpf_stats::programs_of(recorder);
+    w.go();
+    w.expect("done");
+    let ran = vitals_tests::bpf_stats::ran_between(
+        &before,
+        &vitals_tests::bpf_stats::programs_of(recorder),
+    );
+    // Alive until the recorder has symbolised its stacks.
+    let printed = rec.wait();
+    (printed, ran)
 }
 
 /// The capture line's `user stacks: N at their syscall's return`.
@@ -559,28 +569,7 @@ fn offcpu_capture_says_a_block_in_a_page_fault_has_no_syscall_stack() {
     let tids = w.read_numbers("tids");
     let (faulter, filler) = (tids[0], tids[1]);
     w.expect("ready");
-    let _stats = vitals_tests::bpf_stats::StatsEnabled::enable();
-    let rec = Recording::start(
-        &[
-            "--duration",
-            "2s",
-            "--top",
-            "0",
-            "--out",
-            trace.to_str().unwrap(),
-            "--offcpu",
-        ],
-        "capture started",
-    );
-    let recorder = rec.child.id() as i32;
-    let before = vitals_tests::bpf_stats::programs_of(recorder);
-    w.go();
-    w.expect("done");
-    let ran = vitals_tests::bpf_stats::ran_between(
-        &before,
-        &vitals_tests::bpf_stats::programs_of(recorder),
-    );
-    let printed = rec.wait();
+    let (printed, ran) = record_offcpu(&mut w, &trace, &["--offcpu"]);
     w.finish();
     let at_exit = assert_kernel_stack_taken_at_waking(&ran);
     if at_exit {

@@ -4,6 +4,8 @@
 //! blocks until stdin closes, so "after" counters can be read while the
 //! process is still alive and idle.
 
+#[path = "vitals-workload/offcpu.rs"]
+mod offcpu;
 #[path = "vitals-workload/pinned_loads.rs"]
 mod pinned_loads;
 #[path = "vitals-workload/uffd.rs"]
@@ -197,80 +199,6 @@ fn sleep_ms(ms: u64) {
     unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
 }
 
-/// The vfork child: sleeps the milliseconds `arg` points to, then returns,
-/// which makes glibc's clone wrapper call _exit: the kernel's mm_release
-/// then completes the parent's vfork wait (complete_vfork_done), from this
-/// child's context.
-extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
-    sleep_ms(unsafe { *(arg as *const u64) });
-    0
-}
-
-fn offcpu(n: u64, long_ms: u64, short_ms: u64) {
-    // Children reaped by the kernel: no zombie to wait for, and no wait4
-    // that would block (and be woken by the child) a second time.
-    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
-    let (mut go, mut data) = ([0i32; 2], [0i32; 2]);
-    assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0);
-    assert_eq!(unsafe { libc::pipe(data.as_mut_ptr()) }, 0);
-    // Safety: single-threaded here; the child only makes syscalls.
-    let helper = unsafe { libc::fork() };
-    assert!(helper >= 0, "fork");
-    if helper == 0 {
-        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-        let mut b = 0u8;
-        unsafe { libc::read(go[0], &mut b as *mut u8 as *mut libc::c_void, 1) };
-        for i in 0..2 * n {
-            sleep_ms(if i < n { long_ms } else { short_ms });
-            unsafe { libc::write(data[1], &b as *const u8 as *const libc::c_void, 1) };
-        }
-        loop {
-            unsafe { libc::pause() };
-        }
-    }
-    say(&format!("ready helper {helper}"));
-    let t = std::time::Instant::now();
-    wait_line();
-    let go_ns = t.elapsed().as_nanos();
-    let mut b = 0u8;
-    unsafe { libc::write(go[1], &b as *const u8 as *const libc::c_void, 1) };
-    // Each call's time, so a test can tell which could hold a long block.
-    let mut calls_ns = Vec::new();
-    for _ in 0..2 * n {
-        let t = std::time::Instant::now();
-        let r = unsafe { libc::read(data[0], &mut b as *mut u8 as *mut libc::c_void, 1) };
-        calls_ns.push(t.elapsed().as_nanos());
-        assert_eq!(r, 1, "reading the helper's pipe");
-    }
-    // u128: the stack's top must be 16-byte aligned.
-    let mut stack = vec![0u128; 4096];
-    let mut pids = Vec::new();
-    for _ in 0..n {
-        let mut ms = long_ms;
-        let t = std::time::Instant::now();
-        // Safety: the child runs `vfork_child` on its own stack, sharing
-        // our memory (CLONE_VM) while we wait (CLONE_VFORK).
-        let pid = unsafe {
-            libc::clone(
-                vfork_child,
-                stack.as_mut_ptr().add(stack.len()) as *mut libc::c_void,
-                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-                &mut ms as *mut u64 as *mut libc::c_void,
-            )
-        };
-        calls_ns.push(t.elapsed().as_nanos());
-        assert!(pid > 0, "clone(CLONE_VFORK)");
-        pids.push(pid);
-    }
-    for pid in pids {
-        say(&format!("vfork {pid}"));
-    }
-    let calls: Vec<String> = calls_ns.iter().map(u128::to_string).collect();
-    say(&format!("blocking {go_ns} {}", calls.join(" ")));
-    say("done");
-    wait_eof();
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
@@ -433,7 +361,7 @@ fn main() {
             if args.len() > 5 {
                 pin_to(arg(&args, 5) as usize);
             }
-            offcpu(arg(&args, 2), arg(&args, 3), arg(&args, 4))
+            offcpu::offcpu(arg(&args, 2), arg(&args, 3), arg(&args, 4))
         }
         _ => {
             eprintln!("usage: vitals-workload spin|pinned-spin|pinned-waker|pinned-timers|pinned-udp-flood|spin-exit|touch|sleep|threads|thread-churn|pingpong|children|reuse-pid|heap-churn|exec-from-thread|offcpu|uffd-block ...");
@@ -540,6 +468,26 @@ fn vitals_release_after_sleep(fd: i32, ms: u64) {
     assert_eq!(ret, 1, "write of the release pipe");
 }
 
+/// A thread named `name` that runs `body` once `go` is passed, and its
+/// tid (so a test knows which thread blocks and which wakes it).
+fn spawn_at_go(
+    go: &std::sync::Arc<std::sync::Barrier>,
+    name: &str,
+    body: Box<dyn FnOnce() + Send>,
+) -> (std::thread::JoinHandle<()>, i64) {
+    let (tx, rx) = std::sync::mpsc::channel::<i64>();
+    let go = go.clone();
+    let h = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            tx.send(unsafe { libc::gettid() } as i64).unwrap();
+            go.wait();
+            body();
+        })
+        .unwrap();
+    (h, rx.recv().unwrap())
+}
+
 /// `block-release`: prints `tids <waiter> <releaser>` and `ready`, and on
 /// a line from stdin runs the rounds: the waiter (thread `vitals-waiter`)
 /// blocks in `vitals_wait_for_release`, the releaser (`vitals-release`)
@@ -573,19 +521,7 @@ fn block_release(times: u64, ms: u64, on_main: bool) {
         return;
     }
     let go = std::sync::Arc::new(std::sync::Barrier::new(3));
-    let spawn = |name: &str, body: Box<dyn FnOnce() + Send>| {
-        let (tx, rx) = std::sync::mpsc::channel::<i64>();
-        let go = go.clone();
-        let h = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                tx.send(unsafe { libc::gettid() } as i64).unwrap();
-                go.wait();
-                body();
-            })
-            .unwrap();
-        (h, rx.recv().unwrap())
-    };
+    let spawn = |name: &str, body: Box<dyn FnOnce() + Send>| spawn_at_go(&go, name, body);
     let (waiter, w) = spawn(
         "vitals-waiter",
         Box::new(move || (0..times).for_each(|_| vitals_wait_for_release(rd))),

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::{say, wait_eof, wait_line};
+use super::{say, spawn_at_go, wait_eof, wait_line};
 
 const UFFD_API: u64 = 0xAA;
 const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
@@ -139,19 +139,7 @@ pub(crate) fn uffd_block(times: u64, ms: u64) {
         std::io::Error::last_os_error()
     );
     let go = std::sync::Arc::new(std::sync::Barrier::new(3));
-    let spawn = |name: &str, body: Box<dyn FnOnce() + Send>| {
-        let (tx, rx) = std::sync::mpsc::channel::<i64>();
-        let go = go.clone();
-        let h = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                tx.send(unsafe { libc::gettid() } as i64).unwrap();
-                go.wait();
-                body();
-            })
-            .unwrap();
-        (h, rx.recv().unwrap())
-    };
+    let spawn = |name: &str, body: Box<dyn FnOnce() + Send>| spawn_at_go(&go, name, body);
     let (faulter, f) = spawn(
         "vitals-faulter",
         Box::new(move || {
