@@ -105,6 +105,11 @@ impl StaleSweep {
         // A suspect whose slot was freed (or stamped anew) since is done.
         self.suspects
             .retain(|tid, s| tasks.get(tid).is_some_and(|t| t.born_ns == s.born_ns));
+        // Where the kernel does not count, the first sweep comes a
+        // minute after the first read, not at start-up with the rest.
+        if free_missed.is_none() && self.last_sweep_ns.is_none() {
+            self.last_sweep_ns = Some(now_ns);
+        }
         let since_last = |every: u64| {
             self.last_sweep_ns
                 .is_none_or(|last| now_ns.saturating_sub(last) >= every)
