@@ -33,12 +33,22 @@ impl Accounting {
         if stale.is_empty() {
             return Ok(());
         }
+        // One writable mapping of each array for the whole batch, not one
+        // mmap (and BPF_OBJ_GET_INFO_BY_FD) per slot.
+        let tasks = MappedArray::<TaskRecord>::open_writable(
+            self.map(names::TASKS_BY_TID)?,
+            names::TASKS_BY_TID,
+        )?;
+        let faults = MappedArray::<FaultCounters>::open_writable(
+            self.map(names::FAULTS_BY_TGID)?,
+            names::FAULTS_BY_TGID,
+        )?;
         let mut freed = 0;
         for tid in stale {
             let Some(task) = snap.tasks.remove(&tid) else {
                 continue;
             };
-            if !self.forget_task(tid, task.born_ns)? {
+            if !self.forget_task(&tasks, tid, task.born_ns)? {
                 continue;
             }
             freed += 1;
@@ -46,7 +56,7 @@ impl Accounting {
             // as at its free (a reused tid's new process starts from 0).
             if task.tgid == tid || task.tgid == 0 {
                 snap.process_faults.remove(&tid);
-                self.forget_process(tid)?;
+                self.forget_process(&faults, tid)?;
             }
         }
         self.stale_sweep().freed += freed;
@@ -60,11 +70,12 @@ impl Accounting {
 
     /// Clears `tid`'s slot if it still holds the stamp `born_ns` (false:
     /// the kernel freed or restamped it meanwhile).
-    fn forget_task(&mut self, tid: u32, born_ns: u64) -> Result<bool, BpfError> {
-        let slots = MappedArray::<TaskRecord>::open_writable(
-            self.map(names::TASKS_BY_TID)?,
-            names::TASKS_BY_TID,
-        )?;
+    fn forget_task(
+        &mut self,
+        slots: &MappedArray<TaskRecord>,
+        tid: u32,
+        born_ns: u64,
+    ) -> Result<bool, BpfError> {
         if tid < slots.entries() {
             let stamp = std::mem::offset_of!(TaskRecord, born_ns);
             if slots.copy_u64(tid, stamp) != born_ns {
@@ -81,11 +92,11 @@ impl Accounting {
     }
 
     /// Clears process `tgid`'s fault counters.
-    fn forget_process(&mut self, tgid: u32) -> Result<(), BpfError> {
-        let slots = MappedArray::<FaultCounters>::open_writable(
-            self.map(names::FAULTS_BY_TGID)?,
-            names::FAULTS_BY_TGID,
-        )?;
+    fn forget_process(
+        &mut self,
+        slots: &MappedArray<FaultCounters>,
+        tgid: u32,
+    ) -> Result<(), BpfError> {
         if tgid < slots.entries() {
             slots.write(tgid, FaultCounters::default());
             return Ok(());
