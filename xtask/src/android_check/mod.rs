@@ -26,6 +26,7 @@ mod cts;
 pub mod loader;
 mod packaging;
 mod policy;
+mod unseen;
 
 use std::path::PathBuf;
 
