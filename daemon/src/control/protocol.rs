@@ -185,6 +185,11 @@ pub struct TopEbpf {
 pub struct TopReply {
     pub local_busy_pct: Option<f64>,
     pub loadavg: Option<[f32; 3]>,
+    /// The measured length of the window the rows' per-task figures
+    /// (`ebpf`: on-CPU, runqueue wait, switches) cover; a late tick makes
+    /// it longer than `interval_ms`. Absent without those figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ms: Option<f64>,
     pub processes: Vec<TopRow>,
 }
 
@@ -236,6 +241,9 @@ pub struct DaemonStatus {
     pub local_busy_pct: Option<f64>,
     pub loadavg: Option<[f32; 3]>,
     pub top: Vec<TopRow>,
+    /// `TopReply::window_ms` of `top`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_window_ms: Option<f64>,
     pub capture: Option<RecordingProgress>,
     pub heap_session: Option<RecordingProgress>,
     pub recent_triggers: VecDeque<TriggerRecord>,
@@ -271,6 +279,7 @@ impl DaemonStatus {
         TopReply {
             local_busy_pct: self.local_busy_pct,
             loadavg: self.loadavg,
+            window_ms: self.top_window_ms,
             processes: self.top.iter().take(n).cloned().collect(),
         }
     }

@@ -135,10 +135,14 @@ fn top_line(out: &mut String, cells: &[impl AsRef<str>]) {
 /// One `top` answer as a table.
 pub fn top(v: &TopReply) -> String {
     let mut out = format!(
-        "cpu busy {}  loadavg {}\n",
+        "cpu busy {}  loadavg {}",
         busy(v.local_busy_pct),
         loadavg(v.loadavg)
     );
+    if let Some(ms) = v.window_ms {
+        out += &format!("  window {ms:.0} ms");
+    }
+    out.push('\n');
     top_line(&mut out, &TOP_HEADER);
     for p in &v.processes {
         top_line(&mut out, &top_cells(p));
@@ -177,6 +181,7 @@ mod tests {
         let reply = TopReply {
             local_busy_pct: Some(42.25),
             loadavg: Some([0.5, 1.25, 2.0]),
+            window_ms: None,
             processes: vec![
                 TopRow {
                     pid: 7,
@@ -213,6 +218,13 @@ mod tests {
             "",
         ];
         assert_eq!(top(&reply), expected.join("\n"));
+        // The measured window, where the rows carry per-task figures.
+        let reply = TopReply {
+            window_ms: Some(446.4),
+            ..reply
+        };
+        assert!(top(&reply)
+            .starts_with("cpu busy 42.2%  loadavg 0.50 1.25 2.00  window 446 ms\n    PID PROCESS"));
         let empty = TopReply::default();
         assert!(top(&empty).starts_with("cpu busy -  loadavg -\n"));
     }

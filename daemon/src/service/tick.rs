@@ -27,6 +27,8 @@ pub(super) struct Sampled {
     window: bool,
     /// The working processes by CPU, for `top`.
     top: Vec<TopRow>,
+    /// How long their per-task figures cover (`Tick::deltas_window_ns`).
+    top_window_ns: Option<u64>,
 }
 
 impl Service {
@@ -83,6 +85,7 @@ impl Service {
         Sampled {
             window: tick.window.is_some(),
             top,
+            top_window_ns: tick.deltas_window_ns,
         }
     }
 
@@ -134,6 +137,7 @@ impl Service {
         let mut status = self.pipeline.status();
         if let (true, Some(w)) = (sampled.window, &self.pipeline.last().window) {
             st.top = sampled.top;
+            st.top_window_ms = sampled.top_window_ns.map(|ns| ns as f64 / 1e6);
             st.local_busy_pct = w.system.as_ref().map(|s| s.local_busy_pct);
             st.loadavg = w.loadavg.as_ref().map(|l| [l.load1, l.load5, l.load15]);
             st.procfs_drops = status.remove("procfs_drops").unwrap_or_default();

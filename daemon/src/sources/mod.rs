@@ -58,6 +58,10 @@ pub struct Tick {
     pub rows_boottime_ns: u64,
     /// This window's per-task deltas by tgid (either tier).
     pub deltas: HashMap<u32, ebpf::BpfDelta>,
+    /// How long `deltas` cover, as measured: from the last read of the
+    /// counters that succeeded to this one (None: no deltas this tick). A
+    /// late tick makes it longer than `sampling.interval`.
+    pub deltas_window_ns: Option<u64>,
     /// The eBPF programs' cumulative drop counters as read this tick.
     pub bpf_drops: Option<[u64; vitals_common::drop_reason::COUNT as usize]>,
     /// (wakee, waker) process pairs' cumulative wakeups and blocked time
@@ -78,6 +82,7 @@ impl Tick {
         self.window = None;
         self.rows.clear();
         self.deltas.clear();
+        self.deltas_window_ns = None;
         self.bpf_drops = None;
         self.wakers.clear();
         self.bpf_error = None;
@@ -97,6 +102,7 @@ impl Tick {
             rows: self.rows.clone(),
             rows_boottime_ns: self.rows_boottime_ns,
             deltas: self.deltas.clone(),
+            deltas_window_ns: self.deltas_window_ns,
             bpf_drops: self.bpf_drops,
             wakers: self.wakers.clone(),
             bpf_error: None,

@@ -66,7 +66,9 @@ impl Source for Ebpf {
         match self.programs.with(|acc| acc.read()) {
             Ok(snap) => {
                 tick.rows = self.totals.update(&snap);
-                tick.deltas = self.deltas.update(&tick.rows);
+                // The snapshot's own clock, which its running tasks'
+                // in-flight slices run to.
+                self.deltas.update(tick, snap.monotonic_ns);
                 tick.bpf_drops = Some(snap.drops);
                 tick.wakers = snap.wakers;
             }
@@ -161,16 +163,25 @@ pub fn bpf_deltas(
 #[derive(Default)]
 pub struct CounterDeltas {
     prev: HashMap<u32, ProcessCounters>,
+    /// When `prev` was read (the source's clock).
+    prev_read_ns: Option<u64>,
     pub drops: DropCounters,
 }
 
 impl CounterDeltas {
-    /// This window's deltas by tgid (`bpf_deltas`).
-    pub fn update(&mut self, rows: &[ProcessCounters]) -> HashMap<u32, BpfDelta> {
-        bpf_deltas(&mut self.prev, rows, &mut self.drops)
+    /// This window's deltas by tgid (`bpf_deltas`) into `tick.deltas`, and
+    /// the window's measured length: `rows` were read at `read_ns` (one
+    /// clock per source: the eBPF snapshot's CLOCK_MONOTONIC, the scan's
+    /// CLOCK_BOOTTIME).
+    pub fn update(&mut self, tick: &mut Tick, read_ns: u64) {
+        tick.deltas = bpf_deltas(&mut self.prev, &tick.rows, &mut self.drops)
             .into_iter()
             .map(|d| (d.tgid, d))
-            .collect()
+            .collect();
+        tick.deltas_window_ns = self
+            .prev_read_ns
+            .replace(read_ns)
+            .map(|prev| read_ns.saturating_sub(prev));
     }
 }
 

@@ -42,3 +42,22 @@ fn ended_process_is_forgotten() {
     assert!(bpf_deltas(&mut prev, &[row(5, 7, 0)], &mut drops).is_empty());
     assert_eq!(drops.negative_deltas, 0);
 }
+
+#[test]
+fn deltas_window_runs_from_the_last_read_that_succeeded() {
+    let mut deltas = CounterDeltas::default();
+    let mut tick = Tick {
+        rows: vec![row(1, 100, 0)],
+        ..Default::default()
+    };
+    deltas.update(&mut tick, 1_000_000_000);
+    assert_eq!(
+        tick.deltas_window_ns, None,
+        "no window before a second read"
+    );
+    // A failed read in between calls no update: the window spans it.
+    tick.rows = vec![row(1, 600_000_000, 0)];
+    deltas.update(&mut tick, 1_750_000_000);
+    assert_eq!(tick.deltas_window_ns, Some(750_000_000));
+    assert_eq!(tick.deltas[&1].oncpu_ns, 599_999_900);
+}

@@ -426,7 +426,7 @@ impl Source for Schedstat {
             .sample
             .clock
             .map_or(tick.rows_boottime_ns, |c| c.boottime_ns);
-        tick.deltas = self.deltas.update(&tick.rows);
+        self.deltas.update(tick, tick.rows_boottime_ns);
     }
 
     fn columns(&self, tick: &Tick, task: &TaskWindow, row: &mut TopRow) {
