@@ -14,11 +14,11 @@ use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
-        generated::{bpf_get_stack, bpf_get_task_stack},
+        generated::bpf_get_task_stack,
     },
-    macros::{btf_tracepoint, map},
+    macros::{fentry, kprobe, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
-    programs::{tracing::StackIdContext, BtfTracePointContext},
+    programs::{tracing::StackIdContext, BtfTracePointContext, FEntryContext, ProbeContext},
     EbpfContext,
 };
 use vitals_common::{
@@ -44,16 +44,16 @@ static OFFCPU_WATCH: HashMap<u32, u32> =
     HashMap::with_max_entries(capture::OFFCPU_WATCH_MAX_TGIDS, 0);
 
 /// tid -> the `blocked_ts` of the first of its long blocks whose user
-/// stack waits for its syscall's return (`on_sys_exit`). LRU: a thread
-/// that never returns (it exits while blocked) ages out. Sized like
+/// stack waits for its switch-in (`on_switch_in`). LRU: a thread that
+/// never runs again (it is killed while blocked) ages out. Sized like
 /// `OFFCPU_START`; an entry lives from a long block's waking to the
-/// thread's next syscall return, microseconds later.
+/// thread's switch-in, microseconds later.
 #[map(name = "OFFCPU_AWAIT_USER")]
 static OFFCPU_AWAIT_USER: LruHashMap<u32, AwaitUserStack> = LruHashMap::with_max_entries(1, 0);
 
-/// How many entries `OFFCPU_AWAIT_USER` holds, so that the sys_exit
-/// program, which runs at every syscall's return while an off-CPU capture
-/// runs, skips its lookup while none does (the usual case). An entry the
+/// How many entries `OFFCPU_AWAIT_USER` holds, so that the switch-in
+/// program, which runs at every switch while an off-CPU capture runs,
+/// skips its lookup while none does (the usual case). An entry the
 /// LRU evicts is never subtracted: the count then stays above zero and
 /// costs the lookups, not correctness. User space zeroes it at a
 /// capture's start, with the map.
@@ -75,8 +75,8 @@ fn stack<C: StackIdContext>(ctx: &C, flags: u64) -> i64 {
 /// thread of a watched process leaves its user stack for the waking that
 /// ends the block, and its kernel stack too unless that waking takes it
 /// (`end_block`). `prev_task` (tp_btf; null from the classic programs)
-/// tells a user thread, whose user stack of a block in S waits for its
-/// syscall's return instead (`CaptureControl::offcpu_user_at_exit`).
+/// tells a user thread, whose user stack waits for its switch-in instead
+/// (`CaptureControl::offcpu_user_at_switch_in`).
 #[inline(always)]
 pub(crate) fn on_switch_out<C: StackIdContext + EbpfContext>(
     ctx: &C,
@@ -95,21 +95,15 @@ pub(crate) fn on_switch_out<C: StackIdContext + EbpfContext>(
     {
         return;
     }
-    // The user IP the thread entered the kernel from, where its user
-    // stack waits for its syscall's return: one frame, no walk.
-    let user_ip = if user_stack_at_exit(c.offcpu_user_at_exit, prev_state, prev_task) {
-        user_ip(ctx.as_ptr())
-    } else {
-        0
-    };
     let start = OffcpuStart {
         ts: unsafe { bpf_ktime_get_boot_ns() },
         prev_state,
         // At sched_switch the regs are the kernel's; with BPF_F_USER_STACK
         // the kernel walks from task_pt_regs(current), the user regs saved
-        // at its last kernel entry (get_perf_callchain).
-        user_stack: if user_ip != 0 {
-            capture::USER_STACK_AT_EXIT
+        // at its last kernel entry (get_perf_callchain), as it will at
+        // the thread's switch-in.
+        user_stack: if user_stack_at_switch_in(c.offcpu_user_at_switch_in, prev_task) {
+            capture::USER_STACK_AT_SWITCH_IN
         } else {
             stack(ctx, BPF_F_USER_STACK as u64)
         },
@@ -122,42 +116,18 @@ pub(crate) fn on_switch_out<C: StackIdContext + EbpfContext>(
         },
         tgid,
         _pad: 0,
-        user_ip,
     };
     let _ = OFFCPU_START.insert(&prev, &start, 0);
 }
 
-/// Whether a block's user stack waits for its syscall's return: the
-/// sys_exit program is attached, the block is in S (TASK_REPORT's
-/// TASK_INTERRUPTIBLE; a D block may be a page fault's, which returns
-/// through no syscall) and the task is a user thread.
+/// Whether a block's user stack waits for its switch-in: the switch-in
+/// program is attached and the task is a user thread (a kernel thread has
+/// no user stack; the classic programs give no task to tell).
 #[inline(always)]
-fn user_stack_at_exit(enabled: u32, prev_state: i64, prev_task: *const u8) -> bool {
+fn user_stack_at_switch_in(enabled: u32, prev_task: *const u8) -> bool {
     enabled != 0
-        && prev_state == 1
         && !prev_task.is_null()
         && unsafe { task_field::<u32>(prev_task, &TASK_FLAGS_OFF) } & capture::PF_KTHREAD == 0
-}
-
-/// `current`'s user IP at its last kernel entry: the first frame of its
-/// user stack (get_perf_callchain stores task_pt_regs(current)'s ip
-/// first, and with room for one frame walks no further); 0 if none.
-#[inline(always)]
-fn user_ip(ctx: *mut c_void) -> u64 {
-    let mut ip = [0u64; 1];
-    let n = unsafe {
-        bpf_get_stack(
-            ctx,
-            ip.as_mut_ptr() as *mut c_void,
-            8,
-            BPF_F_USER_STACK as u64,
-        )
-    };
-    if n == 8 {
-        ip[0]
-    } else {
-        0
-    }
 }
 
 /// Scratch for the record `on_waking` builds: with its kernel frames it
@@ -256,27 +226,18 @@ fn end_block<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm: [u8; 16],
             (ret / 8) as i32
         };
     }
-    if start.user_stack == capture::USER_STACK_AT_EXIT {
-        await_user_stack(tid, &start);
+    if start.user_stack == capture::USER_STACK_AT_SWITCH_IN {
+        await_user_stack(tid, start.ts);
     }
     emit_ref(ctx.as_ptr(), e, capture::lost::OFFCPU);
 }
 
-/// Leaves `tid`'s long block for its syscall's return. An earlier block
-/// of the same syscall (same user IP) stays first: one record covers
-/// both. One entered from elsewhere (a page fault's, whose syscall never
-/// came) gives way: it ends without a user stack, not with another's.
+/// Leaves `tid`'s long block for its switch-in. An entry already there
+/// (a block whose switch-in went unseen) stays: the thread has not been
+/// back in user mode since, so one record covers both.
 #[inline(always)]
-fn await_user_stack(tid: u32, start: &OffcpuStart) {
-    if let Some(w) = unsafe { OFFCPU_AWAIT_USER.get(&tid) } {
-        if w.user_ip == start.user_ip {
-            return;
-        }
-    }
-    let w = AwaitUserStack {
-        since_ts: start.ts,
-        user_ip: start.user_ip,
-    };
+fn await_user_stack(tid: u32, since_ts: u64) {
+    let w = AwaitUserStack { since_ts };
     if OFFCPU_AWAIT_USER
         .insert(&tid, &w, BPF_NOEXIST as u64)
         .is_ok()
@@ -284,27 +245,34 @@ fn await_user_stack(tid: u32, start: &OffcpuStart) {
         if let Some(n) = OFFCPU_AWAITING.get_ptr_mut(0) {
             xadd(n, 1);
         }
-    } else {
-        let _ = OFFCPU_AWAIT_USER.insert(&tid, &w, 0);
     }
 }
 
-/// raw_syscalls:sys_exit (tp_btf), attached during an off-CPU capture with
-/// `offcpu_user_at_exit`: `current` returns from a syscall. If a long
-/// block of it awaits its user stack, the user registers are still the
-/// syscall's (the tracepoint fires before signal delivery on the way
-/// out), so the walk is the blocked call's.
-/// Arguments: (struct pt_regs *regs, long ret).
-#[btf_tracepoint(function = "sys_exit")]
-pub fn offcpu_sys_exit_btf(ctx: BtfTracePointContext) -> u32 {
-    on_sys_exit(&ctx);
+/// finish_task_switch, attached during an off-CPU capture with
+/// `offcpu_user_at_switch_in`: `current` has just switched in and is not
+/// yet back in user mode, so task_pt_regs(current) still holds the user
+/// registers it blocked with. If a long block of it awaits its user
+/// stack, the walk is the blocked one's, whether it blocked in a syscall
+/// or in a page fault. bcc's offwaketime takes its blocked stacks here.
+/// fentry where the kernel finds the function by its BTF name; else a
+/// kprobe on the name kallsyms has (`finish_task_switch.isra.0`).
+#[fentry(function = "finish_task_switch")]
+pub fn offcpu_switch_in_fentry(ctx: FEntryContext) -> u32 {
+    on_switch_in(&ctx);
+    0
+}
+
+/// The same as a kprobe (`offcpu_switch_in_fentry`).
+#[kprobe]
+pub fn offcpu_switch_in(ctx: ProbeContext) -> u32 {
+    on_switch_in(&ctx);
     0
 }
 
 #[inline(always)]
-fn on_sys_exit(ctx: &BtfTracePointContext) {
+fn on_switch_in<C: StackIdContext + EbpfContext>(ctx: &C) {
     let c = capture_control();
-    if c.flags & capture::FLAG_OFFCPU == 0 || c.offcpu_user_at_exit == 0 {
+    if c.flags & capture::FLAG_OFFCPU == 0 || c.offcpu_user_at_switch_in == 0 {
         return;
     }
     let Some(awaiting) = OFFCPU_AWAITING.get_ptr_mut(0) else {
@@ -322,12 +290,6 @@ fn on_sys_exit(ctx: &BtfTracePointContext) {
     if OFFCPU_AWAIT_USER.remove(&tid).is_ok() {
         xadd(awaiting, u64::MAX);
     }
-    // sys_exit fires before signal delivery rewrites the user registers.
-    let user_stack = if user_ip(ctx.as_ptr()) == w.user_ip {
-        stack(ctx, BPF_F_USER_STACK as u64)
-    } else {
-        capture::USER_STACK_NOT_IN_SYSCALL
-    };
     emit(
         ctx.as_ptr(),
         OffcpuUserStack {
@@ -335,7 +297,7 @@ fn on_sys_exit(ctx: &BtfTracePointContext) {
             since_ts: w.since_ts,
             tid,
             tgid: (id >> 32) as u32,
-            user_stack,
+            user_stack: stack(ctx, BPF_F_USER_STACK as u64),
         },
         capture::lost::OFFCPU,
     );

@@ -123,6 +123,14 @@ pub enum BpfError {
     },
     #[error(transparent)]
     Mapped(#[from] mapped::MappedError),
+    #[error("reading {path}: {source}")]
+    Kallsyms {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no kernel text symbol {symbol} (or a specialised copy of it) in {path}")]
+    NoSymbol { symbol: &'static str, path: PathBuf },
 }
 
 pub(crate) fn map_err(name: &'static str) -> impl Fn(MapError) -> BpfError {

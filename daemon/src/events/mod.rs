@@ -142,16 +142,16 @@ pub struct EventStats {
     /// (`compact_sched::build_bundle`), those written so.
     pub switch_gaps: u64,
     pub synthetic_switches: u64,
-    /// Long blocks whose user stack came at their syscall's return, and
-    /// those whose syscall had not returned when the capture ended.
-    pub user_stacks_at_exit: u64,
+    /// Long blocks whose user stack came at their switch-in, and
+    /// those whose thread had not run again when the capture ended.
+    pub user_stacks_at_switch_in: u64,
     pub user_stacks_unseen: u64,
 }
 
 impl EventStats {
     pub fn render(&self) -> String {
         format!(
-            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); {} long blocks ({} weighed as 10 s; user stacks: {} at their syscall's return, {} not returned by the end); ring buffer lost: {} sched, {} fault, {} long-block records; {} watched processes dropped, {} joined later; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
+            "capture: {} sched_switch, {} sched_waking in {} bundles ({} bytes, {:.2} bytes/switch); {} fault samples ({} without stack, {} frames symbolised, {} not, {} retried); {} long blocks ({} weighed as 10 s; user stacks: {} at their switch-in, {} not run again by the end); ring buffer lost: {} sched, {} fault, {} long-block records; {} watched processes dropped, {} joined later; {} stacks not taken; transport {} ({} reported lost by perf buffers); {} threads without a known process",
             self.switch_events,
             self.waking_events,
             self.bundles,
@@ -164,7 +164,7 @@ impl EventStats {
             self.fault.frames_retried,
             self.fault.offcpu_blocks,
             self.fault.offcpu_capped,
-            self.user_stacks_at_exit,
+            self.user_stacks_at_switch_in,
             self.user_stacks_unseen,
             self.lost_sched,
             self.lost_faults,
@@ -549,7 +549,7 @@ impl EventRecorder {
             writer.write_packet_on_sequence(seq, p)?;
         }
         self.stats.fault = self.faults.stats;
-        self.stats.user_stacks_at_exit = self.awaiting_user.resolved;
+        self.stats.user_stacks_at_switch_in = self.awaiting_user.resolved;
         self.stats.user_stacks_unseen = self.awaiting_user.unseen;
         Ok(())
     }

@@ -1,12 +1,13 @@
-//! Long blocks whose user stack waits for their syscall's return
-//! (`CaptureControl::offcpu_user_at_exit`): the blocked-stack sample of
-//! each is held here until the thread's `OffcpuUserStack` record names
+//! Long blocks whose user stack waits for their thread's switch-in
+//! (`CaptureControl::offcpu_user_at_switch_in`): the blocked-stack sample
+//! of each is held here until the thread's `OffcpuUserStack` record names
 //! its stack, microseconds after the waking that emitted the block.
 //! One record covers every held block of its thread that began since its
-//! `since_ts` (a poll woken to no event sleeps again in the same
-//! syscall). What is still held when the capture ends (the thread had
-//! not run again, it exited blocked, or its record was lost) is written
-//! without a user stack (`USER_STACK_UNSEEN`), and counted.
+//! `since_ts` (usually one; more where a switch-in went unseen, and the
+//! thread was not back in user mode in between). What is still held when
+//! the capture ends (the thread had not run again, it was killed blocked,
+//! or its record was lost) is written without a user stack
+//! (`USER_STACK_UNSEEN`), and counted.
 
 use std::collections::HashMap;
 
@@ -22,7 +23,7 @@ pub use crate::perfetto::fault_samples::USER_STACK_UNSEEN;
 #[derive(Debug, Default)]
 pub struct AwaitingUserStacks {
     by_tid: HashMap<u32, Vec<FaultRec>>,
-    /// Blocks whose user stack came at their syscall's return.
+    /// Blocks whose user stack came at their switch-in.
     pub resolved: u64,
     /// Blocks written without one (`USER_STACK_UNSEEN`).
     pub unseen: u64,
@@ -107,7 +108,7 @@ impl EventRecorder {
             tid: e.tid,
             stack_id: e.blocked_user_stack,
         };
-        if e.blocked_user_stack == cap::USER_STACK_AT_EXIT {
+        if e.blocked_user_stack == cap::USER_STACK_AT_SWITCH_IN {
             self.awaiting_user.hold(blocked);
         } else {
             self.faults.push(blocked);
@@ -150,7 +151,7 @@ mod tests {
             cpu: 0,
             tgid: 1,
             tid,
-            stack_id: capture::USER_STACK_AT_EXIT,
+            stack_id: capture::USER_STACK_AT_SWITCH_IN,
         }
     }
 
@@ -171,7 +172,7 @@ mod tests {
     /// A record resolves its thread's blocks since its first one, not an
     /// earlier block whose own record was lost, nor another thread's.
     #[test]
-    fn a_record_names_the_blocks_of_its_syscall_only() {
+    fn a_record_names_the_blocks_since_its_first_only() {
         let mut a = AwaitingUserStacks::default();
         a.hold(block(7, 10));
         a.hold(block(7, 100));
@@ -192,14 +193,13 @@ mod tests {
             vec![(7, 10, USER_STACK_UNSEEN), (8, 110, USER_STACK_UNSEEN)]
         );
         assert_eq!((a.resolved, a.unseen), (2, 2));
-        // What the trace says of them, and of a syscall that was not theirs.
+        // What the trace says of them.
         let name = |id| {
             crate::perfetto::fault_samples::stack_not_taken("[user stack not taken", id)
                 .function
                 .unwrap()
         };
-        assert!(name(USER_STACK_UNSEEN).contains("had not returned"));
-        assert!(name(cap::USER_STACK_NOT_IN_SYSCALL).contains("in no syscall"));
+        assert!(name(USER_STACK_UNSEEN).contains("had not run again"));
         assert!(a.give_up().is_empty());
     }
 }

@@ -50,9 +50,10 @@ pub const USER_STACK_NOT_TAKEN: &str = "[user stack not taken";
 /// error 17)]` ([`stack_not_taken`]).
 pub const KERNEL_STACK_NOT_TAKEN: &str = "[kernel stack not taken";
 
-/// A long block's user stack that waited for its syscall's return
-/// (`capture::USER_STACK_AT_EXIT`) and whose syscall had not returned
-/// when the capture ended. User space's own value, never the kernel's.
+/// A long block's user stack that waited for its thread's switch-in
+/// (`capture::USER_STACK_AT_SWITCH_IN`), which had not come (or whose
+/// record was lost) when the capture ended. User space's own value, never
+/// the kernel's.
 pub const USER_STACK_UNSEEN: i64 = i64::MIN + 3;
 
 /// The frame for a stack id the kernel refused (`id` its -errno), named
@@ -60,10 +61,7 @@ pub const USER_STACK_UNSEEN: i64 = i64::MIN + 3;
 /// error, or why a deferred user stack is not known.
 pub fn stack_not_taken(prefix: &str, id: i64) -> SampleFrame {
     let why = match id {
-        vitals_common::capture::USER_STACK_NOT_IN_SYSCALL => {
-            "the block was in no syscall (a page fault)".to_owned()
-        }
-        USER_STACK_UNSEEN => "its syscall had not returned by the capture's end".to_owned(),
+        USER_STACK_UNSEEN => "the thread had not run again by the capture's end".to_owned(),
         id => std::io::Error::from_raw_os_error(i32::try_from(-id).unwrap_or(0)).to_string(),
     };
     synthetic_frame(&format!("{prefix}: {why}]"))

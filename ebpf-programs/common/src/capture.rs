@@ -35,17 +35,11 @@ pub const OFFCPU_WATCH_MAX_TGIDS: u32 = 64;
 /// `OffcpuEvent::blocked_kernel_ips` (`CaptureControl::offcpu_kernel_at_waking`).
 pub const KERNEL_STACK_AT_WAKING: i64 = i64::MIN;
 /// `OffcpuStart::user_stack` / `OffcpuEvent::blocked_user_stack` when the
-/// blocked thread's user stack is taken as its syscall returns, in an
-/// `OffcpuUserStack` record (`CaptureControl::offcpu_user_at_exit`).
-pub const USER_STACK_AT_EXIT: i64 = i64::MIN + 1;
-/// `OffcpuUserStack::user_stack` when the syscall that returned is not
-/// the one the blocks were in (their user IP differs): a block in S that
-/// was no syscall's (a page fault waiting on userfaultfd or FUSE), whose
-/// user stack is then not known rather than another call's.
-pub const USER_STACK_NOT_IN_SYSCALL: i64 = i64::MIN + 2;
+/// blocked thread's user stack is taken as it switches in again, in an
+/// `OffcpuUserStack` record (`CaptureControl::offcpu_user_at_switch_in`).
+pub const USER_STACK_AT_SWITCH_IN: i64 = i64::MIN + 1;
 /// `task_struct.flags` bit of a kernel thread (include/linux/sched.h,
-/// the same value since 2.6): it has no user stack and no syscall to
-/// return from, so its user stack is never deferred.
+/// the same value since 2.6): it has no user stack, so none is deferred.
 pub const PF_KTHREAD: u32 = 0x0020_0000;
 /// Frames of a kernel stack taken at the waking (bpf_get_task_stack);
 /// deeper ones are cut at the outer end (`OffcpuEvent::blocked_kernel_len`).

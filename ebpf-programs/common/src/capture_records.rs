@@ -101,12 +101,13 @@ pub struct OffcpuEvent {
 }
 
 /// The user stack of a thread's long blocks that left it for their
-/// syscall's return (`capture::KIND_OFFCPU_USER_STACK`), emitted at
-/// raw_syscalls:sys_exit in the thread's own context: it belongs to the
+/// switch-in (`capture::KIND_OFFCPU_USER_STACK`), emitted at
+/// finish_task_switch in the thread's own context: it belongs to the
 /// thread's `OffcpuEvent`s with `blocked_user_stack ==
-/// capture::USER_STACK_AT_EXIT` and `blocked_ts` in `since_ts..hdr.ts`
-/// (one syscall can block more than once: a poll that wakes to no event
-/// sleeps again).
+/// capture::USER_STACK_AT_SWITCH_IN` and `blocked_ts` in
+/// `since_ts..hdr.ts` (one, unless a switch-in went unseen: then the
+/// earlier blocks of the same thread, which have not been back in user
+/// mode since, share it).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OffcpuUserStack {
@@ -141,18 +142,13 @@ pub struct OffcpuStart {
     pub kernel_stack: i64,
     pub tgid: u32,
     pub _pad: u32,
-    /// With `user_stack == capture::USER_STACK_AT_EXIT`: the user IP the
-    /// thread entered the kernel from (its user stack's first frame), by
-    /// which its syscall's return is told from another's.
-    pub user_ip: u64,
 }
 
 /// Value of `OFFCPU_AWAIT_USER`, keyed by tid: the long blocks whose user
-/// stack waits for the return of the syscall entered from `user_ip`.
+/// stack waits for the thread's switch-in.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AwaitUserStack {
     /// The `blocked_ts` of the first of these blocks.
     pub since_ts: u64,
-    pub user_ip: u64,
 }

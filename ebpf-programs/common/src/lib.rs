@@ -330,16 +330,16 @@ pub struct CaptureControl {
     /// (bpf_get_task_stack): a kernel walk for long blocks only instead of
     /// every blocking switch.
     pub offcpu_kernel_at_waking: u32,
-    /// FLAG_OFFCPU: 1 when the tp_btf `offcpu_sys_exit_btf` is attached.
-    /// The user stack of a task that is not `current` cannot be walked
-    /// (get_perf_callchain refuses a cross-task user stack), so a user
-    /// thread blocked in S leaves its user stack for its syscall's return:
-    /// the syscall it blocked in returns, with the same user registers,
-    /// right after it runs again. A walk for long blocks only, instead of
-    /// one at every blocking switch (574 of the 671 ns the capture added
-    /// to a switch, measured). D blocks (page faults among them, which
-    /// return through no syscall) keep the walk at the switch-out.
-    pub offcpu_user_at_exit: u32,
+    /// FLAG_OFFCPU: 1 when the kprobe `offcpu_switch_in` is attached to
+    /// finish_task_switch. The user stack of a task that is not `current`
+    /// cannot be walked (get_perf_callchain refuses a cross-task user
+    /// stack), so a blocked user thread leaves its user stack for its
+    /// switch-in: there it is `current` again, not yet back in user mode,
+    /// its user registers those it blocked with (a syscall's or a page
+    /// fault's alike). A walk for long blocks only, instead of one at every
+    /// blocking switch (574 of the 671 ns the capture added to a switch,
+    /// measured).
+    pub offcpu_user_at_switch_in: u32,
 }
 
 mod capture_records;
@@ -371,7 +371,8 @@ pub mod names {
     pub const PROG_OFFCPU_WAKING: &str = "offcpu_waking";
     pub const PROG_OFFCPU_WAKING_FIXED: &str = "offcpu_waking_fixed";
     pub const PROG_OFFCPU_WAKING_BTF: &str = "offcpu_waking_btf";
-    pub const PROG_OFFCPU_SYS_EXIT_BTF: &str = "offcpu_sys_exit_btf";
+    pub const PROG_OFFCPU_SWITCH_IN: &str = "offcpu_switch_in";
+    pub const PROG_OFFCPU_SWITCH_IN_FENTRY: &str = "offcpu_switch_in_fentry";
     pub const PROG_SCHED_WAKING: &str = "sched_waking";
     pub const PROG_SCHED_WAKING_FIXED: &str = "sched_waking_fixed";
 

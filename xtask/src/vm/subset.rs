@@ -104,6 +104,14 @@ pub(super) const CI_SUBSET: &[(&str, &str, &[Arch])] = &[
         "offcpu_capture_stacks_name_the_blocked_and_the_waking_function",
         &[],
     ),
+    // A block in a page fault (userfaultfd): its user stack, taken at the
+    // switch-in where a switch-in program attaches, names the faulting
+    // function (on the cells of CELLS_ONLY).
+    (
+        "offcpu",
+        "offcpu_capture_stacks_a_block_in_a_page_fault_at_the_faulting_function",
+        &[],
+    ),
     // #22 item 2: a classic --sched capture marks where bpf_prog_active
     // blinded its programs, against ftrace's sched_switch; on the
     // preempt=full cell (guest.rs CELL_CMDLINE) a bpf() call preempted by
@@ -125,6 +133,11 @@ pub(super) const CELLS_ONLY: &[(&str, &[(Arch, &str)])] = &[
     (
         "offcpu_capture_stacks_name_the_blocked_and_the_waking_function",
         &[(Arch::X86_64, "5.10"), (Arch::Arm64, "6.1")],
+    ),
+    // The same shape of run; on the cells the test above leaves out.
+    (
+        "offcpu_capture_stacks_a_block_in_a_page_fault_at_the_faulting_function",
+        &[(Arch::X86_64, "6.1"), (Arch::Arm64, "5.10")],
     ),
     // The one preempt=full cell (guest.rs CELL_CMDLINE): elsewhere a
     // guest's bpf() is not preempted, nothing is blind and the test has
@@ -170,12 +183,6 @@ pub(super) const LEFT_OUT: &[(&str, &str)] = &[
         "exited_overflow_is_in_the_summary_and_the_trace",
         "expects 300 short-lived processes within 5 s of wall time; \
          TCG guests took 26 and 33 s (x86_64 and arm64 5.10)",
-    ),
-    (
-        "offcpu_capture_says_a_block_in_a_page_fault_has_no_syscall_stack",
-        "it records every thread (the only captures that defer user stacks to \
-         the syscall's return), and symbolising every thread's stacks, the \
-         debug vitalsd's among them, takes a TCG guest past its 300 s",
     ),
     (
         "batched_map_reads_match_iteration",

@@ -16,7 +16,7 @@ use std::{
 
 mod types;
 
-use types::{Types, BTF_MAGIC, KIND_PTR, KIND_STRUCT, KIND_TYPEDEF};
+use types::{Types, BTF_MAGIC, KIND_FUNC, KIND_PTR, KIND_STRUCT, KIND_TYPEDEF};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BtfError {
@@ -102,11 +102,6 @@ const EXPECTED_PROTOS: [(&str, &[&str]); 5] = [
     ("btf_trace_sched_process_free", &["void", "task_struct"]),
 ];
 
-/// raw_syscalls:sys_exit's prototype (`offcpu_sys_exit_btf`): optional,
-/// since a kernel without CONFIG_FTRACE_SYSCALLS has no such tracepoint,
-/// and only an off-CPU capture's user stacks wait for it.
-const SYS_EXIT_PROTO: (&str, &[&str]) = ("btf_trace_sys_exit", &["void", "pt_regs", "long int"]);
-
 /// What the `*_btf` programs need from the kernel's BTF.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelBtf {
@@ -118,10 +113,17 @@ pub struct KernelBtf {
     /// [`EXPECTED_PROTOS`], in that order: a tp_btf program's attach
     /// target (BPF_PROG_LOAD's attach_btf_id).
     attach_targets: [u32; EXPECTED_PROTOS.len()],
-    /// `btf_trace_sys_exit`'s id, where it has [`SYS_EXIT_PROTO`]'s
-    /// parameters.
-    sys_exit_target: Option<u32>,
+    /// The id of FUNC [`SWITCH_IN_FUNC`], the off-CPU capture's fentry
+    /// target (`offcpu_switch_in_fentry`), where the kernel's BTF has it.
+    switch_in_target: Option<u32>,
 }
+
+/// Where the off-CPU capture's switch-in program attaches: the first
+/// function a task runs in its own context after a switch
+/// (kernel/sched/core.c). Optional: a kernel whose BTF lacks it (or whose
+/// kallsyms has only a specialised copy, which fentry cannot find) gets
+/// the kprobe instead (`programs::switch_in`).
+pub const SWITCH_IN_FUNC: &str = "finish_task_switch";
 
 impl KernelBtf {
     /// A BTF blob for aya's `BtfTracePoint::load`, which looks the attach
@@ -136,20 +138,25 @@ impl KernelBtf {
         let mut names = HashMap::new();
         let targets = EXPECTED_PROTOS
             .iter()
-            .map(|(typedef, _)| *typedef)
+            .map(|(typedef, _)| (*typedef, KIND_TYPEDEF))
             .zip(self.attach_targets)
-            .chain(self.sys_exit_target.map(|id| (SYS_EXIT_PROTO.0, id)));
+            .chain(
+                self.switch_in_target
+                    .map(|id| ((SWITCH_IN_FUNC, KIND_FUNC), id)),
+            );
         let mut last = 0;
-        for (typedef, id) in targets {
-            names.insert(id, strings.len() as u32);
-            strings.extend_from_slice(typedef.as_bytes());
+        for ((name, kind), id) in targets {
+            names.insert(id, (strings.len() as u32, kind));
+            strings.extend_from_slice(name.as_bytes());
             strings.push(0);
             last = last.max(id);
         }
         let mut types = Vec::with_capacity(12 * last as usize);
         for id in 1..=last {
+            // A FUNC's prototype is never looked at (aya wants its id by
+            // name and kind only): `void`.
             let words = match names.get(&id) {
-                Some(&name_off) => [name_off, KIND_TYPEDEF << 24, 0],
+                Some(&(name_off, kind)) => [name_off, kind << 24, 0],
                 None => [0, KIND_PTR << 24, 0],
             };
             for w in words {
@@ -168,21 +175,19 @@ impl KernelBtf {
         out
     }
 
+    /// Whether `offcpu_switch_in_fentry` may load: the kernel's BTF has
+    /// FUNC [`SWITCH_IN_FUNC`] (the kernel still has to find its address).
+    pub fn has_switch_in_func(&self) -> bool {
+        self.switch_in_target.is_some()
+    }
+
     /// The attach target id of raw tracepoint `event` (`sched_switch`).
     #[cfg(test)]
     fn attach_target(&self, event: &str) -> Option<u32> {
-        if SYS_EXIT_PROTO.0.strip_prefix("btf_trace_") == Some(event) {
-            return self.sys_exit_target;
-        }
         EXPECTED_PROTOS
             .iter()
             .position(|(typedef, _)| typedef.strip_prefix("btf_trace_") == Some(event))
             .map(|i| self.attach_targets[i])
-    }
-
-    /// Whether `offcpu_sys_exit_btf` can attach (tp_btf/sys_exit).
-    pub fn has_sys_exit(&self) -> bool {
-        self.sys_exit_target.is_some()
     }
 }
 
@@ -248,17 +253,11 @@ fn lookup(types: &Types) -> Result<KernelBtf, Lookup> {
             .ok_or_else(|| Lookup::Prototype(format!("typedef {typedef}")))?
             .id;
     }
-    let sys_exit_target = match types.proto_params(SYS_EXIT_PROTO.0) {
-        Some(params) if params == SYS_EXIT_PROTO.1 => {
-            types.find(KIND_TYPEDEF, SYS_EXIT_PROTO.0).map(|t| t.id)
-        }
-        _ => None,
-    };
     Ok(KernelBtf {
         task,
         switch,
         attach_targets,
-        sys_exit_target,
+        switch_in_target: types.find(KIND_FUNC, SWITCH_IN_FUNC).map(|r| r.id),
     })
 }
 

@@ -12,7 +12,7 @@ use aya::{
         perf::{PerfEventArray, PerfEventArrayBuffer},
         MapData,
     },
-    programs::{BtfTracePoint, TracePoint},
+    programs::TracePoint,
     Ebpf,
 };
 use vitals_common::names;
@@ -157,22 +157,16 @@ impl Accounting {
         }
     }
 
-    /// Attaches `offcpu_sys_exit_btf` for an off-CPU capture; false (and
-    /// logged) where it is not loaded or the attach fails: the capture
-    /// then takes user stacks at the switch-out.
-    pub(crate) fn attach_sys_exit(&mut self) -> bool {
-        let name = names::PROG_OFFCPU_SYS_EXIT_BTF;
-        if !self.sys_exit_loaded {
-            return false;
-        }
-        let Some(ebpf) = self.ebpf.as_mut() else {
+    /// Attaches the switch-in program (`switch_in`) for an off-CPU
+    /// capture; false (and logged) where none loaded or the attach fails:
+    /// the capture then takes user stacks at the switch-out.
+    pub(crate) fn attach_switch_in(&mut self) -> bool {
+        let (Some(which), Some(ebpf)) = (self.switch_in, self.ebpf.as_mut()) else {
             return false;
         };
-        match program::<BtfTracePoint>(ebpf, name)
-            .and_then(|p| p.attach().map_err(attach_err(name, "tp_btf/sys_exit")))
-        {
+        match super::switch_in::attach(ebpf, which) {
             Ok(link) => {
-                self.sys_exit_link = Some(link);
+                self.switch_in_link = Some(link);
                 true
             }
             Err(e) => {
@@ -182,15 +176,10 @@ impl Accounting {
         }
     }
 
-    /// Detaches `offcpu_sys_exit_btf` if a capture attached it.
-    pub(crate) fn detach_sys_exit(&mut self) {
-        let name = names::PROG_OFFCPU_SYS_EXIT_BTF;
-        if let (Some(link), Some(ebpf)) = (self.sys_exit_link.take(), self.ebpf.as_mut()) {
-            if let Err(e) = program::<BtfTracePoint>(ebpf, name)
-                .and_then(|p| p.detach(link).map_err(program_err(name)))
-            {
-                log::warn!("detaching {name}: {e}");
-            }
+    /// Detaches the switch-in program if a capture attached it.
+    pub(crate) fn detach_switch_in(&mut self) {
+        if let (Some(link), Some(ebpf)) = (self.switch_in_link.take(), self.ebpf.as_mut()) {
+            super::switch_in::detach(ebpf, link);
         }
     }
 

@@ -77,7 +77,7 @@ impl Accounting {
             "sched_process_free",
             pin_to,
         )?;
-        let (sched_programs, wait_from_kernel, sys_exit_loaded) = attach_sched(
+        let (sched_programs, wait_from_kernel, switch_in) = attach_sched(
             &mut ebpf,
             cfg.runq_wait,
             settings.offcpu.is_some(),
@@ -145,8 +145,8 @@ impl Accounting {
             },
             pinned_waking: None,
             waking_link: None,
-            sys_exit_loaded,
-            sys_exit_link: None,
+            switch_in,
+            switch_in_link: None,
             map_read: MapRead::Batch,
             mapped: Default::default(),
             free_misses,
@@ -250,7 +250,7 @@ fn sched_events(runq_wait: bool, wait_from_kernel: bool, offcpu: bool) -> Vec<&'
 /// kernel takes them, else as classic
 /// tracepoints in `layout` (with `pin_to` pinned there instead). Returns
 /// which, whether runqueue wait comes from run_delay, and whether the
-/// off-CPU capture's sys_exit program is loaded (`load_sys_exit`).
+/// off-CPU capture's switch-in program loaded (`switch_in::load`).
 fn attach_sched(
     ebpf: &mut Ebpf,
     runq_wait: bool,
@@ -259,7 +259,7 @@ fn attach_sched(
     layout: TracepointLayout,
     kernel_btf: Option<&KernelBtf>,
     pin_to: Option<&Path>,
-) -> Result<(SchedPrograms, bool, bool), BpfError> {
+) -> Result<(SchedPrograms, bool, Option<super::switch_in::SwitchIn>), BpfError> {
     // Some(whether their task_struct has sched_info.run_delay) with BTF.
     let btf_run_delay = kernel_btf.map(|k| k.task.run_delay.is_some());
     // aya needs only the attach targets' ids from vmlinux BTF, which our
@@ -277,7 +277,7 @@ fn attach_sched(
             None => None,
         };
     let mut sched_programs = SchedPrograms::Classic;
-    let mut sys_exit_loaded = false;
+    let mut switch_in = None;
     let run_delay = btf_run_delay == Some(true);
     if let Some(btf) = &vmlinux_btf {
         if btf_run_delay == Some(false) {
@@ -298,7 +298,7 @@ fn attach_sched(
                 sched_programs = SchedPrograms::Btf;
                 drop_classic_free(ebpf);
                 if offcpu && capture && pin_to.is_none() {
-                    sys_exit_loaded = load_sys_exit(ebpf, kernel_btf, btf);
+                    switch_in = super::switch_in::load(ebpf, kernel_btf, btf);
                 }
             }
             // Surprising where the probes said yes, hence a warning.
@@ -320,7 +320,7 @@ fn attach_sched(
     Ok((
         sched_programs,
         sched_programs == SchedPrograms::Btf && run_delay,
-        sys_exit_loaded,
+        switch_in,
     ))
 }
 
@@ -336,30 +336,6 @@ fn drop_classic_free(ebpf: &mut Ebpf) {
     {
         // Both stay attached: each free is still handled once.
         log::warn!("{e}");
-    }
-}
-
-/// Loads (verifies) `offcpu_sys_exit_btf`, attached only while an off-CPU
-/// capture runs (`CaptureControl::offcpu_user_at_exit`). Without it (no
-/// tp_btf/sys_exit: CONFIG_FTRACE_SYSCALLS off, or a refusal) captures
-/// take the user stack at every blocking switch-out, as before.
-fn load_sys_exit(ebpf: &mut Ebpf, kernel_btf: Option<&KernelBtf>, btf: &Btf) -> bool {
-    let name = names::PROG_OFFCPU_SYS_EXIT_BTF;
-    if !kernel_btf.is_some_and(KernelBtf::has_sys_exit) {
-        log::info!(
-            "no btf_trace_sys_exit in {VMLINUX_BTF}: off-CPU captures take the user stack at \
-             each blocking switch-out"
-        );
-        return false;
-    }
-    match program::<BtfTracePoint>(ebpf, name)
-        .and_then(|p| p.load("sys_exit", btf).map_err(program_err(name)))
-    {
-        Ok(()) => true,
-        Err(e) => {
-            log::warn!("{e}: off-CPU captures take the user stack at each blocking switch-out");
-            false
-        }
     }
 }
 

@@ -15,11 +15,12 @@ pub mod memory;
 mod pins;
 mod settings;
 mod switch_counters;
+mod switch_in;
 
 use std::collections::HashMap;
 
 use aya::{
-    programs::{tp_btf::BtfTracePointLinkId, trace_point::TracePointLinkId, ProgramError},
+    programs::{trace_point::TracePointLinkId, ProgramError},
     Ebpf,
 };
 
@@ -66,10 +67,10 @@ pub struct Accounting {
     pinned_waking: Option<aya::programs::TracePoint>,
     /// sched_waking link while a capture with FLAG_SCHED runs.
     waking_link: Option<TracePointLinkId>,
-    /// `offcpu_sys_exit_btf` is loaded (tp_btf, off-CPU accounting and a
-    /// capture tier), and its link while an off-CPU capture runs.
-    sys_exit_loaded: bool,
-    sys_exit_link: Option<BtfTracePointLinkId>,
+    /// The switch-in program that loaded (tp_btf, off-CPU accounting and
+    /// a capture tier), and its link while an off-CPU capture runs.
+    switch_in: Option<switch_in::SwitchIn>,
+    switch_in_link: Option<switch_in::SwitchInLink>,
     /// How the hashes are read; `Batch` falls back to `Iterate` for
     /// good on a kernel without batch lookups.
     map_read: MapRead,

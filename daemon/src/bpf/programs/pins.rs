@@ -111,8 +111,8 @@ impl Accounting {
             pinned_waking,
             waking_link: None,
             // tp_btf only; bpfloader's programs are classic.
-            sys_exit_loaded: false,
-            sys_exit_link: None,
+            switch_in: None,
+            switch_in_link: None,
             map_read: MapRead::Batch,
             mapped: Default::default(),
             free_misses: pins.free_misses,

@@ -147,17 +147,12 @@ pub fn start(
             return Err(e);
         }
     }
-    // A user thread's long block in S takes its user stack as its syscall
-    // returns, where that program loaded (tp_btf, beside the waking that
-    // takes the kernel stack); else at every blocking switch-out. Only
-    // when every thread is watched: raw_syscalls:sys_exit puts every
-    // syscall of every task on the slow path (+40 ns a getppid of an
-    // unwatched process, measured), a tax on the whole system that a
-    // capture of a few processes would pay to save walks of its own
-    // blocks (README, "User stacks at the syscall's return").
-    let watch_all = matches!(offcpu.map(|w| &w.processes), Some(WatchedProcesses::All));
-    let offcpu_user_at_exit =
-        u32::from(watch_all && offcpu_kernel_at_waking != 0 && acc.attach_sys_exit());
+    // A user thread's long block takes its user stack as the thread
+    // switches in again, where that program loaded (tp_btf, beside the
+    // waking that takes the kernel stack); else at every blocking
+    // switch-out (README, "User stacks at the switch-in").
+    let offcpu_user_at_switch_in =
+        u32::from(offcpu.is_some() && offcpu_kernel_at_waking != 0 && acc.attach_switch_in());
     if events.sched {
         // Blind windows: harmless to leave off on failure (fewer marked).
         if let Err(e) = acc.transport_slot().switch_counters.set_enabled(true) {
@@ -176,7 +171,7 @@ pub fn start(
             },
             capture_id: capture_id(),
             offcpu_kernel_at_waking,
-            offcpu_user_at_exit,
+            offcpu_user_at_switch_in,
         },
     )?;
     Ok(Started {
@@ -272,7 +267,7 @@ fn take_back(acc: &mut Accounting, out: EventOutput) {
 pub fn pause(acc: &mut Accounting) -> Result<(), BpfError> {
     let res = set_flag(acc, CaptureControl::default());
     acc.detach_waking();
-    acc.detach_sys_exit();
+    acc.detach_switch_in();
     if let Err(e) = acc.transport_slot().switch_counters.set_enabled(false) {
         log::warn!("capture end: {e}");
     }

@@ -21,6 +21,7 @@ pub(super) const KIND_TYPEDEF: u32 = 8;
 pub(super) const KIND_VOLATILE: u32 = 9;
 pub(super) const KIND_CONST: u32 = 10;
 pub(super) const KIND_RESTRICT: u32 = 11;
+pub(super) const KIND_FUNC: u32 = 12;
 pub(super) const KIND_FUNC_PROTO: u32 = 13;
 pub(super) const KIND_VAR: u32 = 14;
 pub(super) const KIND_DATASEC: u32 = 15;
