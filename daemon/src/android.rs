@@ -193,6 +193,11 @@ pub const SOURCE_SCAN_EXEMPT: &[(&str, &str)] = &[
         "Linux-only: producer::connection mirrors perfetto's GetProducerSocket() default",
     ),
     (
+        "/sys/bus/event_source/devices/kprobe",
+        "bpf::programs::switch_in, checked for existence at load only: the policy does not \
+         grant the kprobe PMU, so on Android the off-CPU switch-in is fentry or nothing",
+    ),
+    (
         "/run/perfetto/traced-consumer.sock",
         "Linux-only default of the traced consumer socket (Android: /dev/socket/traced_consumer)",
     ),
@@ -205,7 +210,9 @@ pub const SOURCE_SCAN_EXEMPT: &[(&str, &str)] = &[
         "events::kernel_stacks, off-CPU captures only (`vitalsd record --offcpu`, a rule's \
          `capture = { offcpu = true }`): the policy does not grant it, and a denied open \
          or kptr_restrict 2 (Android's default; vitalsd keeps no CAP_SYSLOG) both leave \
-         kernel frames saying 'kernel symbols hidden' while user frames resolve",
+         kernel frames saying 'kernel symbols hidden' while user frames resolve; also \
+         bpf::programs::switch_in's kprobe name at load, where a denied open leaves \
+         off-CPU user stacks walked at the switch-out",
     ),
     (
         "/run/vitalsd/vitalsd.sock",

@@ -271,14 +271,18 @@ pub fn offcpu_switch_in(ctx: ProbeContext) -> u32 {
 
 #[inline(always)]
 fn on_switch_in<C: StackIdContext + EbpfContext>(ctx: &C) {
-    let c = capture_control();
-    if c.flags & capture::FLAG_OFFCPU == 0 || c.offcpu_user_at_switch_in == 0 {
-        return;
-    }
+    // At every switch while attached: the usual exit (no block waits)
+    // first, one array read; the capture's control block (a copy of the
+    // struct) only when one does. The flag still matters then: between a
+    // capture's end (flag cleared) and the detach, nothing is emitted.
     let Some(awaiting) = OFFCPU_AWAITING.get_ptr_mut(0) else {
         return;
     };
     if unsafe { core::ptr::read_volatile(awaiting) } == 0 {
+        return;
+    }
+    let c = capture_control();
+    if c.flags & capture::FLAG_OFFCPU == 0 || c.offcpu_user_at_switch_in == 0 {
         return;
     }
     let id = bpf_get_current_pid_tgid();

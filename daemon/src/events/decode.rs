@@ -33,7 +33,7 @@ pub enum Record {
     /// kernel frames it is eight times a switch record, which batches of
     /// records would otherwise each be sized to.
     Offcpu(Box<OffcpuEvent>),
-    /// The user stack of long blocks that waited for their syscall's return.
+    /// The user stack of long blocks that waited for their thread's switch-in.
     OffcpuUserStack(OffcpuUserStack),
     /// Switches a CPU made that no classic program saw.
     BlindWindow(BlindWindow),

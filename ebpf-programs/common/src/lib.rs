@@ -330,8 +330,9 @@ pub struct CaptureControl {
     /// (bpf_get_task_stack): a kernel walk for long blocks only instead of
     /// every blocking switch.
     pub offcpu_kernel_at_waking: u32,
-    /// FLAG_OFFCPU: 1 when the kprobe `offcpu_switch_in` is attached to
-    /// finish_task_switch. The user stack of a task that is not `current`
+    /// FLAG_OFFCPU: 1 when a switch-in program (`offcpu_switch_in_fentry`
+    /// or the kprobe `offcpu_switch_in`) is attached to finish_task_switch.
+    /// The user stack of a task that is not `current`
     /// cannot be walked (get_perf_callchain refuses a cross-task user
     /// stack), so a blocked user thread leaves its user stack for its
     /// switch-in: there it is `current` again, not yet back in user mode,

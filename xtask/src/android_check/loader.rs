@@ -301,10 +301,7 @@ fn table_row(table: &str, pid: u32) -> Option<(f64, u64)> {
 }
 
 pub(super) fn within(what: &str, got: f64, want: f64, pct: f64) -> Result<String> {
-    let dev = (got - want).abs() / want * 100.0;
-    let line = format!("  {what}: vitalsd {got:.0}, /proc {want:.0} ({dev:.1} % apart)");
-    ensure!(dev <= pct, "{line}, more than {pct} %");
-    Ok(line)
+    super::unseen::within_unseen(what, got, want, pct, 0.0)
 }
 
 /// vitalsd attached from `pins` records a spinner and a page-toucher.

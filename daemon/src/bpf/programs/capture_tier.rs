@@ -161,7 +161,7 @@ impl Accounting {
     /// capture; false (and logged) where none loaded or the attach fails:
     /// the capture then takes user stacks at the switch-out.
     pub(crate) fn attach_switch_in(&mut self) -> bool {
-        let (Some(which), Some(ebpf)) = (self.switch_in, self.ebpf.as_mut()) else {
+        let (Some(which), Some(ebpf)) = (self.switch_in.as_ref(), self.ebpf.as_mut()) else {
             return false;
         };
         match super::switch_in::attach(ebpf, which) {

@@ -1,14 +1,15 @@
 //! The off-CPU capture's switch-in program, on `finish_task_switch`, the
 //! first function a task runs in its own context after a switch
 //! (kernel/sched/core.c): loaded with the tp_btf programs, attached only
-//! while a capture of every thread runs (`CaptureControl::
+//! while an off-CPU capture runs (`CaptureControl::
 //! offcpu_user_at_switch_in`). fentry where the kernel finds the function
 //! by its BTF name; else a kprobe. The function is static, and compilers
 //! often specialise it (GCC's IPA-SRA names the copy
 //! `finish_task_switch.isra.0`, which fentry cannot find by the BTF
 //! name), so the kprobe takes the name /proc/kallsyms has, as bcc's
-//! offwaketime does. Neither (no BTF FUNC and CONFIG_KPROBES off, as on
-//! this project's CI host): captures walk user stacks at the switch-out.
+//! offwaketime does, looked up once at load. Neither (fentry refused and
+//! CONFIG_KPROBES off, as on this project's CI host): captures walk user
+//! stacks at the switch-out.
 
 use std::{
     io::{BufRead, BufReader},
@@ -31,10 +32,13 @@ use super::{
 };
 
 /// Which switch-in program loaded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SwitchIn {
     Fentry,
-    Kprobe,
+    /// On `symbol`, finish_task_switch's name in kallsyms.
+    Kprobe {
+        symbol: String,
+    },
 }
 
 /// Its link while a capture runs.
@@ -57,9 +61,40 @@ pub(super) fn load(ebpf: &mut Ebpf, kernel_btf: Option<&KernelBtf>, btf: &Btf) -
             Err(e) => log::info!("{e}: trying a kprobe on {SWITCH_IN_FUNC}"),
         }
     }
+    // A kernel without kprobes (CONFIG_KPROBES off) has no kprobe PMU,
+    // which perf_event_open needs at every attach: say so once, here.
+    if !Path::new(KPROBE_PMU).exists() {
+        log::info!("no {KPROBE_PMU} (no kprobes): {FALLBACK}");
+        return None;
+    }
+    // The name next: without one the kprobe is not worth verifying.
+    let kallsyms = Path::new(KALLSYMS);
+    let symbol = match finish_task_switch_symbol(kallsyms) {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            log::info!(
+                "{}: {FALLBACK}",
+                BpfError::NoSymbol {
+                    symbol: SWITCH_IN_FUNC,
+                    path: kallsyms.into()
+                }
+            );
+            return None;
+        }
+        Err(source) => {
+            log::info!(
+                "{}: {FALLBACK}",
+                BpfError::Kallsyms {
+                    path: kallsyms.into(),
+                    source
+                }
+            );
+            return None;
+        }
+    };
     let name = names::PROG_OFFCPU_SWITCH_IN;
     match program::<KProbe>(ebpf, name).and_then(|p| p.load().map_err(program_err(name))) {
-        Ok(()) => Some(SwitchIn::Kprobe),
+        Ok(()) => Some(SwitchIn::Kprobe { symbol }),
         Err(e) => {
             log::info!("{e}: {FALLBACK}");
             None
@@ -67,8 +102,12 @@ pub(super) fn load(ebpf: &mut Ebpf, kernel_btf: Option<&KernelBtf>, btf: &Btf) -
     }
 }
 
+const KALLSYMS: &str = "/proc/kallsyms";
+/// The kprobe PMU aya's attach opens (its `type` file).
+const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe";
+
 /// Attaches the loaded switch-in program.
-pub(super) fn attach(ebpf: &mut Ebpf, which: SwitchIn) -> Result<SwitchInLink, BpfError> {
+pub(super) fn attach(ebpf: &mut Ebpf, which: &SwitchIn) -> Result<SwitchInLink, BpfError> {
     match which {
         SwitchIn::Fentry => {
             let name = names::PROG_OFFCPU_SWITCH_IN_FENTRY;
@@ -77,18 +116,8 @@ pub(super) fn attach(ebpf: &mut Ebpf, which: SwitchIn) -> Result<SwitchInLink, B
                 .map(SwitchInLink::Fentry)
                 .map_err(attach_err(name, "fentry/finish_task_switch"))
         }
-        SwitchIn::Kprobe => {
+        SwitchIn::Kprobe { symbol } => {
             let name = names::PROG_OFFCPU_SWITCH_IN;
-            let kallsyms = Path::new("/proc/kallsyms");
-            let symbol = finish_task_switch_symbol(kallsyms)
-                .map_err(|source| BpfError::Kallsyms {
-                    path: kallsyms.into(),
-                    source,
-                })?
-                .ok_or_else(|| BpfError::NoSymbol {
-                    symbol: SWITCH_IN_FUNC,
-                    path: kallsyms.into(),
-                })?;
             program::<KProbe>(ebpf, name)?
                 .attach(symbol.as_str(), 0)
                 .map(SwitchInLink::Kprobe)
@@ -117,14 +146,19 @@ pub(super) fn detach(ebpf: &mut Ebpf, link: SwitchInLink) {
 /// The kernel's symbol for finish_task_switch in the kallsyms file at
 /// `path` (`/proc/kallsyms`): the plain name if the kernel has it, else
 /// its first compiler-specialised copy (`finish_task_switch.<suffix>`).
-/// None if neither is there or the file cannot be read (then logged by
-/// the caller, and captures walk user stacks at the switch-out).
+/// None if neither is there (then logged by the caller, and captures
+/// walk user stacks at the switch-out). Read once, at load: ~200k lines,
+/// through one reused line buffer.
 pub(crate) fn finish_task_switch_symbol(path: &Path) -> Result<Option<String>, std::io::Error> {
     const NAME: &str = SWITCH_IN_FUNC;
-    let file = std::fs::File::open(path)?;
+    let mut file = BufReader::with_capacity(64 << 10, std::fs::File::open(path)?);
     let mut specialised = None;
-    for line in BufReader::new(file).lines() {
-        let line = line?;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if file.read_line(&mut line)? == 0 {
+            break;
+        }
         // "<address> <type> <name>[\t[<module>]]"; only the kernel's own
         // text (t/T), not a module's.
         let mut f = line.split_whitespace();

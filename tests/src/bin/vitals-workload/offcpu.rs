@@ -23,12 +23,14 @@ fn wait_in_read(pid: i32, fd: i32) {
     while !std::fs::read_to_string(&path).is_ok_and(|s| s.starts_with(&want)) {
         std::thread::sleep(Duration::from_micros(100));
     }
-    // Blocked in the call, not only entering it: its state is S.
-    let stat = format!("/proc/{pid}/stat");
-    while !std::fs::read_to_string(&stat).is_ok_and(|s| {
-        s.rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('S'))
-    }) {
+    // Blocked in the call, not only entering it: its state is S (the
+    // tests' /proc parser, the procfs crate).
+    let sleeping = || {
+        procfs::process::Process::new(pid)
+            .and_then(|p| p.stat())
+            .is_ok_and(|st| st.state == 'S')
+    };
+    while !sleeping() {
         std::thread::sleep(Duration::from_micros(100));
     }
 }
