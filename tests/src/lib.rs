@@ -5,6 +5,7 @@
 pub mod bpf_stats;
 pub mod bpffs;
 pub mod daemon;
+pub mod ftrace;
 pub mod kernel_clock;
 pub mod perfetto_service;
 pub mod pid;
@@ -298,9 +299,9 @@ pub fn map_drop(table: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in the map drops line:\n{table}"))
 }
 
-/// This host's Firecracker guest kernel fires no tracepoint while its pid 1
-/// is current (README "Reliability"): a few misses a second that no
-/// program can avoid. Stock kernels trace every switch.
+/// This host's Firecracker guest kernel fires no sched_switch or syscall
+/// tracepoint in its pid 1's threads (README "Reliability"): a few misses
+/// a second that no program can avoid. Stock kernels trace every switch.
 pub fn untraced_pid1() -> bool {
     std::fs::read_to_string("/proc/sys/kernel/osrelease").is_ok_and(|r| r.trim().contains("-fc"))
 }

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use vitals_tests::*;
+use vitals_tests::{ftrace::Ftrace, *};
 
 /// `vitalsd record` on the classic path under strace, while 30 short
 /// children exit: between the attach and the end, no bpf() call copies a
@@ -111,80 +111,22 @@ fn preempt_full() -> bool {
         .is_ok_and(|mode| mode.contains("(full)"))
 }
 
-/// A tracefs instance recording every sched_switch with CLOCK_BOOTTIME
-/// stamps (trace_clock "boot", Perfetto's clock): the kernel's own tracer,
-/// which writes its ring buffer whatever bpf_prog_active says, so it sees
-/// the switches the classic BPF programs are skipped for. Removed on drop.
-struct SwitchTracer {
-    dir: std::path::PathBuf,
-}
-
-impl SwitchTracer {
-    fn start() -> Self {
-        let root = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-            .into_iter()
-            .map(Path::new)
-            .find(|p| p.join("instances").is_dir())
-            .expect("tracefs not mounted");
-        let dir = root.join(format!("instances/vitals-blind-{}", std::process::id()));
-        std::fs::create_dir(&dir).unwrap();
-        let t = Self { dir };
-        t.write("trace_clock", "boot");
-        t.write("buffer_size_kb", "8192");
-        t.write("events/sched/sched_switch/enable", "1");
-        t.write("tracing_on", "1");
-        t
-    }
-
-    fn write(&self, file: &str, v: &str) {
-        std::fs::write(self.dir.join(file), v).unwrap_or_else(|e| panic!("{file}: {e}"));
-    }
-
-    /// Stops recording; (cpu, ts_us, prev_pid, next_pid) of every switch,
-    /// and whether a CPU's buffer overran (then the comparison is void).
-    fn stop(&self) -> (Vec<(u32, u64, i64, i64)>, bool) {
-        self.write("tracing_on", "0");
-        let mut overrun = false;
-        let mut out = Vec::new();
-        let mut cpu = 0u32;
-        while self.dir.join(format!("per_cpu/cpu{cpu}")).is_dir() {
-            let base = self.dir.join(format!("per_cpu/cpu{cpu}"));
-            let stats = std::fs::read_to_string(base.join("stats")).unwrap();
-            overrun |= number_after(&stats, "overrun:") > 0;
-            let text = std::fs::read_to_string(base.join("trace")).unwrap();
-            for line in text.lines().filter(|l| l.contains(" sched_switch: ")) {
-                // "<comm>-<pid> [000] d..2. 123.456789: sched_switch: ..."
-                let Some(ts) = line
-                    .split(": sched_switch: ")
-                    .next()
-                    .and_then(|h| h.rsplit(' ').next())
-                else {
-                    continue;
-                };
-                let (s, us) = ts.split_once('.').unwrap();
-                let ts_us = s.parse::<u64>().unwrap() * 1_000_000 + us.parse::<u64>().unwrap();
-                let field = |name: &str| -> i64 {
-                    line.split(name)
-                        .nth(1)
-                        .and_then(|r| r.split(' ').next())
-                        .unwrap()
-                        .parse()
-                        .unwrap()
-                };
-                out.push((cpu, ts_us, field(" prev_pid="), field(" next_pid=")));
-            }
-            cpu += 1;
-        }
-        (out, overrun)
-    }
-}
-
-impl Drop for SwitchTracer {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.dir.join("tracing_on"), "0");
-        let _ = std::fs::write(self.dir.join("events/sched/sched_switch/enable"), "0");
-        let _ = std::fs::remove_dir(&self.dir);
-    }
+/// The kernel's own tracer on every sched_switch: (cpu, ts_us, prev_pid,
+/// next_pid) of each, and whether a CPU's buffer overran (then the
+/// comparison is void).
+fn ftrace_switches(tracer: &Ftrace) -> (Vec<(u32, u64, i64, i64)>, bool) {
+    tracer.stop();
+    let (lines, overrun) = tracer.lines();
+    let switches = lines
+        .iter()
+        .filter(|l| l.is("sched_switch"))
+        .map(|l| {
+            let field = |name| l.field(name).unwrap_or_else(|| panic!("no {name}: {l:?}"));
+            let ts_us = l.ts_us().unwrap_or_else(|| panic!("no stamp: {l:?}"));
+            (l.cpu, ts_us, field("prev_pid"), field("next_pid"))
+        })
+        .collect();
+    (switches, overrun)
 }
 
 /// #22 item 2: a `--sched` capture on the classic tracepoints marks where
@@ -214,7 +156,7 @@ fn classic_capture_marks_every_switch_ftrace_saw_and_it_missed() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.pftrace");
-    let tracer = SwitchTracer::start();
+    let tracer = Ftrace::start("blind", &["sched/sched_switch"]);
     let mut reader = Workload::spawn(&["pinned-bpf-reader", "0", "4194304"]);
     reader.expect("ready");
     reader.go();
@@ -239,7 +181,7 @@ fn classic_capture_marks_every_switch_ftrace_saw_and_it_missed() {
         summary.push(l);
     }
     run.finish();
-    let (ftrace, overrun) = tracer.stop();
+    let (ftrace, overrun) = ftrace_switches(&tracer);
     reader.finish();
     assert!(!overrun, "the ftrace buffer overran: no reference");
 

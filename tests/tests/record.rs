@@ -190,7 +190,7 @@ fn unprivileged_load_names_the_missing_capability() {
 /// reads (the counters through mmap, no bpf() call that copies a value and
 /// raises bpf_prog_active) must never blind the programs on that CPU, so
 /// no switch is missed. Stock kernels trace every switch; this host's
-/// Firecracker kernel fires no tracepoint while its pid 1 is current
+/// Firecracker kernel fires no sched_switch in its pid 1's threads
 /// (README "Reliability"), a few misses a second that no program can
 /// avoid, so there they are only bounded.
 #[test]

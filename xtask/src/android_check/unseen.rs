@@ -1,6 +1,6 @@
 //! Check 1a's allowance for CPU time no tracepoint saw.
 //!
-//! Some kernels fire no tracepoint while a given task is current: the
+//! Some kernels fire no tracepoint in a given task's own context: the
 //! Firecracker guest this project's CI runs in does so for its pid 1, the
 //! VM agent (README, "Kernel support": its threads are traced as `next`,
 //! never as `prev`). The agent's time on the spinner's CPU is then charged

@@ -1,0 +1,122 @@
+//! A tracefs instance of the kernel's own tracer: the tests' witness of
+//! which tracepoints fired. Its probe runs in the same tracepoint call as
+//! the BPF programs', and it writes its ring buffer whatever
+//! `bpf_prog_active` says, so it also sees what the classic programs are
+//! skipped for. Stamps are CLOCK_BOOTTIME (trace_clock "boot", Perfetto's
+//! clock). Removed on drop.
+
+use std::path::{Path, PathBuf};
+
+pub struct Ftrace {
+    dir: PathBuf,
+    events: Vec<String>,
+}
+
+/// One record: the CPU whose buffer held it and its text line
+/// ("<comm>-<pid> [000] d..2. 123.456789: sched_switch: ...").
+#[derive(Debug, Clone)]
+pub struct FtraceLine {
+    pub cpu: u32,
+    pub line: String,
+}
+
+impl Ftrace {
+    /// Records `events` ("sched/sched_switch") in a new instance named
+    /// after `what` and this process.
+    pub fn start(what: &str, events: &[&str]) -> Self {
+        let root = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .into_iter()
+            .map(Path::new)
+            .find(|p| p.join("instances").is_dir())
+            .expect("tracefs not mounted");
+        let dir = root.join(format!("instances/vitals-{what}-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let t = Self {
+            dir,
+            events: events.iter().map(|e| e.to_string()).collect(),
+        };
+        t.write("trace_clock", "boot");
+        t.write("buffer_size_kb", "8192");
+        // Reading a buffer while recording would pause the instance for
+        // the read (5.11+, the option's default); older kernels lack it.
+        let _ = std::fs::write(t.dir.join("options/pause-on-trace"), "0");
+        for e in &t.events {
+            t.write(&format!("events/{e}/enable"), "1");
+        }
+        t.write("tracing_on", "1");
+        t
+    }
+
+    fn write(&self, file: &str, v: &str) {
+        std::fs::write(self.dir.join(file), v).unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+
+    /// Stops recording.
+    pub fn stop(&self) {
+        self.write("tracing_on", "0");
+    }
+
+    /// Every record so far, CPU by CPU, each CPU's in order, and whether
+    /// a CPU's buffer overran (then the records are no reference).
+    pub fn lines(&self) -> (Vec<FtraceLine>, bool) {
+        let mut overrun = false;
+        let mut out = Vec::new();
+        let mut cpu = 0u32;
+        while self.dir.join(format!("per_cpu/cpu{cpu}")).is_dir() {
+            let base = self.dir.join(format!("per_cpu/cpu{cpu}"));
+            let stats = std::fs::read_to_string(base.join("stats")).unwrap();
+            overrun |= stats
+                .lines()
+                .filter_map(|l| l.strip_prefix("overrun:"))
+                .any(|n| n.trim().parse::<u64>().map_or(true, |n| n > 0));
+            let text = std::fs::read_to_string(base.join("trace")).unwrap();
+            out.extend(
+                text.lines()
+                    .filter(|l| !l.starts_with('#'))
+                    .map(|l| FtraceLine {
+                        cpu,
+                        line: l.to_owned(),
+                    }),
+            );
+            cpu += 1;
+        }
+        (out, overrun)
+    }
+}
+
+impl FtraceLine {
+    /// Whether this is a record of `event` ("sched_switch").
+    pub fn is(&self, event: &str) -> bool {
+        self.line.contains(&format!(": {event}: "))
+    }
+
+    /// The record's stamp, in µs.
+    pub fn ts_us(&self) -> Option<u64> {
+        // After the "[cpu]" field: a comm may hold ": ".
+        let after_cpu = &self.line[self.line.find("] ")?..];
+        let head = after_cpu.split(": ").next()?;
+        let (s, us) = head.rsplit(' ').next()?.split_once('.')?;
+        Some(s.parse::<u64>().ok()? * 1_000_000 + us.parse::<u64>().ok()?)
+    }
+
+    /// The integer field `name` of the record ("prev_pid").
+    pub fn field(&self, name: &str) -> Option<i64> {
+        self.line
+            .split(&format!(" {name}="))
+            .nth(1)?
+            .split(' ')
+            .next()?
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for Ftrace {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("tracing_on"), "0");
+        for e in &self.events {
+            let _ = std::fs::write(self.dir.join(format!("events/{e}/enable")), "0");
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
