@@ -5,7 +5,11 @@
 //! skipped for. Stamps are CLOCK_BOOTTIME (trace_clock "boot", Perfetto's
 //! clock). Removed on drop.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
 
 pub struct Ftrace {
     dir: PathBuf,
@@ -81,6 +85,43 @@ impl Ftrace {
             cpu += 1;
         }
         (out, overrun)
+    }
+}
+
+impl Ftrace {
+    /// The pid of every sched_process_free this instance recorded (it
+    /// must record `sched/sched_process_free`), a pid freed twice twice.
+    pub fn frees(&self) -> Vec<u32> {
+        let (lines, overrun) = self.lines();
+        assert!(!overrun, "the ftrace buffer overran: no reference");
+        lines
+            .iter()
+            .filter(|l| l.is("sched_process_free"))
+            .filter_map(|l| l.field("pid"))
+            .filter_map(|p| u32::try_from(p).ok())
+            .collect()
+    }
+
+    /// Polls `frees()` until `done` holds or `limit` passed: a task's
+    /// free runs an RCU grace period after its reaping, which a loaded
+    /// machine can stretch past any fixed sleep. Returns the last frees.
+    pub fn wait_for(&self, limit: Duration, done: impl Fn(&[u32]) -> bool) -> Vec<u32> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let frees = self.frees();
+            if done(&frees) || Instant::now() >= deadline {
+                return frees;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The pids of `pids` freed once `limit` passed or all were.
+    pub fn wait_for_frees(&self, pids: &[u32], limit: Duration) -> HashSet<u32> {
+        let of_pids = |frees: &[u32]| -> HashSet<u32> {
+            frees.iter().copied().filter(|p| pids.contains(p)).collect()
+        };
+        of_pids(&self.wait_for(limit, |f| of_pids(f).len() == pids.len()))
     }
 }
 
