@@ -209,8 +209,24 @@ fn short_lived_threads_keep_their_time() {
         scans += 1;
     }
     w.expect("done");
+    // Every thread gone and the main one blocked: then our read, then the
+    // kernel's getrusage, which can only have grown since (an arm64 TCG
+    // guest's threads, joined before a getrusage taken first, still ran
+    // their exit paths for 33 ms past it).
+    let pid = w.pid();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count()
+        > 1
+    {
+        assert!(std::time::Instant::now() < deadline, "threads never ended");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    wait_blocked(pid);
+    let r1 = src.row(pid);
+    w.go();
     let rusage_ns = w.read_numbers("rusage")[0] as f64 * 1e3;
-    let r1 = src.row(w.pid());
     let ours = r1.oncpu_ns as f64;
     let tick_ns = 1e9 / clk_tck() as f64;
     eprintln!(
@@ -222,7 +238,8 @@ fn short_lived_threads_keep_their_time() {
     );
     assert!(rusage_ns > 3.0e9, "200 x 20 ms ran only {rusage_ns} ns");
     // Never above the kernel's total (both count from the process's
-    // start); below it by at most stat's truncation of utime and stime.
+    // start); below it by at most stat's truncation of utime and stime
+    // and what the main thread ran between our read and its getrusage.
     assert!(
         ours <= rusage_ns + 1e6,
         "{ours} ns over getrusage's {rusage_ns}"

@@ -399,6 +399,10 @@ fn thread_churn(n: u64, ms: u64) {
             .unwrap();
     }
     say("done");
+    // The reader takes its figure first: the kernel's total can only grow
+    // after it (a joined thread still runs its exit path, and so does this
+    // thread), so getrusage, asked for afterwards, is its upper bound.
+    wait_line();
     // Safety: getrusage fills the struct we pass.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) }, 0);
