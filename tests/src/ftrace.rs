@@ -86,9 +86,7 @@ impl Ftrace {
         }
         (out, overrun)
     }
-}
 
-impl Ftrace {
     /// The pid of every sched_process_free this instance recorded (it
     /// must record `sched/sched_process_free`), a pid freed twice twice.
     pub fn frees(&self) -> Vec<u32> {

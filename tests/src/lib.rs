@@ -209,15 +209,28 @@ pub fn kernel_stat(pid: u32) -> KernelStat {
 /// its stdin), so kernel figures read a moment apart agree: a workload
 /// that has just printed a line may still fault or run before it blocks.
 pub fn wait_blocked(pid: u32) {
+    wait_tasks(pid, "blocked", |_| true);
+}
+
+/// [`wait_blocked`], and the main thread is the only one left: joined
+/// threads that still run their exit paths are gone too.
+pub fn wait_blocked_alone(pid: u32) {
+    wait_tasks(pid, "blocked alone", |tids| tids == [pid as i32]);
+}
+
+/// Polls (10 s at most) until every task of `pid` sleeps and the tids
+/// listed satisfy `tids_ok`.
+fn wait_tasks(pid: u32, what: &str, tids_ok: impl Fn(&[i32]) -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let p = procfs::process::Process::new(pid as i32).unwrap();
-    while p
-        .tasks()
-        .unwrap()
-        .flatten()
-        .any(|t| t.stat().is_ok_and(|s| s.state != 'S'))
-    {
-        assert!(std::time::Instant::now() < deadline, "{pid} never blocked");
+    loop {
+        let tasks: Vec<_> = p.tasks().unwrap().flatten().collect();
+        let tids: Vec<i32> = tasks.iter().map(|t| t.tid).collect();
+        let asleep = tasks.iter().all(|t| t.stat().is_ok_and(|s| s.state == 'S'));
+        if asleep && tids_ok(&tids) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{pid} never {what}");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }

@@ -214,16 +214,7 @@ fn short_lived_threads_keep_their_time() {
     // guest's threads, joined before a getrusage taken first, still ran
     // their exit paths for 33 ms past it).
     let pid = w.pid();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .count()
-        > 1
-    {
-        assert!(std::time::Instant::now() < deadline, "threads never ended");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    wait_blocked(pid);
+    wait_blocked_alone(pid);
     let r1 = src.row(pid);
     w.go();
     let rusage_ns = w.read_numbers("rusage")[0] as f64 * 1e3;
