@@ -516,8 +516,13 @@ fn runq_wait_off_measures_no_wait() {
 }
 
 /// procfs and eBPF see the same spinner: over a 1 s window its
-/// core-equivalent % from /proc/<pid>/stat is 80-105% and agrees with the
-/// eBPF on-CPU time over the same window within 10%.
+/// core-equivalent % from /proc/<pid>/stat is the kernel's own runtime
+/// share (sum_exec_runtime from /proc/<pid>/schedstat over the same window,
+/// within 10%), and agrees with the eBPF on-CPU time within 10%. The
+/// spinner's absolute share is the machine's business, not vitalsd's: on a
+/// busy hypervisor a pinned spinner got 78% of its CPU (steal time, which
+/// the kernel does not charge to the task), so only a floor that says the
+/// spinner ran at all is asked of it.
 #[test]
 fn procfs_core_equivalent_agrees_with_ebpf() {
     use vitalsd::procfs::sampler::{SampleOptions, Sampler};
@@ -531,29 +536,42 @@ fn procfs_core_equivalent_agrees_with_ebpf() {
     std::thread::sleep(Duration::from_millis(300));
     let b0 = task(&mut acc, w.pid());
     tracker.update(&sampler.sample().unwrap());
+    let (k0, _) = schedstat(w.pid());
     std::thread::sleep(Duration::from_secs(1));
     let b1 = task(&mut acc, w.pid());
     let window = tracker
         .update(&sampler.sample().unwrap())
         .expect("a window");
+    let (k1, _) = schedstat(w.pid());
     let row = window
         .processes
         .iter()
         .find(|p| p.pid == w.pid() as i32)
         .expect("spinner in the window");
-    let core_eq = row.core_equivalent_pct.expect("core-equivalent %");
+    let wall_ns = window.clocks.monotonic_ns.expect("monotonic window") as f64;
+    let kernel_pct = (k1 - k0) as f64 * 100.0 / wall_ns;
     assert!(
-        (80.0..=105.0).contains(&core_eq),
-        "core-equivalent {core_eq}%"
+        kernel_pct > 30.0,
+        "precondition: the pinned spinner ran only {kernel_pct:.1}% of the \
+         window by its schedstat; this machine is too busy to test on"
     );
-    // Machine share divides by all CPUs' ticks: about one CPU's worth.
+    let core_eq = row.core_equivalent_pct.expect("core-equivalent %");
+    assert_within_pct(
+        "procfs core-equivalent % vs the kernel's schedstat runtime %",
+        core_eq,
+        kernel_pct,
+        10.0,
+    );
+    // Machine share divides by all CPUs' ticks (steal included), which add
+    // up to the window's wall time on every CPU: one CPU's share of it.
     let ncpu = window.system.as_ref().unwrap().online_cpus.len() as f64;
     let share = row.machine_share_pct.expect("machine share %");
-    assert!(
-        share > 70.0 / ncpu && share < 110.0 / ncpu,
-        "machine share {share}% on {ncpu} CPUs"
+    assert_within_pct(
+        &format!("machine share % on {ncpu} CPUs vs core-equivalent % / CPUs"),
+        share,
+        core_eq / ncpu,
+        15.0,
     );
-    let wall_ns = window.clocks.monotonic_ns.expect("monotonic window") as f64;
     let bpf_pct = (b1.oncpu_ns - b0.oncpu_ns) as f64 * 100.0 / wall_ns;
     assert_within_pct(
         "eBPF on-CPU % vs procfs core-equivalent %",
