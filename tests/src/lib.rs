@@ -218,6 +218,14 @@ pub fn wait_blocked_alone(pid: u32) {
     wait_tasks(pid, "blocked alone", |tids| tids == [pid as i32]);
 }
 
+/// [`wait_blocked`] with exactly `threads` threads beside the main one:
+/// a workload that starts its threads all at once has them all, asleep.
+pub fn wait_blocked_with_threads(pid: u32, threads: usize) {
+    wait_tasks(pid, &format!("blocked with {threads} threads"), |tids| {
+        tids.len() == threads + 1
+    });
+}
+
 /// Polls (10 s at most) until every task of `pid` sleeps and the tids
 /// listed satisfy `tids_ok`.
 fn wait_tasks(pid: u32, what: &str, tids_ok: impl Fn(&[i32]) -> bool) {

@@ -613,8 +613,9 @@ fn batched_map_reads_match_iteration() {
     .expect("loading the accounting programs");
     assert_eq!(acc.map_read(), MapRead::Batch);
     let mut w = Workload::spawn(&["threads", &THREADS.to_string(), "3000"]);
-    // Every thread has spun its millisecond and sleeps for 3 s.
-    std::thread::sleep(Duration::from_millis(700));
+    // Every thread has spun its millisecond and sleeps for 3 s: the
+    // counters of a sleeping thread stay put between the two reads.
+    wait_blocked_with_threads(w.pid(), THREADS);
     let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{}/task", w.pid()))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
