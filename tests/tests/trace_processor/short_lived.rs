@@ -85,10 +85,29 @@ fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
             other => unnamed_in_trace.push(format!("{pid}: {other:?}")),
         }
     }
+    // A failure shows the free lines of the unnamed children (CPU,
+    // time) and vitalsd's drop counters, which tell a free the programs
+    // skipped or a record they could not write from one never read.
+    let unnamed: HashSet<i64> = unnamed_in_table
+        .iter()
+        .chain(&unnamed_in_trace)
+        .filter_map(|u| u.split(':').next()?.parse().ok())
+        .collect();
+    let unnamed_lines: Vec<String> = frees
+        .lines()
+        .0
+        .into_iter()
+        .filter(|l| {
+            l.is("sched_process_free") && l.field("pid").is_some_and(|p| unnamed.contains(&p))
+        })
+        .map(|l| l.line)
+        .collect();
+    let drops: Vec<&str> = table.lines().filter(|l| l.contains("drops")).collect();
     assert!(
         unnamed_in_table.is_empty() && unnamed_in_trace.is_empty(),
         "of {CHILDREN} short-lived children, {} not named in the table: {:?}; \
-         {} not named in trace_processor's process table (process, main thread): {:?}",
+         {} not named in trace_processor's process table (process, main thread): {:?}\n\
+         their frees: {unnamed_lines:?}\nvitalsd: {drops:?}",
         unnamed_in_table.len(),
         &unnamed_in_table[..unnamed_in_table.len().min(5)],
         unnamed_in_trace.len(),
