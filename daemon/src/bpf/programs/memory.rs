@@ -182,12 +182,7 @@ pub fn kernel_memory(
     run_delay: bool,
     page: u32,
 ) -> Result<Vec<MapMemory>, BpfError> {
-    let kernel = SizingKernel {
-        run_delay,
-        ringbuf_ok: true,
-        page,
-    };
-    let settings = LoadSettings::sized(cfg, machine, kernel, false)?;
+    let settings = sized_for(cfg, machine, run_delay, page)?;
     let sizes = settings.map_sizes(cfg);
     Ok(map_defs(EBPF_OBJECT)?
         .into_iter()
@@ -220,12 +215,7 @@ pub fn capture_memory(
     run_delay: bool,
     page: u32,
 ) -> Result<Vec<MapMemory>, BpfError> {
-    let kernel = SizingKernel {
-        run_delay,
-        ringbuf_ok: true,
-        page,
-    };
-    let settings = LoadSettings::sized(cfg, machine, kernel, false)?;
+    let settings = sized_for(cfg, machine, run_delay, page)?;
     let Some(sizes) = settings.capture_sizes(cfg) else {
         return Ok(Vec::new());
     };
@@ -245,6 +235,22 @@ pub fn capture_memory(
             })
         })
         .collect())
+}
+
+/// The settings a load with `cfg` makes on `machine`: a kernel with ring
+/// buffers, tp_btf programs reading run_delay or not (`run_delay`).
+fn sized_for(
+    cfg: &AccountingConfig,
+    machine: MachineBounds,
+    run_delay: bool,
+    page: u32,
+) -> Result<LoadSettings, BpfError> {
+    let kernel = SizingKernel {
+        run_delay,
+        ringbuf_ok: true,
+        page,
+    };
+    LoadSettings::sized(cfg, machine, kernel, false)
 }
 
 /// The sum of `maps`' bytes.
