@@ -114,6 +114,26 @@ impl Ftrace {
         }
     }
 
+    /// The pids of `pids` whose sched_process_free ran while a thread of
+    /// pid 1 was current. This VM's kernel runs no BPF program then (the
+    /// VM agent; README, Kernel support): their frees reached the tracer
+    /// but not vitalsd. On a stock kernel they are seen like any other.
+    pub fn freed_under_pid1(&self, pids: &[u32]) -> HashSet<u32> {
+        let pid1_threads: HashSet<i32> = procfs::process::Process::new(1)
+            .and_then(|p| p.tasks())
+            .map(|tasks| tasks.flatten().map(|t| t.tid).collect())
+            .unwrap_or_default();
+        let (lines, _) = self.lines();
+        lines
+            .iter()
+            .filter(|l| l.is("sched_process_free"))
+            .filter(|l| l.current_tid().is_some_and(|t| pid1_threads.contains(&t)))
+            .filter_map(|l| l.field("pid"))
+            .map(|p| p as u32)
+            .filter(|p| pids.contains(p))
+            .collect()
+    }
+
     /// The pids of `pids` freed once `limit` passed or all were.
     pub fn wait_for_frees(&self, pids: &[u32], limit: Duration) -> HashSet<u32> {
         let of_pids = |frees: &[u32]| -> HashSet<u32> {
@@ -138,6 +158,13 @@ impl FtraceLine {
         Some(s.parse::<u64>().ok()? * 1_000_000 + us.parse::<u64>().ok()?)
     }
 
+    /// The tid of the task that was current when the record was written
+    /// (the `<comm>-<tid>` before the `[cpu]` field).
+    pub fn current_tid(&self) -> Option<i32> {
+        let head = &self.line[..self.line.find(" [")?];
+        head.trim_end().rsplit('-').next()?.parse().ok()
+    }
+
     /// The integer field `name` of the record ("prev_pid").
     pub fn field(&self, name: &str) -> Option<i64> {
         self.line
@@ -157,5 +184,28 @@ impl Drop for Ftrace {
             let _ = std::fs::write(self.dir.join(format!("events/{e}/enable")), "0");
         }
         let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FtraceLine;
+
+    #[test]
+    fn the_current_task_is_the_tid_before_the_cpu_field() {
+        let line = |s: &str| FtraceLine {
+            cpu: 1,
+            line: s.to_owned(),
+        };
+        let free = line(
+            " tokio-rt-worker-75      [001] .Ns1. 64368.192033: sched_process_free: \
+             comm=vitals-workload pid=5864 prio=120",
+        );
+        assert_eq!(free.current_tid(), Some(75));
+        assert_eq!(free.field("pid"), Some(5864));
+        // A comm may hold '-' and spaces.
+        let idle = line("   Web Content-x-4012   [000] d..2. 1.000001: sched_switch: prev_pid=4012");
+        assert_eq!(idle.current_tid(), Some(4012));
+        assert_eq!(line("<idle>-0 [000] ...").current_tid(), Some(0));
     }
 }

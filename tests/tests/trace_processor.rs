@@ -472,48 +472,9 @@ fn threads_whose_tgid_was_never_seen_are_not_attached_to_pid_0() {
 #[test]
 fn a_pid_reused_within_one_recording_is_two_processes_each_with_its_own_tracks_and_row() {
     let tp = trace_processor();
-    let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("reuse.pftrace");
-    let frees = Ftrace::start("reuse-frees", &["sched/sched_process_free"]);
-    let rec = Recording::start(
-        &[
-            "--duration",
-            "60s",
-            "--interval",
-            "200ms",
-            "--top",
-            "0",
-            "--out",
-            trace.to_str().unwrap(),
-        ],
-        "eBPF accounting attached",
-    );
-    let mut w = Workload::spawn(&["reuse-pid", "500", "250"]);
-    w.expect("ready");
-    w.go();
-    let pid = w.read_numbers("a")[0] as u32;
-    // A's end (its free, an RCU grace period after its reaping) reaches
-    // the recording in samples of its own (200 ms apart) before B starts.
-    let freed = |n: usize| {
-        let frees = frees.wait_for(Duration::from_secs(10), |f| {
-            f.iter().filter(|&&p| p == pid).count() >= n
-        });
-        let seen = frees.iter().filter(|&&p| p == pid).count();
-        assert!(
-            seen >= n,
-            "the kernel freed pid {pid} {seen} times in 10 s, not {n}"
-        );
-    };
-    freed(1);
-    std::thread::sleep(Duration::from_millis(600));
-    w.go();
-    w.expect(&format!("b {pid}"));
-    w.expect("done");
-    // B's free runs before the SIGINT, so before vitalsd's last read.
-    freed(2);
-    unsafe { libc::kill(rec.child.id() as i32, libc::SIGINT) };
-    let table = rec.wait();
-    w.finish();
+    let (_dir, trace, pid, table) = (0..3)
+        .find_map(|_| record_pid_reuse())
+        .expect("in 3 tries, a free of the reused pid ran while a thread of pid 1 was current");
 
     let rows: Vec<TableRow> = table_rows(&table)
         .into_iter()
@@ -562,4 +523,62 @@ fn a_pid_reused_within_one_recording_is_two_processes_each_with_its_own_tracks_a
             .unwrap_or_else(|| panic!("no table row for {argv0}: {rows:?}"));
         check_row_against_tracks(row, tracks);
     }
+}
+
+/// One recording of a pid used by process A, then by B: its directory,
+/// trace, the pid and the table; None when a free of the pid ran where
+/// no BPF program could see it.
+fn record_pid_reuse() -> Option<(tempfile::TempDir, std::path::PathBuf, u32, String)> {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("reuse.pftrace");
+    let frees = Ftrace::start("reuse-frees", &["sched/sched_process_free"]);
+    let rec = Recording::start(
+        &[
+            "--duration",
+            "60s",
+            "--interval",
+            "200ms",
+            "--top",
+            "0",
+            "--out",
+            trace.to_str().unwrap(),
+        ],
+        "eBPF accounting attached",
+    );
+    let mut w = Workload::spawn(&["reuse-pid", "500", "250"]);
+    w.expect("ready");
+    w.go();
+    let pid = w.read_numbers("a")[0] as u32;
+    // A's end (its free, an RCU grace period after its reaping) reaches
+    // the recording in samples of its own (200 ms apart) before B starts.
+    let freed = |n: usize| {
+        let frees = frees.wait_for(Duration::from_secs(10), |f| {
+            f.iter().filter(|&&p| p == pid).count() >= n
+        });
+        let seen = frees.iter().filter(|&&p| p == pid).count();
+        assert!(
+            seen >= n,
+            "the kernel freed pid {pid} {seen} times in 10 s, not {n}"
+        );
+    };
+    freed(1);
+    std::thread::sleep(Duration::from_millis(600));
+    w.go();
+    w.expect(&format!("b {pid}"));
+    w.expect("done");
+    // B's free runs before the SIGINT, so before vitalsd's last read.
+    freed(2);
+    unsafe { libc::kill(rec.child.id() as i32, libc::SIGINT) };
+    let table = rec.wait();
+    w.finish();
+    // A free that ran while a thread of pid 1 was current reached no BPF
+    // program on this VM's kernel (README, Kernel support): A's counters
+    // would not have ended, and B would go on from them. Not this test's
+    // subject: the caller tries again.
+    let unseen = frees.freed_under_pid1(&[pid]);
+    if !unseen.is_empty() {
+        eprintln!("pid {pid} was freed while a thread of pid 1 was current: trying again");
+        return None;
+    }
+    Some((dir, trace, pid, table))
 }

@@ -45,10 +45,17 @@ fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
         .copied()
         .filter(|p| !freed.contains(p))
         .collect();
+    // This VM's kernel runs no BPF program while a thread of its pid 1
+    // (the VM agent) is current, also not a free in a softirq that
+    // interrupts one (README, Kernel support: 518 of 518 such frees
+    // unseen, 0 of 982 others): such a child cannot carry its name.
+    let unseen_frees = frees.freed_under_pid1(&pids);
     assert!(
-        not_freed.len() <= CHILDREN / 10,
-        "the kernel freed only {} of {CHILDREN} children in 10 s: no test of naming",
-        freed.len()
+        not_freed.len() + unseen_frees.len() <= CHILDREN / 10,
+        "the kernel freed only {} of {CHILDREN} children in 10 s, {} of them while a \
+         thread of pid 1 was current: no test of naming",
+        freed.len(),
+        unseen_frees.len()
     );
 
     let rows = table_rows(&table);
@@ -69,6 +76,13 @@ fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
         let mine: Vec<&TableRow> = rows.iter().filter(|r| r.pid == pid).collect();
         if !freed.contains(&pid) {
             eprintln!("child {pid}: no sched_process_free by the end, not checked: {mine:?}");
+            continue;
+        }
+        if unseen_frees.contains(&pid) {
+            eprintln!(
+                "child {pid}: freed while a thread of pid 1 was current (no BPF program runs \
+                 then on this kernel), not checked: {mine:?}"
+            );
             continue;
         }
         match mine.as_slice() {
