@@ -204,7 +204,8 @@ mod tests {
         assert_eq!(free.current_tid(), Some(75));
         assert_eq!(free.field("pid"), Some(5864));
         // A comm may hold '-' and spaces.
-        let idle = line("   Web Content-x-4012   [000] d..2. 1.000001: sched_switch: prev_pid=4012");
+        let idle =
+            line("   Web Content-x-4012   [000] d..2. 1.000001: sched_switch: prev_pid=4012");
         assert_eq!(idle.current_tid(), Some(4012));
         assert_eq!(line("<idle>-0 [000] ...").current_tid(), Some(0));
     }
