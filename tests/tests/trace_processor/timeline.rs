@@ -29,10 +29,13 @@ pub fn finish_ping_pong(w: &mut Workload, tids: Vec<i64>) -> PingPong {
 }
 
 /// The ping-pong on the CPU timeline: its two threads, named and under the
-/// workload's process, ran at least 2N slices; each left the CPU blocked
-/// (S/D) or runnable (R/R+) as often as the kernel counted its voluntary
-/// and involuntary switches, up to the two a thread may make on its way
-/// out after it read them; the thread tracks show the same sleeps.
+/// workload's process, ran at least 2N slices; each left the CPU as often
+/// as the kernel counted it switching out, blocked (S/D) or runnable
+/// (R/R+) as often as it counted voluntary and involuntary switches (but
+/// for a switch that blocked with a signal pending, which the kernel
+/// counts voluntary and the tracepoint reports "R"), up to the two a
+/// thread may make on its way out after it read them; the thread tracks
+/// show the same sleeps.
 /// `missed`: sched_switch events the kernel side counted as not delivered
 /// to the programs during the recording (`switch_missed`, a declared drop:
 /// a switch whose program did not run is in no record); a thread's slices
@@ -75,12 +78,26 @@ pub fn check_ping_pong(t: &Imported, pp: &PingPong, n: u64, missed: i64) {
             "thread {tid}: {all} slices, {blocked} ended blocked (kernel: {vol} voluntary), \
              {runnable} ended runnable (kernel: {invol} involuntary)"
         );
+        // Every switch is in the timeline: the total is the kernel's.
         assert!(
-            (vol - missed..=vol + 2).contains(&blocked),
+            (vol + invol - missed..=vol + invol + 2).contains(&(blocked + runnable)),
+            "thread {tid}: {} slices end in S/D/R/R+, the kernel counted {} switches: {states:?}",
+            blocked + runnable,
+            vol + invol
+        );
+        // The split may move by one a switch that blocked with a signal
+        // pending: `try_to_block_task()` sets the task back to
+        // TASK_RUNNING without a dequeue, the tracepoint reports "R", and
+        // `__schedule()` still counts it voluntary (README, Kernel
+        // support). A CI run saw one (1131 S against 1134 voluntary, 871
+        // R against 870 involuntary). RELABELED bounds them.
+        const RELABELED: i64 = 2;
+        assert!(
+            (vol - missed - RELABELED..=vol + 2).contains(&blocked),
             "thread {tid}: {blocked} slices end in S/D, the kernel counted {vol} voluntary switches: {states:?}"
         );
         assert!(
-            (invol - missed..=invol + 2).contains(&runnable),
+            (invol - missed..=invol + 2 + RELABELED).contains(&runnable),
             "thread {tid}: {runnable} slices end in R/R+, the kernel counted {invol} involuntary switches: {states:?}"
         );
         let sleeping = t.one(&format!(
