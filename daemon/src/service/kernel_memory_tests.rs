@@ -1,7 +1,7 @@
 //! The kernel memory `vitalsd run` computes for a machine other than this
 //! one (`run_kernel_memory`): #22 item 4's figure for a phone.
 
-use super::{run_kernel_memory, RunMapMemory};
+use super::{run_capture_memory, run_kernel_memory};
 use crate::{
     bpf::{
         memory::{total_bytes, MapMemory},
@@ -25,10 +25,8 @@ fn the_default_config_on_an_8_cpu_phone() {
         possible_cpus: 8,
     };
     let cfg = Config::default();
-    let RunMapMemory {
-        held: maps,
-        per_capture: capture,
-    } = run_kernel_memory(&cfg, phone, true, 4096).unwrap();
+    let maps = run_kernel_memory(&cfg, phone, true, 4096).unwrap();
+    let capture = run_capture_memory(&cfg, phone, true, 4096).unwrap();
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
     for m in &maps {
         println!("{:<18} {:>9} bytes", m.def.name, m.bytes);
@@ -90,8 +88,8 @@ fn the_classic_programs_add_the_wakeup_array() {
         possible_cpus: 8,
     };
     let cfg = Config::default();
-    let tp_btf = run_kernel_memory(&cfg, phone, true, 4096).unwrap().held;
-    let classic = run_kernel_memory(&cfg, phone, false, 4096).unwrap().held;
+    let tp_btf = run_kernel_memory(&cfg, phone, true, 4096).unwrap();
+    let classic = run_kernel_memory(&cfg, phone, false, 4096).unwrap();
     assert_eq!(
         by_name(&classic, "WAKE_TS_ARRAY") - by_name(&tp_btf, "WAKE_TS_ARRAY"),
         (32768 - 1) * 8

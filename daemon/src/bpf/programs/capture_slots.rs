@@ -128,15 +128,13 @@ impl CaptureSlots {
     /// blocks, with `offcpu`) needs and puts them in the slots; an
     /// earlier capture's, if still held, are dropped first. The programs
     /// touch a map only under the capture flag that needs it, so the
-    /// others stay empty (emptied here too, should an earlier capture have
-    /// left one filled). Returns the ring buffer's reader when captures
+    /// others stay empty. Returns the ring buffer's reader when captures
     /// write to one. On an error every slot is empty again.
     pub(crate) fn fill(
         &mut self,
         events: EventSet,
         offcpu: bool,
     ) -> Result<Option<RingBuf<MapData>>, BpfError> {
-        self.empty();
         self.release();
         let needed = |name: &str| match name {
             names::CAPTURE_STACKS => events.faults || offcpu,

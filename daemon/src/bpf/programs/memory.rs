@@ -182,7 +182,12 @@ pub fn kernel_memory(
     run_delay: bool,
     page: u32,
 ) -> Result<Vec<MapMemory>, BpfError> {
-    let settings = sized_for(cfg, machine, run_delay, page)?;
+    let kernel = SizingKernel {
+        run_delay,
+        ringbuf_ok: true,
+        page,
+    };
+    let settings = LoadSettings::sized(cfg, machine, kernel, false)?;
     let sizes = settings.map_sizes(cfg);
     Ok(map_defs(EBPF_OBJECT)?
         .into_iter()
@@ -215,7 +220,12 @@ pub fn capture_memory(
     run_delay: bool,
     page: u32,
 ) -> Result<Vec<MapMemory>, BpfError> {
-    let settings = sized_for(cfg, machine, run_delay, page)?;
+    let kernel = SizingKernel {
+        run_delay,
+        ringbuf_ok: true,
+        page,
+    };
+    let settings = LoadSettings::sized(cfg, machine, kernel, false)?;
     let Some(sizes) = settings.capture_sizes(cfg) else {
         return Ok(Vec::new());
     };
@@ -235,22 +245,6 @@ pub fn capture_memory(
             })
         })
         .collect())
-}
-
-/// The settings a load with `cfg` makes on `machine`: a kernel with ring
-/// buffers, tp_btf programs reading run_delay or not (`run_delay`).
-fn sized_for(
-    cfg: &AccountingConfig,
-    machine: MachineBounds,
-    run_delay: bool,
-    page: u32,
-) -> Result<LoadSettings, BpfError> {
-    let kernel = SizingKernel {
-        run_delay,
-        ringbuf_ok: true,
-        page,
-    };
-    LoadSettings::sized(cfg, machine, kernel, false)
 }
 
 /// The sum of `maps`' bytes.
