@@ -291,34 +291,13 @@ pub fn run_kernel_memory(
     run_delay: bool,
     page: u32,
 ) -> Result<Vec<crate::bpf::memory::MapMemory>, crate::bpf::BpfError> {
-    let cfg = machine_capture_default(cfg, machine);
-    crate::bpf::memory::kernel_memory(&accounting_config(&cfg), machine, run_delay, page)
-}
-
-/// The BPF maps each capture of `vitalsd run` with `cfg` makes for
-/// itself on `machine`, held only while it runs
-/// (`bpf::memory::capture_memory`); `[capture]` as `run_kernel_memory`
-/// takes it.
-pub fn run_capture_memory(
-    cfg: &Config,
-    machine: crate::bpf::MachineBounds,
-    run_delay: bool,
-    page: u32,
-) -> Result<Vec<crate::bpf::memory::MapMemory>, crate::bpf::BpfError> {
-    let cfg = machine_capture_default(cfg, machine);
-    crate::bpf::memory::capture_memory(&accounting_config(&cfg), machine, run_delay, page)
-}
-
-/// `cfg` with `[capture]`'s memory sized for `machine`'s CPUs where it is
-/// left at this machine's default.
-fn machine_capture_default(cfg: &Config, machine: crate::bpf::MachineBounds) -> Config {
     let mut cfg = cfg.clone();
     if cfg.capture.memory() == crate::bpf::EventMemory::default() {
         let m = crate::bpf::EventMemory::for_cpus(machine.possible_cpus);
         cfg.capture.buffer_bytes = m.buffer_bytes;
         cfg.capture.stack_entries = m.stack_entries;
     }
-    cfg
+    crate::bpf::memory::kernel_memory(&accounting_config(&cfg), machine, run_delay, page)
 }
 
 fn accounting_config(cfg: &Config) -> AccountingConfig {
