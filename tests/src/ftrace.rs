@@ -90,14 +90,21 @@ impl Ftrace {
     /// The pid of every sched_process_free this instance recorded (it
     /// must record `sched/sched_process_free`), a pid freed twice twice.
     pub fn frees(&self) -> Vec<u32> {
-        let (lines, overrun) = self.lines();
+        let (frees, overrun) = self.free_records();
         assert!(!overrun, "the ftrace buffer overran: no reference");
-        lines
-            .iter()
+        frees.into_iter().map(|(pid, _)| pid).collect()
+    }
+
+    /// Every sched_process_free record with the pid it freed, and whether
+    /// a CPU's buffer overran.
+    pub fn free_records(&self) -> (Vec<(u32, FtraceLine)>, bool) {
+        let (lines, overrun) = self.lines();
+        let frees = lines
+            .into_iter()
             .filter(|l| l.is("sched_process_free"))
-            .filter_map(|l| l.field("pid"))
-            .filter_map(|p| u32::try_from(p).ok())
-            .collect()
+            .filter_map(|l| Some((u32::try_from(l.field("pid")?).ok()?, l)))
+            .collect();
+        (frees, overrun)
     }
 
     /// Polls `frees()` until `done` holds or `limit` passed: a task's
@@ -123,14 +130,15 @@ impl Ftrace {
             .and_then(|p| p.tasks())
             .map(|tasks| tasks.flatten().map(|t| t.tid).collect())
             .unwrap_or_default();
-        let (lines, _) = self.lines();
-        lines
-            .iter()
-            .filter(|l| l.is("sched_process_free"))
-            .filter(|l| l.current_tid().is_some_and(|t| pid1_threads.contains(&t)))
-            .filter_map(|l| l.field("pid"))
-            .map(|p| p as u32)
-            .filter(|p| pids.contains(p))
+        // An overrun loses records, so fewer frees are left out: the
+        // callers then check more, never less.
+        let (frees, _) = self.free_records();
+        frees
+            .into_iter()
+            .filter(|(pid, l)| {
+                pids.contains(pid) && l.current_tid().is_some_and(|t| pid1_threads.contains(&t))
+            })
+            .map(|(pid, _)| pid)
             .collect()
     }
 

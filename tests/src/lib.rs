@@ -220,15 +220,20 @@ pub fn wait_blocked_alone(pid: u32) {
 
 /// [`wait_blocked`] with exactly `threads` threads beside the main one:
 /// a workload that starts its threads all at once has them all, asleep.
-pub fn wait_blocked_with_threads(pid: u32, threads: usize) {
-    wait_tasks(pid, &format!("blocked with {threads} threads"), |tids| {
+/// Returns those threads' tids.
+pub fn wait_blocked_with_threads(pid: u32, threads: usize) -> Vec<u32> {
+    let tids = wait_tasks(pid, &format!("blocked with {threads} threads"), |tids| {
         tids.len() == threads + 1
     });
+    tids.into_iter()
+        .map(|t| t as u32)
+        .filter(|&t| t != pid)
+        .collect()
 }
 
 /// Polls (10 s at most) until every task of `pid` sleeps and the tids
-/// listed satisfy `tids_ok`.
-fn wait_tasks(pid: u32, what: &str, tids_ok: impl Fn(&[i32]) -> bool) {
+/// listed satisfy `tids_ok`; returns those tids.
+fn wait_tasks(pid: u32, what: &str, tids_ok: impl Fn(&[i32]) -> bool) -> Vec<i32> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let p = procfs::process::Process::new(pid as i32).unwrap();
     loop {
@@ -236,7 +241,7 @@ fn wait_tasks(pid: u32, what: &str, tids_ok: impl Fn(&[i32]) -> bool) {
         let tids: Vec<i32> = tasks.iter().map(|t| t.tid).collect();
         let asleep = tasks.iter().all(|t| t.stat().is_ok_and(|s| s.state == 'S'));
         if asleep && tids_ok(&tids) {
-            return;
+            return tids;
         }
         assert!(std::time::Instant::now() < deadline, "{pid} never {what}");
         std::thread::sleep(std::time::Duration::from_millis(5));

@@ -615,13 +615,7 @@ fn batched_map_reads_match_iteration() {
     let mut w = Workload::spawn(&["threads", &THREADS.to_string(), "3000"]);
     // Every thread has spun its millisecond and sleeps for 3 s: the
     // counters of a sleeping thread stay put between the two reads.
-    wait_blocked_with_threads(w.pid(), THREADS);
-    let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{}/task", w.pid()))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
-        .filter(|&t| t != w.pid())
-        .collect();
-    assert_eq!(tids.len(), THREADS, "threads alive");
+    let tids = wait_blocked_with_threads(w.pid(), THREADS);
     // A hash is batched once a read has found it large (`read_hash`).
     acc.read().expect("first read");
     let batched = acc.read().expect("batched read");

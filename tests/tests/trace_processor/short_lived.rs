@@ -70,6 +70,7 @@ fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
         list.join(", ")
     ));
     let basename = |n: &str| n.rsplit('/').next().unwrap_or(n).to_owned();
+    let mut unnamed: HashSet<u32> = HashSet::new();
     let mut unnamed_in_table = Vec::new();
     let mut unnamed_in_trace = Vec::new();
     for &pid in &pids {
@@ -87,7 +88,10 @@ fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
         }
         match mine.as_slice() {
             [r] if r.name == "vitals-workload" && r.ended => {}
-            other => unnamed_in_table.push(format!("{pid}: {other:?}")),
+            other => {
+                unnamed.insert(pid);
+                unnamed_in_table.push(format!("{pid}: {other:?}"));
+            }
         }
         let p: Vec<&Row> = procs
             .iter()
@@ -96,25 +100,21 @@ fn short_lived_processes_are_named_in_the_table_and_in_the_process_table() {
         match p.as_slice() {
             [p] if text(p, "name").map(basename).as_deref() == Some("vitals-workload")
                 && text(p, "thread") == Some("vitals-workload") => {}
-            other => unnamed_in_trace.push(format!("{pid}: {other:?}")),
+            other => {
+                unnamed.insert(pid);
+                unnamed_in_trace.push(format!("{pid}: {other:?}"));
+            }
         }
     }
     // A failure shows the free lines of the unnamed children (CPU,
     // time) and vitalsd's drop counters, which tell a free the programs
     // skipped or a record they could not write from one never read.
-    let unnamed: HashSet<i64> = unnamed_in_table
-        .iter()
-        .chain(&unnamed_in_trace)
-        .filter_map(|u| u.split(':').next()?.parse().ok())
-        .collect();
     let unnamed_lines: Vec<String> = frees
-        .lines()
+        .free_records()
         .0
         .into_iter()
-        .filter(|l| {
-            l.is("sched_process_free") && l.field("pid").is_some_and(|p| unnamed.contains(&p))
-        })
-        .map(|l| l.line)
+        .filter(|(pid, _)| unnamed.contains(pid))
+        .map(|(_, l)| l.line)
         .collect();
     let drops: Vec<&str> = table.lines().filter(|l| l.contains("drops")).collect();
     assert!(
