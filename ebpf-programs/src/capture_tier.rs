@@ -13,7 +13,7 @@ use aya_ebpf::{
         generated::bpf_perf_event_output,
     },
     macros::{map, tracepoint},
-    maps::{Array, LruHashMap, PerCpuArray, PerfEventByteArray, RingBuf, StackTrace},
+    maps::{Array, PerCpuArray, PerfEventByteArray},
     programs::{tracing::StackIdContext, TracePointContext},
     EbpfContext,
 };
@@ -22,20 +22,15 @@ use vitals_common::{
 };
 
 use crate::{
-    setting, CAPTURE_TRANSPORT, WAKING_COMM_OFF, WAKING_PID_OFF, WAKING_PRIO_OFF,
+    capture_maps, setting, CAPTURE_TRANSPORT, WAKING_COMM_OFF, WAKING_PID_OFF, WAKING_PRIO_OFF,
     WAKING_TARGET_CPU_OFF,
 };
 
-// ---- maps, sized by the loader (1 page / 1 entry when no capture is
-// configured, so the always-on tier keeps its memory footprint) ----
+// ---- maps (the large ones are `capture_maps`') ----
 
 /// flags == 0: no capture. User space writes it; frozen .rodata could not.
 #[map(name = "CAPTURE")]
 static CAPTURE: Array<CaptureControl> = Array::with_max_entries(1, 0);
-
-/// Switch, waking and fault records (`vitals_common::*Event`).
-#[map(name = "CAPTURE_EVENTS")]
-static CAPTURE_EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
 
 /// The same records through bpf_perf_event_output, one perf buffer per CPU
 /// (max_entries 0: aya sizes it to the possible CPUs), for kernels without
@@ -46,14 +41,6 @@ static CAPTURE_PERF: PerfEventByteArray = PerfEventByteArray::new(0);
 /// Per-CPU counts of records that could not be written, by `capture::lost`.
 #[map(name = "CAPTURE_LOST")]
 static CAPTURE_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(capture::lost::COUNT, 0);
-
-/// User stacks of sampled faults.
-#[map(name = "CAPTURE_STACKS")]
-pub(crate) static CAPTURE_STACKS: StackTrace = StackTrace::with_max_entries(1, 0);
-
-/// tgid -> faults since its last sample (one sample every `fault_period`).
-#[map(name = "CAPTURE_FAULT_CTR")]
-static CAPTURE_FAULT_CTR: LruHashMap<u32, u32> = LruHashMap::with_max_entries(1, 0);
 
 /// The capture flags: an array lookup the verifier inlines, one load, so
 /// the always-on path pays only this and a branch while no capture runs.
@@ -103,13 +90,9 @@ pub(crate) fn emit<T: 'static>(ctx: *mut c_void, ev: T, lost: u32) {
         }
         return;
     }
-    match CAPTURE_EVENTS.reserve::<T>(0) {
-        Some(mut e) => {
-            e.write(ev);
-            // User space polls; a wakeup per record would cost an irq_work.
-            e.submit(BPF_RB_NO_WAKEUP as u64);
-        }
-        None => capture_lost(lost),
+    // User space polls; a wakeup per record would cost an irq_work.
+    if !capture_maps::ring_write(ev, BPF_RB_NO_WAKEUP as u64) {
+        capture_lost(lost);
     }
 }
 
@@ -127,10 +110,7 @@ pub(crate) fn emit_ref<T: 'static>(ctx: *mut c_void, ev: &T, lost: u32) {
             )
         }
     } else {
-        match CAPTURE_EVENTS.output::<T>(ev, BPF_RB_NO_WAKEUP as u64) {
-            Ok(()) => 0,
-            Err(e) => i64::from(e),
-        }
+        capture_maps::ring_output(ev, BPF_RB_NO_WAKEUP as u64)
     };
     if ret != 0 {
         capture_lost(lost);
@@ -252,7 +232,7 @@ pub(crate) fn maybe_sample_fault<C: StackIdContext + EbpfContext>(ctx: &C) {
     if tgid == 0 {
         return;
     }
-    match CAPTURE_FAULT_CTR.get_ptr_mut(&tgid) {
+    match capture_maps::fault_ctr(&tgid) {
         Some(n) => {
             let seen = unsafe { *n } + 1;
             if seen < c.fault_period {
@@ -269,16 +249,13 @@ pub(crate) fn maybe_sample_fault<C: StackIdContext + EbpfContext>(ctx: &C) {
             // override changed it; and bpfloader has no .rodata at all.
             let mut zero = 0u32;
             unsafe { core::ptr::write_volatile(&mut zero, 0) };
-            let _ = CAPTURE_FAULT_CTR.insert(&tgid, &zero, 0);
+            capture_maps::fault_ctr_insert(&tgid, &zero);
         }
     }
-    let stack_id = match ctx.get_stackid(&CAPTURE_STACKS, BPF_F_USER_STACK as u64) {
-        Ok(id) => id,
-        Err(e) => {
-            capture_lost(capture::lost::STACK);
-            e as i64
-        }
-    };
+    let stack_id = capture_maps::stack_id(ctx, BPF_F_USER_STACK as u64);
+    if stack_id < 0 && stack_id != capture_maps::SLOT_EMPTY {
+        capture_lost(capture::lost::STACK);
+    }
     emit(
         ctx.as_ptr(),
         FaultEvent {

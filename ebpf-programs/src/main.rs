@@ -23,6 +23,7 @@
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 mod blind_window;
+mod capture_maps;
 mod capture_tier;
 mod exec;
 mod faults;
@@ -91,6 +92,11 @@ static WAKING_TARGET_CPU_OFF: u32 = 32;
 /// verifies a bpf_ringbuf_* call (see `emit`).
 #[no_mangle]
 static CAPTURE_TRANSPORT: u32 = 0;
+/// 1: the capture's large maps are the ones user space puts in the
+/// `SLOT_*` outers for each capture; 0 (bpfloader's): the plain maps
+/// (`capture_maps`).
+#[no_mangle]
+static PER_CAPTURE_MAPS: u32 = 0;
 /// 1: freed tasks' records go to EXITED_RING; 0: the EXITED hash, without
 /// ring buffers (`mapped::store_exited`). Default 1 for bpfloader.
 #[no_mangle]

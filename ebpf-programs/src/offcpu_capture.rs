@@ -17,7 +17,7 @@ use aya_ebpf::{
         generated::bpf_get_task_stack,
     },
     macros::{fentry, kprobe, map},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::{tracing::StackIdContext, BtfTracePointContext, FEntryContext, ProbeContext},
     EbpfContext,
 };
@@ -26,14 +26,8 @@ use vitals_common::{
     PREV_STATE_BLOCKED_MASK,
 };
 
-use crate::capture_tier::{capture_control, emit, emit_ref, header, CAPTURE_STACKS};
-use crate::{setting, task_field, xadd, TASK_COMM_OFF, TASK_FLAGS_OFF, TASK_PID_OFF};
-
-/// tid -> its switch-out while blocked. LRU: a thread that exits blocked
-/// (or whose waking is never seen) ages out instead of filling the map.
-/// Sized by the loader like the capture's other maps (1 entry without one).
-#[map(name = "OFFCPU_START")]
-static OFFCPU_START: LruHashMap<u32, OffcpuStart> = LruHashMap::with_max_entries(1, 0);
+use crate::capture_tier::{capture_control, emit, emit_ref, header};
+use crate::{capture_maps, setting, task_field, xadd, TASK_COMM_OFF, TASK_FLAGS_OFF, TASK_PID_OFF};
 
 /// tgid -> 1: the watched processes (`CaptureControl::offcpu_scope` ==
 /// OFFCPU_SCOPE_WATCHED), written by user space before it sets the flag.
@@ -42,14 +36,6 @@ static OFFCPU_START: LruHashMap<u32, OffcpuStart> = LruHashMap::with_max_entries
 #[map(name = "OFFCPU_WATCH")]
 static OFFCPU_WATCH: HashMap<u32, u32> =
     HashMap::with_max_entries(capture::OFFCPU_WATCH_MAX_TGIDS, 0);
-
-/// tid -> the `blocked_ts` of the first of its long blocks whose user
-/// stack waits for its switch-in (`on_switch_in`). LRU: a thread that
-/// never runs again (it is killed while blocked) ages out. Sized like
-/// `OFFCPU_START`; an entry lives from a long block's waking to the
-/// thread's switch-in, microseconds later.
-#[map(name = "OFFCPU_AWAIT_USER")]
-static OFFCPU_AWAIT_USER: LruHashMap<u32, AwaitUserStack> = LruHashMap::with_max_entries(1, 0);
 
 /// How many entries `OFFCPU_AWAIT_USER` holds, so that the switch-in
 /// program, which runs at every switch while an off-CPU capture runs,
@@ -64,10 +50,7 @@ static OFFCPU_AWAITING: Array<u64> = Array::with_max_entries(1, 0);
 /// stack, which is not a loss, so nothing is counted here.
 #[inline(always)]
 fn stack<C: StackIdContext>(ctx: &C, flags: u64) -> i64 {
-    match ctx.get_stackid(&CAPTURE_STACKS, flags) {
-        Ok(id) => id,
-        Err(e) => e as i64,
-    }
+    capture_maps::stack_id(ctx, flags)
 }
 
 /// sched_switch, called with FLAG_OFFCPU set: `prev` (still `current`)
@@ -117,7 +100,7 @@ pub(crate) fn on_switch_out<C: StackIdContext + EbpfContext>(
         tgid,
         _pad: 0,
     };
-    let _ = OFFCPU_START.insert(&prev, &start, 0);
+    capture_maps::offcpu_start_insert(&prev, &start);
 }
 
 /// Whether a block's user stack waits for its switch-in: the switch-in
@@ -181,11 +164,9 @@ fn end_block<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm: [u8; 16],
         return;
     }
     let tid = pid as u32;
-    let start = match OFFCPU_START.get_ptr(&tid) {
-        Some(p) => unsafe { *p },
-        None => return,
+    let Some(start) = capture_maps::offcpu_start_take(&tid) else {
+        return;
     };
-    let _ = OFFCPU_START.remove(&tid);
     let hdr = header(capture::KIND_OFFCPU);
     if hdr.ts < start.ts || hdr.ts - start.ts < c.offcpu_min_ns {
         return;
@@ -238,10 +219,7 @@ fn end_block<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm: [u8; 16],
 #[inline(always)]
 fn await_user_stack(tid: u32, since_ts: u64) {
     let w = AwaitUserStack { since_ts };
-    if OFFCPU_AWAIT_USER
-        .insert(&tid, &w, BPF_NOEXIST as u64)
-        .is_ok()
-    {
+    if capture_maps::await_user_insert_new(&tid, &w, BPF_NOEXIST as u64) {
         if let Some(n) = OFFCPU_AWAITING.get_ptr_mut(0) {
             xadd(n, 1);
         }
@@ -287,11 +265,10 @@ fn on_switch_in<C: StackIdContext + EbpfContext>(ctx: &C) {
     }
     let id = bpf_get_current_pid_tgid();
     let tid = id as u32;
-    let w = match unsafe { OFFCPU_AWAIT_USER.get(&tid) } {
-        Some(w) => *w,
-        None => return,
+    let Some((w, removed)) = capture_maps::await_user_take(&tid) else {
+        return;
     };
-    if OFFCPU_AWAIT_USER.remove(&tid).is_ok() {
+    if removed {
         xadd(awaiting, u64::MAX);
     }
     emit(

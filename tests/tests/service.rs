@@ -507,9 +507,10 @@ fn the_capture_ring_is_mapped_only_while_a_capture_runs() {
     }
 }
 
-/// `[capture]` sizes the capture memory `vitalsd run` reserves at start,
-/// as the kernel reports the maps it holds (fdinfo): the ring buffer's
-/// bytes and the stack map's entries, by default and as configured.
+/// `[capture]` sizes the maps each capture of `vitalsd run` makes for
+/// itself, as the kernel reports the maps the daemon holds while one runs
+/// (fdinfo): the ring buffer's bytes and the stack map's entries, by
+/// default and as configured.
 #[test]
 fn capture_memory_is_sized_by_the_config() {
     use vitals_tests::bpf_stats::{maps_of, BPF_MAP_TYPE_RINGBUF, BPF_MAP_TYPE_STACK_TRACE};
@@ -518,20 +519,36 @@ fn capture_memory_is_sized_by_the_config() {
         d.wait_status("a sample", Duration::from_secs(10), |st| {
             st["samples"].as_u64().unwrap_or(0) > 0
         });
-        let maps = maps_of(d.pid());
-        // By name: EXITED_RING is a ring buffer too.
-        let of = |t: u32, name: &str| {
-            let m: Vec<_> = maps
-                .iter()
-                .filter(|m| m.map_type == t && m.name == name)
-                .collect();
-            assert_eq!(m.len(), 1, "maps of type {t}: {maps:?}\n{}", d.log());
-            (m[0].max_entries, m[0].memlock)
-        };
-        (
-            of(BPF_MAP_TYPE_RINGBUF, "CAPTURE_EVENTS"),
-            of(BPF_MAP_TYPE_STACK_TRACE, "CAPTURE_STACKS"),
-        )
+        let at_rest: Vec<u32> = maps_of(d.pid()).iter().map(|m| m.id).collect();
+        d.call(&Request::Capture {
+            duration_s: 5.0,
+            sched: true,
+            faults: true,
+            offcpu: None,
+        });
+        // The capture's own maps, by name (EXITED_RING is a ring buffer
+        // too), once they are there.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let maps = maps_of(d.pid());
+            let of = |t: u32, name: &str| {
+                maps.iter()
+                    .find(|m| m.map_type == t && m.name == name && !at_rest.contains(&m.id))
+                    .map(|m| (m.max_entries, m.memlock))
+            };
+            if let (Some(ring), Some(stacks)) = (
+                of(BPF_MAP_TYPE_RINGBUF, "CAPTURE_EVENTS"),
+                of(BPF_MAP_TYPE_STACK_TRACE, "CAPTURE_STACKS"),
+            ) {
+                break (ring, stacks);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the capture's maps never came: {maps:?}\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     };
     let ((ring, ring_memlock), (stacks, _)) = sizes("");
     // By default the ring scales with the possible CPUs (the kernel's

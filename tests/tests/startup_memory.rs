@@ -61,6 +61,41 @@ fn startup_peak_is_within_half_again_of_steady_rss_from_pins() {
     drop(d);
 }
 
+/// This machine as the sizing sees it: pid_max, possible CPUs, page size.
+fn this_machine() -> (vitalsd::bpf::MachineBounds, u32) {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap().trim().to_owned();
+    let machine = vitalsd::bpf::MachineBounds {
+        pid_max: read("/proc/sys/kernel/pid_max").parse().unwrap(),
+        possible_cpus: vitalsd::system::parse_cpu_list(&read("/sys/devices/system/cpu/possible"))
+            .unwrap()
+            .len() as u32,
+    };
+    (machine, unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u32)
+}
+
+/// The computed map the kernel's `held` is (the kernel keeps 15 bytes of
+/// a name), which must charge what was computed within 1 KiB: the fixed
+/// part of a map is kernel structs whose size moves between versions and
+/// configs by a few hundred bytes.
+fn assert_held_as_computed<'a>(
+    held: &vitals_tests::bpf_stats::MapInfo,
+    computed: &'a [vitalsd::bpf::memory::MapMemory],
+    report: &str,
+) -> &'a vitalsd::bpf::memory::MapMemory {
+    let c = computed
+        .iter()
+        .find(|c| c.def.name.get(..15).unwrap_or(&c.def.name) == held.name)
+        .unwrap_or_else(|| panic!("{} is not in the computed maps: {computed:?}", held.name));
+    assert!(
+        held.memlock.abs_diff(c.bytes) <= 1024,
+        "{}: {} bytes held, {} computed\n{report}",
+        held.name,
+        held.memlock,
+        c.bytes
+    );
+    c
+}
+
 /// #22 item 4's kernel memory: every BPF map a daemon with the default
 /// sizing holds, as the kernel charges it (fdinfo `memlock`, which is
 /// the map's `map_mem_usage` from Linux 6.4), is what
@@ -84,39 +119,21 @@ fn bpf_map_memory_is_what_the_sizing_computes_for_this_machine() {
         .log()
         .contains("runqueue wait from the kernel's sched_info.run_delay");
     let cfg = vitalsd::config::Config::load(&d.config_path()).unwrap();
-    let read = |p: &str| std::fs::read_to_string(p).unwrap().trim().to_owned();
-    let machine = vitalsd::bpf::MachineBounds {
-        pid_max: read("/proc/sys/kernel/pid_max").parse().unwrap(),
-        possible_cpus: vitalsd::system::parse_cpu_list(&read("/sys/devices/system/cpu/possible"))
-            .unwrap()
-            .len() as u32,
-    };
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u32;
-    let computed = vitalsd::service::run_kernel_memory(&cfg, machine, run_delay, page).unwrap();
+    let (machine, page) = this_machine();
+    let computed = vitalsd::service::run_kernel_memory(&cfg, machine, run_delay, page)
+        .unwrap()
+        .held;
     let held = maps_of(d.pid());
     let mut report = String::new();
     let (mut held_total, mut computed_total) = (0, 0);
     for m in &held {
-        // The kernel keeps 15 bytes of a map's name.
-        let c = computed
-            .iter()
-            .find(|c| c.def.name.get(..15).unwrap_or(&c.def.name) == m.name)
-            .unwrap_or_else(|| panic!("{} is not in the computed maps: {computed:?}", m.name));
+        let c = assert_held_as_computed(m, &computed, &report);
         report += &format!(
             "{:<16} {:>9} held {:>9} computed\n",
             m.name, m.memlock, c.bytes
         );
         held_total += m.memlock;
         computed_total += c.bytes;
-        // The fixed part of a map is kernel structs whose size moves
-        // between versions and configs by a few hundred bytes.
-        assert!(
-            m.memlock.abs_diff(c.bytes) <= 1024,
-            "{}: {} bytes held, {} computed\n{report}",
-            m.name,
-            m.memlock,
-            c.bytes
-        );
     }
     assert_eq!(held.len(), computed.len(), "{held:?}\n{computed:?}");
     eprintln!("{report}{held_total} held, {computed_total} computed on {machine:?}");
@@ -124,4 +141,84 @@ fn bpf_map_memory_is_what_the_sizing_computes_for_this_machine() {
         held_total.abs_diff(computed_total) * 100 <= computed_total,
         "{held_total} held against {computed_total} computed\n{report}"
     );
+}
+
+/// #22 item 4: a capture's own maps (ring buffer, stacks, fault-sampling
+/// and off-CPU LRU hashes) exist only while it runs. The kernel's view of
+/// the daemon's maps (its fds' fdinfo): at rest none of them beyond the
+/// plain maps' minimum; during a sched + faults capture the ring buffer,
+/// the stack map and the fault counters appear, at the sizes
+/// `run_kernel_memory` computes for a capture (memlock within the kernel structs'
+/// variation, from Linux 6.4); once the capture is stored they are gone
+/// and the daemon holds what it held before.
+#[test]
+fn a_captures_own_maps_are_held_only_while_it_runs() {
+    use vitals_tests::bpf_stats::{maps_of, MapInfo};
+    use vitalsd::control::Request;
+    let d = Daemon::start("");
+    d.wait_status("a sample", Duration::from_secs(10), |st| {
+        st["samples"].as_u64().unwrap_or(0) > 0
+    });
+    let ids = |maps: &[MapInfo]| -> Vec<u32> { maps.iter().map(|m| m.id).collect() };
+    let at_rest = maps_of(d.pid());
+    let v = d.call(&Request::Capture {
+        duration_s: 3.0,
+        sched: true,
+        faults: true,
+        offcpu: None,
+    });
+    let id = v["id"].as_str().expect("a capture id").to_owned();
+    // Its maps, as the kernel lists the daemon's fds while it runs.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let own: Vec<MapInfo> = loop {
+        let new: Vec<MapInfo> = maps_of(d.pid())
+            .into_iter()
+            .filter(|m| !ids(&at_rest).contains(&m.id))
+            .collect();
+        if new.len() >= 3 {
+            break new;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the capture's maps never appeared: {new:?}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut names: Vec<&str> = own.iter().map(|m| m.name.as_str()).collect();
+    names.sort_unstable();
+    // No off-CPU capture: its two LRU hashes are not made.
+    assert_eq!(
+        names,
+        // The kernel keeps 15 bytes of a name.
+        ["CAPTURE_EVENTS", "CAPTURE_FAULT_C", "CAPTURE_STACKS"],
+        "{own:?}"
+    );
+    if vitals_tests::kernel_version() >= (6, 4) {
+        let cfg = vitalsd::config::Config::load(&d.config_path()).unwrap();
+        let (machine, page) = this_machine();
+        let computed = vitalsd::service::run_kernel_memory(&cfg, machine, true, page)
+            .unwrap()
+            .per_capture;
+        for m in &own {
+            let c = assert_held_as_computed(m, &computed, "");
+            assert_eq!(m.max_entries, u64::from(c.def.max_entries), "{m:?}");
+        }
+    }
+    // Stored: its maps are gone, nothing else came or went.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !d.list().iter().any(|m| m["id"] == id.as_str()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "capture {id} never stored\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let after = maps_of(d.pid());
+    let mut before_ids = ids(&at_rest);
+    let mut after_ids = ids(&after);
+    before_ids.sort_unstable();
+    after_ids.sort_unstable();
+    assert_eq!(after_ids, before_ids, "held after the capture: {after:?}");
 }

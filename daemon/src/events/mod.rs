@@ -601,12 +601,27 @@ impl EventRecorder {
     /// Clears the flag, drains what is left, hands the ring buffer back to
     /// `acc` (before writing, so a failed write cannot lose it: `acc` may
     /// be the daemon's, with captures to come) and writes what was left.
+    /// The capture's own maps (`transport::release`) go at the end,
+    /// written or not.
     pub fn stop<W: Write>(
         mut self,
         acc: &mut Accounting,
         writer: &mut TraceWriter<W>,
         ts_boot_ns: u64,
     ) -> Result<EventStats, EventsError> {
+        let res = self.drain_and_write(acc, writer, ts_boot_ns);
+        transport::release(acc);
+        res?;
+        log::info!("{}", self.stats.render());
+        Ok(self.stats)
+    }
+
+    fn drain_and_write<W: Write>(
+        &mut self,
+        acc: &mut Accounting,
+        writer: &mut TraceWriter<W>,
+        ts_boot_ns: u64,
+    ) -> Result<(), EventsError> {
         transport::pause(acc)?;
         if let Some(d) = self.drainer.take() {
             let (ring, batches) = d.stop();
@@ -616,9 +631,8 @@ impl EventRecorder {
             transport::stop(acc, ring)?;
         }
         let lost = self.merge_lost(transport::lost(acc)?);
-        self.write_pending(acc, writer, ts_boot_ns, &lost, true)?;
-        log::info!("{}", self.stats.render());
-        Ok(self.stats)
+        // The stacks are read from the capture's maps here.
+        self.write_pending(acc, writer, ts_boot_ns, &lost, true)
     }
 
     /// Ends a capture whose recording failed: clears the flag, detaches
@@ -632,6 +646,7 @@ impl EventRecorder {
                 log::warn!("aborting the capture: {e}");
             }
         }
+        transport::release(acc);
         log::info!("capture aborted");
     }
 }

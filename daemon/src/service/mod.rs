@@ -282,22 +282,45 @@ fn tier_gives(tier: crate::accounting::Tier, wait_from_kernel: bool) -> String {
     }
 }
 
-/// The BPF maps' kernel memory of `vitalsd run` with `cfg` on `machine`
-/// (`bpf::memory::kernel_memory`), `[capture]` taken as the default for
+/// The BPF maps' kernel memory of `vitalsd run` with `cfg` on `machine`:
+/// what it holds for its life (`bpf::memory::kernel_memory`) and what
+/// each capture makes for itself while it runs
+/// (`bpf::memory::capture_memory`), `[capture]` taken as the default for
 /// the machine's CPUs where `cfg` leaves it at this machine's default.
 pub fn run_kernel_memory(
     cfg: &Config,
     machine: crate::bpf::MachineBounds,
     run_delay: bool,
     page: u32,
-) -> Result<Vec<crate::bpf::memory::MapMemory>, crate::bpf::BpfError> {
+) -> Result<RunMapMemory, crate::bpf::BpfError> {
+    use crate::bpf::memory::{capture_memory, kernel_memory};
+    let cfg = accounting_config(&machine_capture_default(cfg, machine));
+    Ok(RunMapMemory {
+        held: kernel_memory(&cfg, machine, run_delay, page)?,
+        per_capture: capture_memory(&cfg, machine, run_delay, page)?,
+    })
+}
+
+/// `run_kernel_memory`'s two parts.
+#[derive(Debug)]
+pub struct RunMapMemory {
+    /// Every map the daemon holds for its life.
+    pub held: Vec<crate::bpf::memory::MapMemory>,
+    /// The maps each capture makes for itself, held while it runs (the
+    /// ring buffer only if captures write to one).
+    pub per_capture: Vec<crate::bpf::memory::MapMemory>,
+}
+
+/// `cfg` with `[capture]`'s memory sized for `machine`'s CPUs where it is
+/// left at this machine's default.
+fn machine_capture_default(cfg: &Config, machine: crate::bpf::MachineBounds) -> Config {
     let mut cfg = cfg.clone();
     if cfg.capture.memory() == crate::bpf::EventMemory::default() {
         let m = crate::bpf::EventMemory::for_cpus(machine.possible_cpus);
         cfg.capture.buffer_bytes = m.buffer_bytes;
         cfg.capture.stack_entries = m.stack_entries;
     }
-    crate::bpf::memory::kernel_memory(&accounting_config(&cfg), machine, run_delay, page)
+    cfg
 }
 
 fn accounting_config(cfg: &Config) -> AccountingConfig {

@@ -364,6 +364,15 @@ pub mod names {
     pub const OFFCPU_START: &str = "OFFCPU_START";
     pub const OFFCPU_AWAIT_USER: &str = "OFFCPU_AWAIT_USER";
     pub const OFFCPU_AWAITING: &str = "OFFCPU_AWAITING";
+    /// One-slot BPF_MAP_TYPE_ARRAY_OF_MAPS outers for the daemon's own
+    /// load (`G_PER_CAPTURE_MAPS`): slot 0 holds the capture's own
+    /// CAPTURE_EVENTS, CAPTURE_STACKS, CAPTURE_FAULT_CTR, OFFCPU_START and
+    /// OFFCPU_AWAIT_USER while it runs, nothing between captures.
+    pub const SLOT_EVENTS: &str = "SLOT_EVENTS";
+    pub const SLOT_STACKS: &str = "SLOT_STACKS";
+    pub const SLOT_FAULT_CTR: &str = "SLOT_FAULT_CTR";
+    pub const SLOT_OFFCPU_START: &str = "SLOT_OFFCPU_ST";
+    pub const SLOT_AWAIT_USER: &str = "SLOT_AWAIT_USER";
     /// tgid -> 1: the processes an off-CPU capture watches.
     pub const OFFCPU_WATCH: &str = "OFFCPU_WATCH";
     pub const WAKERS: &str = "WAKERS";
@@ -434,6 +443,7 @@ pub mod names {
     pub const EXITED_RING: &str = "EXITED_RING";
     /// 1: sched_process_free writes EXITED_RING; 0: the EXITED hash.
     pub const G_EXIT_RING: &str = "EXIT_RING";
+    pub const G_PER_CAPTURE_MAPS: &str = "PER_CAPTURE_MAPS";
     /// 1: the fault programs also count per process (FAULTS_BY_TGID);
     /// 0: only per thread, where TASKS_BY_TID covers every tid.
     pub const G_COUNT_PROCESS_FAULTS: &str = "COUNT_PROCESS_FAULTS";

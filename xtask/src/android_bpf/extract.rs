@@ -317,6 +317,20 @@ fn relocate(
             };
             fold_rodata_load(code, at, target.address(), value)
                 .with_context(|| format!("{}: folding a .rodata setting", spec.func))?;
+        } else if tsec
+            .and_then(|i| obj.section_by_index(i).ok())
+            .is_some_and(|s| s.name() == Ok(".maps"))
+        {
+            // A `SLOT_*` outer: only under PER_CAPTURE_MAPS, folded to 0.
+            ensure!(
+                BPFLOADER_SETTINGS.contains(&("PER_CAPTURE_MAPS", 0)),
+                "{}: relocation to the per-capture outer {:?}, but PER_CAPTURE_MAPS is not folded \
+                 to 0 for bpfloader",
+                spec.func,
+                target.name()
+            );
+            // A plain 0 in code the verifier never walks: no map fd.
+            code[at + 4..at + 8].copy_from_slice(&[0; 4]);
         } else {
             bail!(
                 "{}: relocation to {:?} (only maps and .rodata are supported)",

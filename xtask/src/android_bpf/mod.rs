@@ -120,12 +120,14 @@ pub const RINGBUF_MIN_BYTES: u32 = 16384;
 /// The object name bpfloader derives from `vitals.o`.
 pub const OBJ_NAME: &str = "vitals";
 
-/// `.rodata` settings whose compiled-in default does not suit bpfloader,
-/// by symbol name, with the value folded in instead. None today: the one
-/// there was (NR_CPUS, bounding sched_process_free's walk over per-CPU
-/// slots, which overflowed bpfloader's 1 MiB verifier log at its default)
-/// went with that walk when the exit path stopped needing per-CPU maps.
-pub const BPFLOADER_SETTINGS: [(&str, u64); 0] = [];
+/// `.rodata` settings folded in by symbol name instead of their
+/// compiled-in default. PER_CAPTURE_MAPS is 0 by default too; it is
+/// named here because `extract` relies on it: bpfloader creates no
+/// map-in-map, so the capture maps are the plain ones, and the code that
+/// looks them up in the `SLOT_*` outers (`ebpf-programs/src/capture_maps.rs`)
+/// is dead, its relocations to `.maps` left unresolved. (The one setting
+/// there was before, NR_CPUS, went with the per-CPU walk it bounded.)
+pub const BPFLOADER_SETTINGS: [(&str, u64); 1] = [("PER_CAPTURE_MAPS", 0)];
 
 pub struct ProgSpec {
     /// Function symbol in the aya object.

@@ -34,6 +34,10 @@ pub(crate) struct TransportSlot {
     pub(crate) lent: bool,
     /// Blind-window witnesses (`switch_counters`), enabled for a capture.
     pub(crate) switch_counters: super::SwitchCounters,
+    /// The daemon's own load: each capture's own large maps
+    /// (`capture_slots`). None: the plain maps, sized at load or by
+    /// bpfloader.
+    pub(crate) per_capture: Option<super::capture_slots::CaptureSlots>,
 }
 
 /// The capture transport between captures.
@@ -45,6 +49,9 @@ pub(crate) enum IdleTransport {
     /// default 4 MiB ring (issue #14); the kernel's pages stay allocated
     /// either way, and the records in them stay put between mappings.
     Ring(MapData),
+    /// Each capture makes its own ring buffer (`capture_slots`): between
+    /// captures there is none.
+    RingPerCapture,
     /// Perf buffers stay mapped: opening one is a perf_event_open, which
     /// needs CAP_PERFMON, and a daemon that dropped it must still capture.
     Perf(Vec<(u32, PerfEventArrayBuffer<MapData>)>),
@@ -52,7 +59,8 @@ pub(crate) enum IdleTransport {
 
 /// With a capture configured (`sizing`): loads (verifies) sched_waking
 /// now, attached only while a capture runs, and takes the transport's
-/// buffers. None without one.
+/// buffers (none for a ring buffer made per capture: `per_capture`).
+/// None without one.
 /// With `pin_to`, sched_waking is pinned there too (`vitalsd pin`: a
 /// reader of the pins runs captures as bpfloader's vitals.o allows).
 pub(super) fn load_capture_tier(
@@ -62,6 +70,7 @@ pub(super) fn load_capture_tier(
     transport: EventTransport,
     page: u32,
     pin_to: Option<&Path>,
+    per_capture: bool,
 ) -> Result<Option<IdleTransport>, BpfError> {
     let Some(sizing) = sizing else {
         return Ok(None);
@@ -75,6 +84,9 @@ pub(super) fn load_capture_tier(
             path,
             message: e.to_string(),
         })?;
+    }
+    if per_capture && transport == EventTransport::RingBuf {
+        return Ok(Some(IdleTransport::RingPerCapture));
     }
     take_capture_output(ebpf, transport, sizing, page).map(Some)
 }

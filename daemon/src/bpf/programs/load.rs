@@ -20,14 +20,16 @@ use super::{
         object::{
             btf::{KernelBtf, SwitchPrototype},
             feature_table::{log_missing, Feature},
-            pinned_map_path, sched_program, MapRead, SchedPrograms, TracepointLayout,
+            pinned_map_path, sched_program, EventTransport, MapRead, SchedPrograms,
+            TracepointLayout,
         },
         program_err,
         tracefs::Tracefs,
         AccountingConfig, BpfError, FaultSource, FaultSourceChoice, Features, PinMode,
     },
     attach::{attach_perf_sw, attach_tracepoint, pin_maps},
-    capture_tier::{load_capture_tier, TransportSlot},
+    capture_slots::CaptureSlots,
+    capture_tier::{load_capture_tier, IdleTransport, TransportSlot},
     free_misses::FreeMisses,
     program,
     settings::{FieldOffsets, LoadSettings},
@@ -113,14 +115,7 @@ impl Accounting {
                 None => "none (capture not configured)",
             }
         );
-        let ring = load_capture_tier(
-            &mut ebpf,
-            waking_layout,
-            cfg.capture,
-            settings.transport,
-            settings.page,
-            pin_to,
-        )?;
+        let (ring, per_capture) = load_capture(&mut ebpf, waking_layout, cfg, &settings, pin_to)?;
         let switch_counters =
             blind_window_witness(&ebpf, cfg.capture.is_some(), sched_programs, pin_to);
         Ok(Self {
@@ -142,6 +137,7 @@ impl Accounting {
                 idle: ring,
                 lent: false,
                 switch_counters,
+                per_capture,
             },
             pinned_waking: None,
             waking_link: None,
@@ -153,6 +149,35 @@ impl Accounting {
             stale: StaleSweep::for_this_host(),
         })
     }
+}
+
+/// The capture tier (`load_capture_tier`) and, where each capture makes
+/// its own maps, their slots.
+fn load_capture(
+    ebpf: &mut Ebpf,
+    waking_layout: TracepointLayout,
+    cfg: &AccountingConfig,
+    settings: &LoadSettings,
+    pin_to: Option<&Path>,
+) -> Result<(Option<IdleTransport>, Option<CaptureSlots>), BpfError> {
+    let ring = load_capture_tier(
+        ebpf,
+        waking_layout,
+        cfg.capture,
+        settings.transport,
+        settings.page,
+        pin_to,
+        settings.per_capture_maps,
+    )?;
+    let slots = match settings.capture_sizes(cfg) {
+        Some(sizes) => Some(CaptureSlots::take(
+            ebpf,
+            sizes,
+            settings.transport == EventTransport::RingBuf,
+        )?),
+        None => None,
+    };
+    Ok((ring, slots))
 }
 
 /// The classic programs' exec follower (`attach_exec_follower`), and the

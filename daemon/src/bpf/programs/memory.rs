@@ -16,8 +16,14 @@
 use object::{Object, ObjectSection, ObjectSymbol};
 use vitals_common::mapped::BPF_F_MMAPABLE;
 
+use vitals_common::names;
+
 use super::{
-    super::{config::MachineBounds, object::EBPF_OBJECT, AccountingConfig, BpfError},
+    super::{
+        config::MachineBounds,
+        object::{EventTransport, EBPF_OBJECT},
+        AccountingConfig, BpfError,
+    },
     settings::{LoadSettings, SizingKernel},
 };
 
@@ -46,6 +52,7 @@ const PERF_EVENT_ARRAY: u32 = 4;
 const PERCPU_ARRAY: u32 = 6;
 const STACK_TRACE: u32 = 7;
 const LRU_HASH: u32 = 9;
+const ARRAY_OF_MAPS: u32 = 12;
 const RINGBUF: u32 = 27;
 
 /// Every map of `obj`: the `maps` section's definitions and the `.rodata`
@@ -73,6 +80,23 @@ pub fn map_defs(obj: &[u8]) -> Result<Vec<MapDef>, BpfError> {
             max_entries: word(at + 12)?,
             flags: word(at + 16)?,
         });
+    }
+    // The `.maps` section's BTF-defined maps are the one-slot outers of
+    // the per-capture maps (`capture_slots`): an array of 4-byte map ids.
+    if let Some(outers) = file.section_by_name(".maps") {
+        for sym in file.symbols() {
+            if sym.section_index() != Some(outers.index()) || sym.size() == 0 {
+                continue;
+            }
+            out.push(MapDef {
+                name: sym.name().map_err(|_| bad())?.to_owned(),
+                map_type: ARRAY_OF_MAPS,
+                key_size: 4,
+                value_size: 4,
+                max_entries: 1,
+                flags: 0,
+            });
+        }
     }
     if let Some(rodata) = file.section_by_name(".rodata") {
         out.push(MapDef {
@@ -117,7 +141,8 @@ pub fn map_bytes(def: &MapDef, entries: u32, cpus: u32, page: u32) -> u64 {
         }
         ARRAY => BPF_ARRAY + n * align8(def.value_size),
         PERCPU_ARRAY => BPF_ARRAY + n * ptr + n * align8(def.value_size) * cpus,
-        PERF_EVENT_ARRAY => BPF_ARRAY + n * ptr,
+        // fd arrays hold a pointer an entry (`fd_array_map_alloc`).
+        PERF_EVENT_ARRAY | ARRAY_OF_MAPS => BPF_ARRAY + n * ptr,
         HASH | LRU_HASH => {
             let elem = HTAB_ELEM + align8(def.key_size) + align8(def.value_size);
             let base = BPF_HTAB + n.next_power_of_two() * HTAB_BUCKET + HTAB_LOCKS_PER_CPU * cpus;
@@ -157,12 +182,7 @@ pub fn kernel_memory(
     run_delay: bool,
     page: u32,
 ) -> Result<Vec<MapMemory>, BpfError> {
-    let kernel = SizingKernel {
-        run_delay,
-        ringbuf_ok: true,
-        page,
-    };
-    let settings = LoadSettings::sized(cfg, machine, kernel, false)?;
+    let settings = sized_for(cfg, machine, run_delay, page)?;
     let sizes = settings.map_sizes(cfg);
     Ok(map_defs(EBPF_OBJECT)?
         .into_iter()
@@ -183,6 +203,54 @@ pub fn kernel_memory(
             }
         })
         .collect())
+}
+
+/// The maps a capture makes for itself on a load with `cfg` (the
+/// daemon's own: `capture_slots`), each with the kernel memory it takes
+/// while the capture runs; empty where the capture maps are the plain
+/// ones, sized at load (`kernel_memory` has them).
+pub fn capture_memory(
+    cfg: &AccountingConfig,
+    machine: MachineBounds,
+    run_delay: bool,
+    page: u32,
+) -> Result<Vec<MapMemory>, BpfError> {
+    let settings = sized_for(cfg, machine, run_delay, page)?;
+    let Some(sizes) = settings.capture_sizes(cfg) else {
+        return Ok(Vec::new());
+    };
+    let defs = map_defs(EBPF_OBJECT)?;
+    let ring = settings.transport == EventTransport::RingBuf;
+    Ok(sizes
+        .into_iter()
+        .filter(|&(name, _)| ring || name != names::CAPTURE_EVENTS)
+        .filter_map(|(name, entries)| {
+            let def = defs.iter().find(|d| d.name == name)?.clone();
+            Some(MapMemory {
+                bytes: map_bytes(&def, entries, machine.possible_cpus, page),
+                def: MapDef {
+                    max_entries: entries,
+                    ..def
+                },
+            })
+        })
+        .collect())
+}
+
+/// The settings a load with `cfg` makes on `machine`: a kernel with ring
+/// buffers, tp_btf programs reading run_delay or not (`run_delay`).
+fn sized_for(
+    cfg: &AccountingConfig,
+    machine: MachineBounds,
+    run_delay: bool,
+    page: u32,
+) -> Result<LoadSettings, BpfError> {
+    let kernel = SizingKernel {
+        run_delay,
+        ringbuf_ok: true,
+        page,
+    };
+    LoadSettings::sized(cfg, machine, kernel, false)
 }
 
 /// The sum of `maps`' bytes.

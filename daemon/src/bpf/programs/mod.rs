@@ -8,6 +8,7 @@
 //! `events::transport` through `map`.
 
 mod attach;
+mod capture_slots;
 mod capture_tier;
 mod free_misses;
 mod load;
@@ -161,6 +162,12 @@ impl Accounting {
             .get(name)
             .or_else(|| self.ebpf.as_ref().and_then(|e| e.map(name)))
             .ok_or(BpfError::Missing(name))
+    }
+
+    /// The running (or last unreleased) capture's own map `name`, on a
+    /// load that makes them per capture (`capture_slots`).
+    pub(crate) fn capture_map(&self, name: &str) -> Option<&aya::maps::Map> {
+        self.slot.per_capture.as_ref()?.live(name)
     }
 
     pub(crate) fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map, BpfError> {

@@ -107,6 +107,8 @@ impl Accounting {
                 // bpfloader's SWITCH_COUNTERS stays empty: its captures
                 // mark only the windows `switch_missed` finds.
                 switch_counters: Default::default(),
+                // bpfloader's copy has the plain capture maps, sized at boot.
+                per_capture: None,
             },
             pinned_waking,
             waking_link: None,

@@ -244,6 +244,12 @@ pub(super) struct LoadSettings {
     /// Off-CPU accounting; off when pinning (bpfloader attaches no
     /// program of it).
     pub(super) offcpu: Option<OffcpuSettings>,
+    /// Each capture's large maps are made for it and held in the `SLOT_*`
+    /// outers (`capture_slots`); the plain ones get their minimum. Not
+    /// for pins (a reader of pins cannot make maps the pinned programs
+    /// see: bpfloader's copy has the plain ones, sized at boot), nor
+    /// without ring buffers (the rewritten object keeps the plain maps).
+    pub(super) per_capture_maps: bool,
 }
 
 impl LoadSettings {
@@ -348,6 +354,7 @@ impl LoadSettings {
             btf_offsets: None,
             page: kernel.page,
             offcpu: cfg.offcpu.filter(|_| !pinning),
+            per_capture_maps: cfg.capture.is_some() && !pinning && kernel.ringbuf_ok,
         })
     }
 
@@ -374,6 +381,7 @@ impl LoadSettings {
             (names::G_CAPTURE_TRANSPORT, self.transport.rodata()),
             (names::G_WAKE_ARRAY, u32::from(self.wake_array)),
             (names::G_EXIT_RING, u32::from(self.exit_ring)),
+            (names::G_PER_CAPTURE_MAPS, u32::from(self.per_capture_maps)),
             (names::G_TRACK_WAIT, u32::from(cfg.runq_wait)),
             (names::G_TRACK_OFFCPU, u32::from(self.offcpu.is_some())),
             (
@@ -404,8 +412,14 @@ impl LoadSettings {
 
     /// Every map's max_entries.
     pub(super) fn map_sizes(&self, cfg: &AccountingConfig) -> [(&'static str, u32); 17] {
+        // Made per capture (`capture_sizes`): the plain maps' minimum.
+        let plain = if self.per_capture_maps {
+            None
+        } else {
+            cfg.capture
+        };
         let [events, stacks, fault_ctr, offcpu_start, offcpu_await_user] =
-            capture_map_sizes(cfg.capture, self.transport, self.ringbuf_ok, self.page);
+            capture_map_sizes(plain, self.transport, self.ringbuf_ok, self.page);
         [
             (names::TASKS, self.tasks_hash_len),
             (names::WAKE_TS, self.wake_hash_len),
@@ -455,6 +469,14 @@ impl LoadSettings {
             (names::WAKERS, self.waker_slots()),
             (names::WAKER_HALF, 1),
         ]
+    }
+
+    /// max_entries of each capture's own CAPTURE_EVENTS, CAPTURE_STACKS,
+    /// CAPTURE_FAULT_CTR, OFFCPU_START and OFFCPU_AWAIT_USER, with
+    /// `per_capture_maps`.
+    pub(super) fn capture_sizes(&self, cfg: &AccountingConfig) -> Option<[(&'static str, u32); 5]> {
+        self.per_capture_maps
+            .then(|| capture_map_sizes(cfg.capture, self.transport, self.ringbuf_ok, self.page))
     }
 
     /// WAKERS' slots: two halves of one region (`waker_region_slots`) per

@@ -39,6 +39,8 @@ pub enum EventOutput {
 /// The output a capture drains; `Perf` is left empty until handed back.
 fn lend(idle: &mut IdleTransport) -> Result<EventOutput, BpfError> {
     match idle {
+        // `start` makes it with the capture's maps: nothing to lend.
+        IdleTransport::RingPerCapture => Err(BpfError::Missing(names::CAPTURE_EVENTS)),
         IdleTransport::Ring(data) => {
             let fd = data
                 .fd()
@@ -66,7 +68,7 @@ fn give_back(idle: &mut IdleTransport, out: EventOutput) {
     match (idle, out) {
         (IdleTransport::Perf(bufs), EventOutput::Perf(lent)) => *bufs = lent,
         (_, EventOutput::Ring(mapping)) => drop(mapping),
-        (IdleTransport::Ring(_), EventOutput::Perf(_)) => {
+        (IdleTransport::Ring(_) | IdleTransport::RingPerCapture, EventOutput::Perf(_)) => {
             log::warn!("capture handed back perf buffers to a ring-buffer transport")
         }
     }
@@ -96,9 +98,51 @@ pub fn start(
     if acc.transport_slot().lent {
         return Err(BpfError::CaptureRunning);
     }
+    // A capture with maps of its own starts with them empty.
+    let per_capture = acc.transport_slot().per_capture.is_some();
+    if !per_capture {
+        clear_plain_maps(acc)?;
+    }
+    if let Ok(map) = acc.map_mut(names::OFFCPU_AWAITING) {
+        if let Ok(mut count) = Array::<_, u64>::try_from(map) {
+            let _ = count.set(0, 0, 0);
+        }
+    }
+    let offcpu_watch_dropped = match offcpu.map(|w| &w.processes) {
+        Some(WatchedProcesses::Tgids(tgids)) => watch_tgids(acc, tgids)?,
+        _ => 0,
+    };
+    let offcpu_kernel_at_waking = u32::from(acc.offcpu_waking_has_task());
+    let slot = acc.transport_slot();
+    let ring = match slot.per_capture.as_mut() {
+        // The capture's maps go in their slots before the flag is set.
+        Some(maps) => match maps.fill(events, offcpu.is_some())? {
+            Some(ring) => EventOutput::Ring(ring),
+            None => lend(slot.idle.as_mut().ok_or(BpfError::CaptureNotConfigured)?)?,
+        },
+        None => lend(slot.idle.as_mut().ok_or(BpfError::CaptureNotConfigured)?)?,
+    };
+    slot.lent = true;
+    start_emitting(
+        acc,
+        events,
+        fault_period,
+        offcpu,
+        offcpu_kernel_at_waking,
+        ring,
+    )
+    .map(|output| Started {
+        output,
+        offcpu_watch_dropped,
+    })
+}
+
+/// Empties the plain capture maps (bpfloader's pins, or a load that made
+/// them at full size), which outlive a capture. Done before the output is
+/// taken: an error here must not lose it (the daemon's accounting serves
+/// every later capture).
+fn clear_plain_maps(acc: &mut Accounting) -> Result<(), BpfError> {
     // Stacks of an earlier capture are stale; ids are reused by hash.
-    // Cleared before the output is taken: an error here must not lose it
-    // (the daemon's accounting serves every later capture).
     if let Ok(mut stacks) = StackTraceMap::try_from(acc.map_mut(names::CAPTURE_STACKS)?) {
         let ids: Vec<u32> = stacks.stack_ids().filter_map(Result::ok).collect();
         for id in ids {
@@ -125,25 +169,24 @@ pub fn start(
             }
         }
     }
-    if let Ok(map) = acc.map_mut(names::OFFCPU_AWAITING) {
-        if let Ok(mut count) = Array::<_, u64>::try_from(map) {
-            let _ = count.set(0, 0, 0);
-        }
-    }
-    let offcpu_watch_dropped = match offcpu.map(|w| &w.processes) {
-        Some(WatchedProcesses::Tgids(tgids)) => watch_tgids(acc, tgids)?,
-        _ => 0,
-    };
-    let offcpu_kernel_at_waking = u32::from(acc.offcpu_waking_has_task());
-    let slot = acc.transport_slot();
-    let ring = lend(slot.idle.as_mut().ok_or(BpfError::CaptureNotConfigured)?)?;
-    slot.lent = true;
+    Ok(())
+}
+
+/// Attaches what the capture needs and sets the flag; on an error the
+/// output is handed back (and the capture's own maps dropped).
+fn start_emitting(
+    acc: &mut Accounting,
+    events: EventSet,
+    fault_period: u32,
+    offcpu: Option<&OffcpuWatch>,
+    offcpu_kernel_at_waking: u32,
+    ring: EventOutput,
+) -> Result<EventOutput, BpfError> {
     // The capture's sched_waking writes the timeline's wakings and, where
     // the always-on tp_btf one cannot (no task at hand), ends the blocks.
     if events.sched || (offcpu.is_some() && offcpu_kernel_at_waking == 0) {
         if let Err(e) = acc.attach_waking() {
-            // The transport stays here for the next capture.
-            take_back(acc, ring);
+            abandon(acc, ring);
             return Err(e);
         }
     }
@@ -159,7 +202,7 @@ pub fn start(
             log::warn!("capture: blind windows only from running-task mismatches: {e}");
         }
     }
-    set_flag(
+    let flag = set_flag(
         acc,
         CaptureControl {
             flags: events.flags() | offcpu.map_or(0, |_| capture::FLAG_OFFCPU),
@@ -173,11 +216,23 @@ pub fn start(
             offcpu_kernel_at_waking,
             offcpu_user_at_switch_in,
         },
-    )?;
-    Ok(Started {
-        output: ring,
-        offcpu_watch_dropped,
-    })
+    );
+    if let Err(e) = flag {
+        abandon(acc, ring);
+        return Err(e);
+    }
+    Ok(ring)
+}
+
+/// Undoes a start that failed after the output was taken: the flag off,
+/// the programs detached, the output back for the next capture and this
+/// one's own maps out of their slots and dropped.
+fn abandon(acc: &mut Accounting, ring: EventOutput) {
+    if let Err(e) = pause(acc) {
+        log::warn!("undoing a capture start: {e}");
+    }
+    take_back(acc, ring);
+    release(acc);
 }
 
 /// `OFFCPU_WATCH` holds exactly `tgids` (an earlier capture's are
@@ -263,15 +318,29 @@ fn take_back(acc: &mut Accounting, out: EventOutput) {
     slot.lent = false;
 }
 
-/// Clears the CAPTURE flag and detaches sched_waking; idempotent.
+/// Clears the CAPTURE flag, takes the capture's own maps out of their
+/// slots (they stay readable until `release`) and detaches sched_waking;
+/// idempotent.
 pub fn pause(acc: &mut Accounting) -> Result<(), BpfError> {
     let res = set_flag(acc, CaptureControl::default());
+    if let Some(maps) = acc.transport_slot().per_capture.as_mut() {
+        maps.empty();
+    }
     acc.detach_waking();
     acc.detach_switch_in();
     if let Err(e) = acc.transport_slot().switch_counters.set_enabled(false) {
         log::warn!("capture end: {e}");
     }
     res
+}
+
+/// Drops the last capture's own maps, once its trace is written (their
+/// stacks are read until then); their kernel memory goes with them.
+/// Nothing for plain maps.
+pub fn release(acc: &mut Accounting) {
+    if let Some(maps) = acc.transport_slot().per_capture.as_mut() {
+        maps.release();
+    }
 }
 
 /// Tells this capture's per-CPU blind-window state from an earlier one's
@@ -308,8 +377,12 @@ pub fn lost(acc: &Accounting) -> Result<Vec<[u64; capture::lost::COUNT as usize]
 /// The user stack (instruction pointers, innermost first) under
 /// `stack_id`, or None if the map has no such entry.
 pub fn stack(acc: &Accounting, stack_id: u32) -> Result<Option<Vec<u64>>, BpfError> {
-    let map: StackTraceMap<&MapData> = StackTraceMap::try_from(acc.map(names::CAPTURE_STACKS)?)
-        .map_err(map_err(names::CAPTURE_STACKS))?;
+    let data = match acc.capture_map(names::CAPTURE_STACKS) {
+        Some(own) => own,
+        None => acc.map(names::CAPTURE_STACKS)?,
+    };
+    let map: StackTraceMap<&MapData> =
+        StackTraceMap::try_from(data).map_err(map_err(names::CAPTURE_STACKS))?;
     match map.get(&stack_id, 0) {
         Ok(st) => Ok(Some(st.frames().iter().map(|f| f.ip).collect())),
         Err(MapError::KeyNotFound) => Ok(None),
