@@ -103,6 +103,7 @@ pub struct MapInfo {
 }
 
 pub const BPF_MAP_TYPE_STACK_TRACE: u32 = 7;
+pub const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
 pub const BPF_MAP_TYPE_RINGBUF: u32 = 27;
 
 /// Every BPF map `pid` holds an fd of, once per map.
@@ -164,4 +165,17 @@ pub fn ran_between(before: &[ProgRuns], after: &[ProgRuns]) -> Vec<ProgRuns> {
             })
         })
         .collect()
+}
+
+/// The id of the BTF object a loaded map or program (`kind` "map" or
+/// "prog") was created with, as `bpftool {kind} show id <id>` reports it;
+/// 0 for none.
+pub fn btf_id_of(kind: &str, id: u32) -> u32 {
+    let out = std::process::Command::new("bpftool")
+        .args([kind, "show", "id", &id.to_string(), "--json"])
+        .output()
+        .expect("running bpftool (cargo xtask setup installs it)");
+    assert!(out.status.success(), "bpftool {kind} show id {id}: {out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool's json");
+    v["btf_id"].as_u64().unwrap_or(0) as u32
 }

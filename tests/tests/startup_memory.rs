@@ -194,6 +194,7 @@ fn a_captures_own_maps_are_held_only_while_it_runs() {
         ["CAPTURE_EVENTS", "CAPTURE_FAULT_C", "CAPTURE_STACKS"],
         "{own:?}"
     );
+    assert_made_as_their_templates(d.pid(), &own);
     if vitals_tests::kernel_version() >= (6, 4) {
         let cfg = vitalsd::config::Config::load(&d.config_path()).unwrap();
         let (machine, page) = this_machine();
@@ -221,4 +222,27 @@ fn a_captures_own_maps_are_held_only_while_it_runs() {
     before_ids.sort_unstable();
     after_ids.sort_unstable();
     assert_eq!(after_ids, before_ids, "held after the capture: {after:?}");
+}
+
+/// Each capture map is made as aya's `load` made its slot's template: the
+/// LRU hash with the object's BTF (the id the daemon's programs carry),
+/// the ring buffer and the stack map with none (aya gives those map types
+/// no BTF). Linux 5.15 to 6.1 refuse a slot's map otherwise
+/// (`bpf_map_meta_equal` compares `timer_off`, which BTF changes): the
+/// off-CPU captures of the 6.1 guests failed that way. Asked of the
+/// kernel, through bpftool.
+fn assert_made_as_their_templates(pid: i32, own: &[vitals_tests::bpf_stats::MapInfo]) {
+    use vitals_tests::bpf_stats::{btf_id_of, programs_of};
+    let object_btf = programs_of(pid)
+        .iter()
+        .map(|p| btf_id_of("prog", p.id))
+        .find(|&id| id != 0)
+        .expect("the daemon's programs carry the object's BTF");
+    for m in own {
+        let expected = match m.map_type {
+            vitals_tests::bpf_stats::BPF_MAP_TYPE_LRU_HASH => object_btf,
+            _ => 0,
+        };
+        assert_eq!(btf_id_of("map", m.id), expected, "{m:?}");
+    }
 }

@@ -2,7 +2,7 @@ use std::{
     borrow::Cow,
     collections::{HashMap, HashSet},
     fs, io, iter,
-    os::fd::{AsFd as _, AsRawFd as _},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
     path::{Path, PathBuf},
     sync::{Arc, LazyLock},
 };
@@ -799,7 +799,11 @@ impl<'a> EbpfLoader<'a> {
             .map(|data| parse_map(data, *allow_unsupported_maps))
             .collect::<Result<HashMap<String, Map>, EbpfError>>()?;
 
-        Ok(Ebpf { maps, programs })
+        Ok(Ebpf {
+            maps,
+            programs,
+            btf_fd,
+        })
     }
 }
 
@@ -973,6 +977,9 @@ impl Default for EbpfLoader<'_> {
 pub struct Ebpf {
     maps: HashMap<String, Map>,
     programs: HashMap<String, Program>,
+    // vitalsd patch: the object's BTF as loaded, for maps created later
+    // like the ones `load` created (a map-of-maps' inner template).
+    btf_fd: Option<Arc<crate::MockableFd>>,
 }
 
 /// The main entry point into the library, used to work with eBPF programs and maps.
@@ -980,6 +987,15 @@ pub struct Ebpf {
 pub type Bpf = Ebpf;
 
 impl Ebpf {
+    /// vitalsd patch: the object's BTF as `load` loaded it into the kernel
+    /// and created the maps with, if it did. A map created later from one of
+    /// the object's BTF map definitions (such as a map-of-maps' inner
+    /// template, `aya_obj::Map::inner`) needs it to be created as `load`
+    /// would have: with the same key and value types.
+    pub fn btf_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.btf_fd.as_deref().map(|fd| fd.as_fd())
+    }
+
     /// Loads eBPF bytecode from a file.
     ///
     /// Parses the given object code file and initializes the [maps](crate::maps) defined in it. If

@@ -11,11 +11,13 @@
 //! the outers (one pointer each).
 //!
 //! The kernel checks a map put in a slot against the outer's template
-//! (type, key and value size, flags: `bpf_map_meta_equal`), not its
+//! (`bpf_map_meta_equal`: type, key and value size, flags), not its
 //! max_entries, so each capture's maps take the sizes it is configured
-//! with. The templates are the plain maps' definitions in the object,
-//! which bpfloader's copy uses instead (and which this load creates at
-//! their minimum).
+//! with. On Linux 5.15 to 6.1 it also compares `timer_off`, which is
+//! -ENOENT for a map made with BTF key and value types and -EINVAL for one
+//! made without: so each map is made from its template's own definition
+//! (`aya_obj::Map::inner` of the outer) with the object's BTF, exactly as
+//! aya's `load` made the template.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
@@ -28,10 +30,7 @@ use vitals_common::names;
 
 use crate::event_set::EventSet;
 
-use super::{
-    super::{map_err, object::EBPF_OBJECT, BpfError},
-    memory::{map_defs, MapDef},
-};
+use super::super::{map_err, object::EBPF_OBJECT, BpfError};
 
 /// (the capture's map, the outer whose slot holds it), in the order of
 /// `object::capture_map_sizes`.
@@ -50,7 +49,9 @@ struct Slot {
     outer: ArrayOfMaps<MapData>,
     /// A duplicate of the outer's fd, for deletes.
     outer_fd: OwnedFd,
-    def: MapDef,
+    /// The outer's inner template as the object defines it (BTF types
+    /// included), at the template's 1 entry.
+    template: aya_obj::Map,
     /// max_entries of a capture's map; 0: none is made (the ring buffer
     /// while captures use the perf event array).
     entries: u32,
@@ -59,6 +60,9 @@ struct Slot {
 /// The outers, and the running (or last, until released) capture's maps.
 pub(crate) struct CaptureSlots {
     slots: Vec<Slot>,
+    /// The object's BTF as aya loaded it (none where the kernel refused
+    /// it, and then the templates were made without it too).
+    btf: Option<OwnedFd>,
     /// The capture's maps by name, the ring buffer's once lent out.
     live: Vec<(&'static str, Map)>,
 }
@@ -72,7 +76,14 @@ impl CaptureSlots {
         sizes: [(&'static str, u32); 5],
         ring: bool,
     ) -> Result<Self, BpfError> {
-        let defs = map_defs(EBPF_OBJECT)?;
+        let btf = ebpf
+            .btf_fd()
+            .map(|fd| {
+                fd.try_clone_to_owned()
+                    .map_err(dup_failed("the object's BTF"))
+            })
+            .transpose()?;
+        let mut templates = templates()?;
         let mut slots = Vec::with_capacity(SLOTS.len());
         for ((name, outer_name), (sized, entries)) in SLOTS.into_iter().zip(sizes) {
             debug_assert_eq!(name, sized);
@@ -86,24 +97,17 @@ impl CaptureSlots {
                 None => return Err(BpfError::Missing(outer_name)),
             };
             // aya's ArrayOfMaps keeps its fd to itself and has no delete.
-            let outer_fd =
-                data.fd()
-                    .as_fd()
-                    .try_clone_to_owned()
-                    .map_err(|io_error| BpfError::Map {
-                        name: outer_name,
-                        source: MapError::SyscallError(SyscallError {
-                            call: "dup",
-                            io_error,
-                        }),
-                    })?;
+            let outer_fd = data
+                .fd()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(dup_failed(outer_name))?;
             let outer =
                 ArrayOfMaps::try_from(Map::ArrayOfMaps(data)).map_err(map_err(outer_name))?;
-            let def = defs
-                .iter()
-                .find(|d| d.name == name)
-                .cloned()
-                .ok_or(BpfError::Missing(name))?;
+            let template = templates
+                .remove(outer_name)
+                .and_then(|outer| outer.inner())
+                .ok_or(BpfError::Missing(outer_name))?;
             let entries = if name == names::CAPTURE_EVENTS && !ring {
                 0
             } else {
@@ -114,12 +118,13 @@ impl CaptureSlots {
                 outer_name,
                 outer,
                 outer_fd,
-                def,
+                template,
                 entries,
             });
         }
         Ok(Self {
             slots,
+            btf,
             live: Vec::new(),
         })
     }
@@ -160,15 +165,10 @@ impl CaptureSlots {
             if slot.entries == 0 || !needed(slot.name) {
                 continue;
             }
-            let d = &slot.def;
-            let obj = aya_obj::Map::new_from_params(
-                d.map_type,
-                d.key_size,
-                d.value_size,
-                slot.entries,
-                d.flags,
-            );
-            let map = MapData::create(obj, slot.name, None).map_err(map_err(slot.name))?;
+            let mut obj = slot.template.clone();
+            obj.set_max_entries(slot.entries);
+            let btf = self.btf.as_ref().map(|fd| fd.as_fd());
+            let map = MapData::create(obj, slot.name, btf).map_err(map_err(slot.name))?;
             slot.outer
                 .set(0, &map, 0)
                 .map_err(map_err(slot.outer_name))?;
@@ -213,6 +213,25 @@ impl CaptureSlots {
     /// The running (or last unreleased) capture's map `name`.
     pub(crate) fn live(&self, name: &str) -> Option<&Map> {
         self.live.iter().find(|(n, _)| *n == name).map(|(_, m)| m)
+    }
+}
+
+/// The object's map definitions by name, the outers' (with their inner
+/// templates) among them: what aya's `load` created the maps from.
+fn templates() -> Result<std::collections::HashMap<String, aya_obj::Map>, BpfError> {
+    aya_obj::Object::parse(EBPF_OBJECT)
+        .map(|obj| obj.maps)
+        .map_err(|e| BpfError::Unsupported(format!("parsing the eBPF object's maps: {e}")))
+}
+
+/// A failed dup of `name`'s fd.
+fn dup_failed(name: &'static str) -> impl FnOnce(std::io::Error) -> BpfError {
+    move |io_error| BpfError::Map {
+        name,
+        source: MapError::SyscallError(SyscallError {
+            call: "dup",
+            io_error,
+        }),
     }
 }
 
