@@ -199,6 +199,10 @@ fn sched_capture_without_ebpf(route: Route) {
     );
     let skipped = skipped[0]["n"].as_i64().unwrap_or(0);
     eprintln!("compact switches trace_processor skipped: {skipped}");
+    // Every stat the import counted (drops, skips, overruns), for a
+    // failure to explain itself.
+    let stats = t.q("select name, idx, severity, value from stats where value > 0");
+    eprintln!("trace_processor's non-zero stats: {stats:?}");
     check_ping_pong(&t, &ping_pong, N, skipped);
 
     let list: Vec<String> = pids.iter().map(|p| p.to_string()).collect();

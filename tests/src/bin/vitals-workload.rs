@@ -173,6 +173,17 @@ fn thread_switches() -> (i64, i64) {
     (ru.ru_nvcsw, ru.ru_nivcsw)
 }
 
+/// CLOCK_BOOTTIME in ns: the clock of ftrace under traced_probes and of
+/// vitalsd's capture records (bpf_ktime_get_boot_ns).
+fn boottime_ns() -> i64 {
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) },
+        0
+    );
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
 fn pin_to(cpu: usize) {
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -305,9 +316,13 @@ fn main() {
         Some("thread-churn") => thread_churn(arg(&args, 2), arg(&args, 3)),
         // pingpong <n>: two threads bounce a byte over two pipes n times,
         // each blocking in read() in between. Prints "tids <a> <b>"; after
-        // "done", "csw <tid> <voluntary> <involuntary>" per thread: its
-        // context switches as the kernel counted them (getrusage
-        // RUSAGE_THREAD) when its last round ended.
+        // "done", "csw <tid> <voluntary> <involuntary> <from_ns> <to_ns>"
+        // per thread: the context switches the kernel counted for it
+        // (getrusage RUSAGE_THREAD) from its first round to its last, and
+        // CLOCK_BOOTTIME (the traces' clock) just after the first reading
+        // and just after the last: a switch between a reading and its
+        // clock read ends before `from_ns` and is counted in neither, or
+        // ends before `to_ns` uncounted (one extra).
         Some("pingpong") => ping_pong(arg(&args, 2)),
         // block-release <times> <ms> [main]: a thread blocks reading a
         // pipe that a second thread writes after sleeping <ms>, <times>
@@ -563,6 +578,8 @@ fn ping_pong(n: u64) {
             let tid = unsafe { libc::gettid() } as i64;
             tx.send(tid).unwrap();
             go.wait();
+            let (vol0, invol0) = thread_switches();
+            let from_ns = boottime_ns();
             let mut b = [0u8; 1];
             for _ in 0..n {
                 unsafe {
@@ -576,7 +593,12 @@ fn ping_pong(n: u64) {
                 }
             }
             let (vol, invol) = thread_switches();
-            format!("csw {tid} {vol} {invol}")
+            let to_ns = boottime_ns();
+            format!(
+                "csw {tid} {} {} {from_ns} {to_ns}",
+                vol - vol0,
+                invol - invol0
+            )
         })
     };
     let ping = spawn(p2[0], p1[1], true);
