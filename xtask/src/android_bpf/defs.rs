@@ -5,7 +5,8 @@
 use super::{
     extract::MapInfo, kver, ProgSpec, AID_ROOT, AID_SYSTEM, BPFLOADER_MAX_VER, BPFLOADER_MIN_VER,
     BPF_MAP_TYPE_PERF_EVENT_ARRAY, BPF_MAP_TYPE_RINGBUF, CAPTURE_MAP_ENTRIES, KVER_INF,
-    MAP_DEF_SIZE, MAP_MODE, PERF_EVENT_ARRAY_ENTRIES, PROG_DEF_SIZE, RINGBUF_MIN_BYTES,
+    MAP_DEF_SIZE, MAP_MODE, PERF_EVENT_ARRAY_ENTRIES, PHONE_MAP_ENTRIES, PROG_DEF_SIZE,
+    RINGBUF_MIN_BYTES,
 };
 
 /// The Android bpf_map_def for one map.
@@ -19,8 +20,11 @@ pub fn map_def(m: &MapInfo) -> [u8; MAP_DEF_SIZE] {
     put(&mut d, 8, m.value_size);
     // Ring buffers must be a page multiple; older bpfloaders (v0.25) pass
     // max_entries through unchanged, and arm64 devices may use 16K pages.
-    let capture = CAPTURE_MAP_ENTRIES.iter().find(|(n, _)| *n == m.name);
-    let max_entries = if let Some(&(_, entries)) = capture {
+    let fixed = CAPTURE_MAP_ENTRIES
+        .iter()
+        .chain(&PHONE_MAP_ENTRIES)
+        .find(|(n, _)| *n == m.name);
+    let max_entries = if let Some(&(_, entries)) = fixed {
         entries
     } else if m.map_type == BPF_MAP_TYPE_RINGBUF {
         m.max_entries.max(RINGBUF_MIN_BYTES)

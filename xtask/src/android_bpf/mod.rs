@@ -58,10 +58,12 @@
 //! defaults to 0, "tell `pid`'s offset from the record" (it moved from 24
 //! to 12 when `comm` became `__data_loc`).
 //!
-//! Map types and sizes come from the aya object as they are (TASKS and
-//! PROCESS_FAULTS are plain BPF_MAP_TYPE_HASH since the 5.10 floor work):
-//! bpfloader cannot resize, so the object's compiled-in max_entries (= the
-//! daemon's MapLimits defaults) are what Android gets.
+//! Map types come from the aya object as they are (TASKS and
+//! PROCESS_FAULTS are plain BPF_MAP_TYPE_HASH since the 5.10 floor work).
+//! bpfloader cannot resize, so the sizes are fixed here: the always-on
+//! maps for a phone's pid_max (`PHONE_MAP_ENTRIES`), the capture tier's
+//! for its captures (`CAPTURE_MAP_ENTRIES`), the rest as the object
+//! declares them.
 
 //!
 //! The rooms: `extract.rs` reads the aya object (maps, one program per
@@ -121,13 +123,51 @@ pub const RINGBUF_MIN_BYTES: u32 = 16384;
 pub const OBJ_NAME: &str = "vitals";
 
 /// `.rodata` settings folded in by symbol name instead of their
-/// compiled-in default. PER_CAPTURE_MAPS is 0 by default too; it is
-/// named here because `extract` relies on it: bpfloader creates no
-/// map-in-map, so the capture maps are the plain ones, and the code that
-/// looks them up in the `SLOT_*` outers (`ebpf-programs/src/capture_maps.rs`)
-/// is dead, its relocations to `.maps` left unresolved. (The one setting
-/// there was before, NR_CPUS, went with the per-CPU walk it bounded.)
-pub const BPFLOADER_SETTINGS: [(&str, u64); 1] = [("PER_CAPTURE_MAPS", 0)];
+/// compiled-in default: the choices vitalsd's own load makes for a kernel
+/// with ring buffers (vitals.o needs 5.8) whose pid_max is
+/// [`PHONE_PID_MAX`] (`daemon/src/bpf/programs/settings.rs`, `sized`):
+/// - PER_CAPTURE_MAPS 0: bpfloader creates no map-in-map, so the capture
+///   maps are the plain ones, and the code that looks them up in the
+///   `SLOT_*` outers (`ebpf-programs/src/capture_maps.rs`) is dead, its
+///   relocations to `.maps` left unresolved (`extract` relies on it);
+/// - EXIT_RING 1: freed tasks' records go to EXITED_RING (EXITED keeps
+///   one entry);
+/// - WAKE_ARRAY 1: the classic wakeup programs keep a task's runnable-since
+///   time in WAKE_TS_ARRAY, indexed by tid (8 bytes a possible tid), not
+///   in the WAKE_TS hash (80 bytes an entry);
+/// - COUNT_PROCESS_FAULTS 0: TASKS_BY_TID covers every tid below pid_max,
+///   so a process's faults are its threads' and the per-process counters
+///   (FAULTS_BY_TGID, PROCESS_FAULTS) keep one entry.
+pub const BPFLOADER_SETTINGS: [(&str, u64); 4] = [
+    ("PER_CAPTURE_MAPS", 0),
+    ("EXIT_RING", 1),
+    ("WAKE_ARRAY", 1),
+    ("COUNT_PROCESS_FAULTS", 0),
+];
+
+/// The pid_max vitals.o is sized for: the kernel's default
+/// (PID_MAX_DEFAULT, 0x8000; the kernel raises it only past 32 possible
+/// CPUs), which Android keeps. bpfloader cannot size a map at load, so on
+/// a device with a larger pid_max the tids past it fall back to the
+/// 16-entry TASKS hash and, once that is full, are counted in
+/// `drops.bpf.tasks_map_full`; vitalsd logs the mismatch when it attaches
+/// (`pins.rs`). An OEM whose kernel raises pid_max changes this.
+pub const PHONE_PID_MAX: u32 = 32768;
+
+/// max_entries of the always-on maps in vitals.o, for [`PHONE_PID_MAX`]
+/// and [`BPFLOADER_SETTINGS`]: what vitalsd's own load gives them there
+/// (`LoadSettings::map_sizes`). The object declares the sizes for an
+/// unknown pid_max, 15 MiB of kernel memory in all on a phone.
+pub const PHONE_MAP_ENTRIES: [(&str, u32); 7] = [
+    ("TASKS_BY_TID", PHONE_PID_MAX),
+    ("WAKE_TS_ARRAY", PHONE_PID_MAX),
+    // Tids past TASKS_BY_TID: none below PHONE_PID_MAX.
+    ("TASKS", 16),
+    ("WAKE_TS", 1),
+    ("FAULTS_BY_TGID", 1),
+    ("PROCESS_FAULTS", 1),
+    ("EXITED", 1),
+];
 
 pub struct ProgSpec {
     /// Function symbol in the aya object.
@@ -195,15 +235,15 @@ pub const PROGRAMS: [ProgSpec; 8] = [
 /// max_entries of the capture tier's maps in vitals.o. The aya object
 /// declares them at their minimum and vitalsd sizes them at load when it
 /// configures captures; bpfloader cannot resize, so vitals.o carries the
-/// sizes a device's captures run with, reserved from boot (about 5 MiB of
-/// kernel memory in all). Smaller than the daemon's default
-/// (`EventSizing`, 8 MiB ring) for a phone: 4 MiB of ring buffer is
-/// ~100 ms of the heaviest sched load measured (perf bench sched pipe,
-/// ~40 MB/s of records), 20 of the drain's 5 ms polls; 1024 user stacks
-/// of ~1 KiB; 4096 processes' fault-sampling counters; 4096 blocked
-/// threads waiting for their waking in an off-CPU capture (~64 B each).
+/// sizes a device's captures run with, reserved from boot (3.8 MiB of
+/// kernel memory in all): the ring buffer at what vitalsd's own load gives
+/// an 8-CPU phone (256 KiB a possible CPU, `capture.buffer_bytes`), ~50 ms
+/// of the heaviest sched load measured (perf bench sched pipe, ~40 MB/s of
+/// records), 10 of the drain's 5 ms polls; 1024 user stacks of ~1 KiB;
+/// 4096 processes' fault-sampling counters; 4096 blocked threads waiting
+/// for their waking in an off-CPU capture (~64 B each).
 pub const CAPTURE_MAP_ENTRIES: [(&str, u32); 4] = [
-    ("CAPTURE_EVENTS", 4 << 20),
+    ("CAPTURE_EVENTS", 2 << 20),
     ("CAPTURE_STACKS", 1024),
     ("CAPTURE_FAULT_CTR", 4096),
     ("OFFCPU_START", 4096),

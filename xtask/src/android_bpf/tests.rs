@@ -49,13 +49,25 @@ fn every_setting_keeps_its_compiled_in_default_for_bpfloader() {
     let Some(input) = aya_obj() else { return };
     let aya = ElfFile64::<LE>::parse(&*input).unwrap();
     let rodata = aya.section_by_name(".rodata").unwrap().index();
-    for name in ["FREE_PID_OFF", "TRACK_WAIT", "WAKE_ARRAY"] {
+    let setting = |name: &str| {
         let s = aya
             .symbols()
             .find(|s| s.name() == Ok(name))
             .unwrap_or_else(|| panic!("{name} not in the aya object"));
         let (a, n) = (s.address() as usize, s.size() as usize);
-        assert_eq!(rodata_setting(&aya, rodata, a, n), None, "{name}");
+        rodata_setting(&aya, rodata, a, n)
+    };
+    for name in ["FREE_PID_OFF", "TRACK_WAIT"] {
+        assert_eq!(setting(name), None, "{name}");
+    }
+    // The phone's choices (BPFLOADER_SETTINGS), each a symbol of .rodata.
+    for (name, v) in [
+        ("PER_CAPTURE_MAPS", 0),
+        ("EXIT_RING", 1),
+        ("WAKE_ARRAY", 1),
+        ("COUNT_PROCESS_FAULTS", 0),
+    ] {
+        assert_eq!(setting(name), Some(v), "{name}");
     }
 }
 
@@ -135,7 +147,8 @@ fn check_maps(aya: &ElfFile64<LE>, obj: &ElfFile64<LE>) {
         assert_eq!(f(0), m.map_type, "{name} type");
         assert_eq!(f(4), m.key_size, "{name} key_size");
         assert_eq!(f(8), m.value_size, "{name} value_size");
-        if let Some((_, n)) = CAPTURE_MAP_ENTRIES.iter().find(|(c, _)| c == name) {
+        let mut fixed = CAPTURE_MAP_ENTRIES.iter().chain(&PHONE_MAP_ENTRIES);
+        if let Some((_, n)) = fixed.find(|(c, _)| c == name) {
             assert_eq!(f(12), *n, "{name} max_entries");
         } else if m.map_type == BPF_MAP_TYPE_RINGBUF {
         } else if m.map_type == BPF_MAP_TYPE_PERF_EVENT_ARRAY && m.max_entries == 0 {
@@ -150,8 +163,8 @@ fn check_maps(aya: &ElfFile64<LE>, obj: &ElfFile64<LE>) {
     }
     // Every capture map sized above is one of the object's; the ring
     // buffer a page multiple on any Android page size.
-    for (c, _) in CAPTURE_MAP_ENTRIES {
-        assert!(aya_maps.iter().any(|(_, m)| m.name == c), "{c} not a map");
+    for (c, _) in CAPTURE_MAP_ENTRIES.iter().chain(&PHONE_MAP_ENTRIES) {
+        assert!(aya_maps.iter().any(|(_, m)| m.name == *c), "{c} not a map");
     }
     assert_eq!(CAPTURE_MAP_ENTRIES[0].1 % RINGBUF_MIN_BYTES, 0);
     // Spot-check against the source: TASKS and PROCESS_FAULTS are plain

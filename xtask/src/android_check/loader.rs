@@ -223,6 +223,52 @@ fn check_pins(root: &Path, dir: &Path) -> Result<String> {
     Ok(lines.join("\n"))
 }
 
+/// The kernel memory of the maps bpfloader created for vitals.o, as the
+/// kernel charges it: bpftool's `bytes_memlock` of each pin (fdinfo
+/// `memlock`, the map's own `map_mem_usage` from Linux 6.4). Beyond a few
+/// KiB of per-CPU rows and hash locks it does not depend on the CPU count,
+/// so this machine's figure is a phone's.
+fn pinned_map_memory(root: &Path, dir: &Path) -> Result<String> {
+    let mut maps = Vec::new();
+    for name in map_names(root)? {
+        let pin = dir.join(format!("map_{}_{name}", android_bpf::OBJ_NAME));
+        let json = crate::util::output(
+            Command::new("bpftool")
+                .args(["map", "show", "pinned"])
+                .arg(&pin)
+                .arg("--json"),
+        )?;
+        let v: serde_json::Value =
+            serde_json::from_str(&json).with_context(|| format!("bpftool's json for {name}"))?;
+        let bytes = v["bytes_memlock"]
+            .as_u64()
+            .with_context(|| format!("no bytes_memlock for {name}: {json}"))?;
+        maps.push((bytes, name));
+    }
+    maps.sort_unstable_by(|a, b| b.cmp(a));
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    let total: u64 = maps.iter().map(|m| m.0).sum();
+    let capture: u64 = maps
+        .iter()
+        .filter(|(_, n)| android_bpf::CAPTURE_MAP_ENTRIES.iter().any(|(c, _)| c == n))
+        .map(|m| m.0)
+        .sum();
+    let largest: Vec<String> = maps
+        .iter()
+        .take(6)
+        .map(|(b, n)| format!("{n} {:.2}", mib(*b)))
+        .collect();
+    Ok(format!(
+        "  {:.2} MiB in {} maps: always-on {:.2} MiB, capture tier {:.2} MiB (reserved from boot); \
+         largest (MiB): {}",
+        mib(total),
+        maps.len(),
+        mib(total - capture),
+        mib(capture),
+        largest.join(", ")
+    ))
+}
+
 /// One vitals-workload child: waits for "go" on stdin (see
 /// tests/src/bin/vitals-workload.rs).
 pub(super) struct Workload {
@@ -420,6 +466,8 @@ pub fn check(root: &Path, aosp: &AospTree, work: &Path, bins: &Path) -> Result<S
     );
     report.push("pins, owners and modes:".into());
     report.push(check_pins(root, &fs.dir).map_err(|e| anyhow::anyhow!("{e}\n{log}"))?);
+    report.push("kernel memory of bpfloader's maps (bpftool bytes_memlock):".into());
+    report.push(pinned_map_memory(root, &fs.dir)?);
     report
         .push("vitalsd record --pins (attached from the AOSP loader's pins) against /proc:".into());
     report.push(record_from_pins(

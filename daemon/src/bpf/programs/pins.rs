@@ -45,6 +45,9 @@ impl Accounting {
         let tracefs = Tracefs::find_or_mount()?;
         let features = Features::probe(&tracefs)?;
         let mut pinned_maps = open_pinned_maps(dir, &ACCOUNTING_MAPS)?;
+        if let Some(why) = tids_past_the_array(&pinned_maps) {
+            log::warn!("{why}");
+        }
         let mut pins = PinnedAttach {
             dir,
             programs: Vec::new(),
@@ -209,6 +212,36 @@ fn open_pinned_maps(
     Ok(pinned_maps)
 }
 
+/// What this kernel's pid_max costs with the pinned maps, when they cover
+/// fewer tids: bpfloader's vitals.o is sized at build time for a phone's
+/// pid_max (`PHONE_PID_MAX`, xtask/src/android_bpf/mod.rs), and a tid past
+/// TASKS_BY_TID falls back to the small TASKS hash.
+fn tids_past_the_array(maps: &HashMap<&'static str, aya::maps::Map>) -> Option<String> {
+    let entries = |name| match maps.get(name) {
+        Some(aya::maps::Map::Array(m) | aya::maps::Map::HashMap(m)) => {
+            m.info().ok().map(|i| i.max_entries())
+        }
+        _ => None,
+    };
+    let covered = entries(names::TASKS_BY_TID)?;
+    let fallback = entries(names::TASKS)?;
+    let pid_max = super::super::features::read_pid_max().ok()?;
+    tid_coverage_warning(covered, fallback, pid_max)
+}
+
+fn tid_coverage_warning(covered: u32, fallback: u32, pid_max: u32) -> Option<String> {
+    (pid_max > covered).then(|| {
+        format!(
+            "the pinned {} covers tids below {covered} but this kernel's pid_max is {pid_max}: \
+             tasks with a tid past it share the {fallback}-entry {} hash, and once that is \
+             full their counters are dropped (drops.bpf.tasks_map_full); build vitals.o for \
+             this pid_max (PHONE_PID_MAX in xtask/src/android_bpf/mod.rs)",
+            names::TASKS_BY_TID,
+            names::TASKS,
+        )
+    })
+}
+
 /// Attaching the programs pinned in `dir`. Each one attached is kept in
 /// `programs`: dropping it would detach it.
 struct PinnedAttach<'a> {
@@ -351,5 +384,22 @@ impl PinnedAttach<'_> {
         } else {
             FaultSource::None
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tid_coverage_warning;
+
+    #[test]
+    fn a_pid_max_past_the_pinned_tid_array_is_said() {
+        // A phone's vitals.o on a phone, and on a kernel that raised it.
+        assert_eq!(tid_coverage_warning(32768, 16, 32768), None);
+        let why = tid_coverage_warning(32768, 16, 4_194_304).expect("a warning");
+        assert!(
+            why.contains("below 32768") && why.contains("pid_max is 4194304"),
+            "{why}"
+        );
+        assert!(why.contains("16-entry TASKS"), "{why}");
     }
 }
