@@ -48,6 +48,33 @@ fn process_cpu_ns(pid: u32) -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// Stops and continues `pid` and returns once it runs again. A capture
+/// has a slice of a task only from a switch-in it saw, so a spinner
+/// switched in before the capture began, alone on its CPU while the other
+/// CPU takes everything else, may have none for seconds (three of five
+/// runs here lost 130-970 ms of the window that way): its next switch-in,
+/// after SIGCONT, is in the capture.
+fn switch_out_and_back(pid: u32) {
+    let state = || -> char {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the spinner");
+        // The state follows the comm's closing parenthesis.
+        let after = &stat[stat.rfind(')').expect("a comm") + 2..];
+        after.chars().next().expect("a state")
+    };
+    let wait_until = |what: &str, done: &dyn Fn(char) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done(state()) {
+            assert!(Instant::now() < deadline, "the spinner never {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    // SAFETY: plain signals to the test's own child.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+    wait_until("stopped", &|s| s == 'T');
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    wait_until("ran again", &|s| s == 'R');
+}
+
 #[test]
 fn a_daemon_capture_runs_the_daemons_one_set_of_programs() {
     let _stats = StatsEnabled::enable();
@@ -88,6 +115,7 @@ fn a_daemon_capture_runs_the_daemons_one_set_of_programs() {
         );
         std::thread::sleep(Duration::from_millis(20));
     };
+    switch_out_and_back(spinner);
     let stat1 = proc_stat::ProcStat::read();
     let (t1, run1) = (boottime_ns(), process_cpu_ns(spinner));
     std::thread::sleep(Duration::from_secs(1));
