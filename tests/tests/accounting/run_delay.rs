@@ -77,8 +77,13 @@ pub fn check(mut acc: Accounting) {
              {kernel_vol}/{kernel_invol} (voluntary/involuntary)",
             (ours_ns / kernel_ns - 1.0) * 100.0
         );
+        // A precondition, not a bound on vitalsd: the task did wait on
+        // its runqueue. The sleeper's waits are short (wakeup preemption
+        // runs it soon after each of its 301 wakeups: 0.89 ms in all in
+        // a 6.1 guest), so at least 0.1 ms; the check is the exact match
+        // below.
         assert!(
-            kernel_ns > 1e6,
+            kernel_ns > 1e5,
             "{name} waited only {kernel_ns} ns: not sharing its CPU"
         );
         // Both are sums of the kernel's own increments of run_delay, so
