@@ -44,14 +44,34 @@ pub(super) fn within_unseen(
     pct: f64,
     unseen_ns: f64,
 ) -> Result<String> {
+    within_allowing(
+        what,
+        got,
+        want,
+        pct,
+        &[("pid 1 ran {} ns unseen by tracepoints", unseen_ns)],
+    )
+}
+
+/// `got` within `pct` % of `want`, or off by no more than that plus the
+/// `allowances` (each a description with `{}` for its ns, and the ns).
+pub(super) fn within_allowing(
+    what: &str,
+    got: f64,
+    want: f64,
+    pct: f64,
+    allowances: &[(&str, f64)],
+) -> Result<String> {
     let dev = (got - want).abs() / want * 100.0;
     let mut line = format!("  {what}: vitalsd {got:.0}, /proc {want:.0} ({dev:.1} % apart)");
-    if unseen_ns > 0.0 {
-        line += &format!("; pid 1 ran {unseen_ns:.0} ns unseen by tracepoints");
+    let mut bound = want * pct / 100.0;
+    for &(text, ns) in allowances.iter().filter(|a| a.1 > 0.0) {
+        line += "; ";
+        line += &text.replace("{}", &format!("{ns:.0}"));
+        bound += ns;
     }
-    let bound = want * pct / 100.0 + unseen_ns;
-    let plus = if unseen_ns > 0.0 {
-        " plus pid 1's unseen time"
+    let plus = if bound > want * pct / 100.0 {
+        " plus the time allowed"
     } else {
         ""
     };
@@ -60,6 +80,44 @@ pub(super) fn within_unseen(
         "{line}, more than {pct} %{plus}"
     );
     Ok(line)
+}
+
+/// All CPUs' irq, softirq and steal time in ns (/proc/stat's `cpu` line,
+/// USER_HZ 100 ticks) at `start`: time a wall-clock slice holds and the
+/// task's own utime + stime leave out.
+pub(super) struct ExcludedClock {
+    start_ns: f64,
+}
+
+impl ExcludedClock {
+    pub(super) fn start() -> Result<Self> {
+        Ok(Self {
+            start_ns: excluded_ns()?,
+        })
+    }
+
+    /// The excluded time since `start`, one tick of rounding per CPU
+    /// included.
+    pub(super) fn ran_ns(&self) -> Result<f64> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        Ok(excluded_ns()? - self.start_ns + cpus * 1e7)
+    }
+}
+
+fn excluded_ns() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .ok_or_else(|| anyhow::anyhow!("no cpu line in /proc/stat"))?;
+    let f: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    let ticks: f64 = f.iter().skip(5).take(3).sum();
+    Ok(ticks * 1e7)
 }
 
 #[cfg(test)]
