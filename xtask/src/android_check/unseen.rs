@@ -82,47 +82,52 @@ pub(super) fn within_allowing(
     Ok(line)
 }
 
-/// All CPUs' irq, softirq and steal time in ns (/proc/stat's `cpu` line,
-/// USER_HZ 100 ticks) at `start`: time a wall-clock slice holds and the
-/// task's own utime + stime leave out.
+/// All CPUs' irq, softirq and steal time (/proc/stat's `cpu` line) at
+/// `start`: time a wall-clock slice holds and the task's own utime +
+/// stime leave out.
 pub(super) struct ExcludedClock {
-    start_ns: f64,
+    start_ticks: u64,
 }
 
 impl ExcludedClock {
     pub(super) fn start() -> Result<Self> {
         Ok(Self {
-            start_ns: excluded_ns()?,
+            start_ticks: excluded_ticks()?.0,
         })
     }
 
-    /// The excluded time since `start`, one tick of rounding per CPU
-    /// included.
+    /// The excluded time since `start` in ns, one tick of rounding per
+    /// online CPU included.
     pub(super) fn ran_ns(&self) -> Result<f64> {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-        Ok(excluded_ns()? - self.start_ns + cpus * 1e7)
+        let (ticks, cpus) = excluded_ticks()?;
+        let ns_per_tick = 1e9 / procfs::ticks_per_second() as f64;
+        Ok((ticks - self.start_ticks + cpus) as f64 * ns_per_tick)
     }
 }
 
-fn excluded_ns() -> Result<f64> {
-    let stat = std::fs::read_to_string("/proc/stat")?;
-    let line = stat
-        .lines()
-        .find(|l| l.starts_with("cpu "))
-        .ok_or_else(|| anyhow::anyhow!("no cpu line in /proc/stat"))?;
-    let f: Vec<f64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|v| v.parse().unwrap_or(0.0))
-        .collect();
-    // user nice system idle iowait irq softirq steal
-    let ticks: f64 = f.iter().skip(5).take(3).sum();
-    Ok(ticks * 1e7)
+/// (irq + softirq + steal ticks of all CPUs, the online CPUs).
+fn excluded_ticks() -> Result<(u64, u64)> {
+    use procfs::{CurrentSI, KernelStats};
+    let stat = KernelStats::current()?;
+    let t = &stat.total;
+    let ticks = [t.irq, t.softirq, t.steal].into_iter().flatten().sum();
+    Ok((ticks, stat.cpu_time.len() as u64))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allowances_add_up_and_are_named() {
+        let both = [("a {} ns", 20.0), ("b {} ns", 19.0)];
+        assert!(within_allowing("x", 149.0, 100.0, 10.0, &both).is_ok());
+        let e = within_allowing("x", 150.0, 100.0, 10.0, &both).unwrap_err();
+        assert!(e.to_string().contains("a 20 ns; b 19 ns"), "{e}");
+        // An allowance of 0 widens nothing and is not printed.
+        let none = [("a {} ns", 0.0)];
+        assert!(within_allowing("x", 111.0, 100.0, 10.0, &none).is_err());
+    }
 
     #[test]
     fn unseen_time_widens_the_bound_by_exactly_itself() {
