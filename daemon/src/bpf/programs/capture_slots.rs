@@ -265,3 +265,32 @@ fn delete_slot(outer: &OwnedFd) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{super::memory::map_defs, templates, EBPF_OBJECT, SLOTS};
+
+    /// Each capture map has two definitions in the object: the plain map
+    /// (bpfloader's copy, and what `memory::capture_memory` computes a
+    /// capture's kernel memory from) and its slot's template (what a
+    /// capture's map is made from). They must be the same map but for
+    /// max_entries, or the memory figures describe another map than the
+    /// one made.
+    #[test]
+    fn each_slot_template_is_its_plain_map_but_for_size() {
+        let plain = map_defs(EBPF_OBJECT).unwrap();
+        let mut templates = templates().unwrap();
+        for (name, outer) in SLOTS {
+            let p = plain.iter().find(|d| d.name == name).expect(name);
+            let t = templates
+                .remove(outer)
+                .and_then(|o| o.inner())
+                .expect(outer);
+            assert_eq!(
+                (t.map_type(), t.key_size(), t.value_size(), t.map_flags()),
+                (p.map_type, p.key_size, p.value_size, p.flags),
+                "{name} against {outer}'s template"
+            );
+        }
+    }
+}
