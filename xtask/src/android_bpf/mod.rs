@@ -156,8 +156,10 @@ pub const PHONE_PID_MAX: u32 = 32768;
 
 /// max_entries of the always-on maps in vitals.o, for [`PHONE_PID_MAX`]
 /// and [`BPFLOADER_SETTINGS`]: what vitalsd's own load gives them there
-/// (`LoadSettings::map_sizes`). The object declares the sizes for an
-/// unknown pid_max, 15 MiB of kernel memory in all on a phone.
+/// (`LoadSettings::map_sizes`), but PROCESS_FAULTS, which it keeps at 16
+/// and COUNT_PROCESS_FAULTS 0 leaves unwritten. The object declares the
+/// sizes for an unknown pid_max, 15 MiB of kernel memory in all on a
+/// phone; android-check 1a holds the always-on total to 4 MiB.
 pub const PHONE_MAP_ENTRIES: [(&str, u32); 7] = [
     ("TASKS_BY_TID", PHONE_PID_MAX),
     ("WAKE_TS_ARRAY", PHONE_PID_MAX),

@@ -223,6 +223,10 @@ fn check_pins(root: &Path, dir: &Path) -> Result<String> {
     Ok(lines.join("\n"))
 }
 
+/// The kernel memory vitals.o's always-on maps may hold on a phone (#22
+/// item 4); the capture tier's, reserved from boot, come on top.
+const ALWAYS_ON_TARGET_BYTES: u64 = 4 << 20;
+
 /// The kernel memory of the maps bpfloader created for vitals.o, as the
 /// kernel charges it: bpftool's `bytes_memlock` of each pin (fdinfo
 /// `memlock`, the map's own `map_mem_usage` from Linux 6.4). Beyond a few
@@ -253,6 +257,15 @@ fn pinned_map_memory(root: &Path, dir: &Path) -> Result<String> {
         .filter(|(_, n)| android_bpf::CAPTURE_MAP_ENTRIES.iter().any(|(c, _)| c == n))
         .map(|m| m.0)
         .sum();
+    // fdinfo memlock is the maps' own map_mem_usage from Linux 6.4;
+    // before it is a rough footprint, which says nothing of the target.
+    let exact = procfs::KernelVersion::current()? >= procfs::KernelVersion::new(6, 4, 0);
+    ensure!(
+        !exact || total - capture <= ALWAYS_ON_TARGET_BYTES,
+        "vitals.o's always-on maps hold {:.2} MiB, over the {:.0} MiB a phone allows (#22): {maps:?}",
+        mib(total - capture),
+        mib(ALWAYS_ON_TARGET_BYTES)
+    );
     let largest: Vec<String> = maps
         .iter()
         .take(6)
