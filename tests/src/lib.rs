@@ -342,6 +342,15 @@ pub fn kernel_version() -> (u32, u32) {
     (next(), next())
 }
 
+/// CLOCK_BOOTTIME in ns: the clock of vitalsd's capture records
+/// (bpf_ktime_get_boot_ns), of ftrace under traced_probes and of the
+/// traces trace_processor reads.
+pub fn boottime_ns() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .expect("clock_gettime(CLOCK_BOOTTIME)");
+    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+}
+
 pub fn clk_tck() -> u64 {
     let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     assert!(v > 0);

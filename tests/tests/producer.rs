@@ -12,11 +12,10 @@ use std::{
     time::Duration,
 };
 
-use nix::time::{clock_gettime, ClockId};
 use serde_json::Value;
 use vitals_tests::{
-    clk_tck, daemon::Daemon, decode_trace, kernel_stat, trace_processor::trace_processor,
-    traced::Traced, Workload,
+    boottime_ns, clk_tck, daemon::Daemon, decode_trace, kernel_stat,
+    trace_processor::trace_processor, traced::Traced, Workload,
 };
 use vitalsd::control::Request;
 
@@ -70,11 +69,6 @@ struct ProcSampler {
     stop: Arc<AtomicBool>,
     samples: Arc<Mutex<Vec<(u64, u64)>>>,
     thread: Option<std::thread::JoinHandle<()>>,
-}
-
-fn boottime_ns() -> u64 {
-    let t = clock_gettime(ClockId::CLOCK_BOOTTIME).unwrap();
-    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
 }
 
 impl ProcSampler {

@@ -21,16 +21,6 @@ impl Drop for Reaped {
     }
 }
 
-fn boottime_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// The on-CPU time of process `pid` now, exact to the nanosecond: its
 /// CPU-time clock (MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED); another
 /// process's thread clocks are refused) brings a running thread's
@@ -55,12 +45,8 @@ fn process_cpu_ns(pid: u32) -> u64 {
 /// runs here lost 130-970 ms of the window that way): its next switch-in,
 /// after SIGCONT, is in the capture.
 fn switch_out_and_back(pid: u32) {
-    let state = || -> char {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the spinner");
-        // The state follows the comm's closing parenthesis.
-        let after = &stat[stat.rfind(')').expect("a comm") + 2..];
-        after.chars().next().expect("a state")
-    };
+    let p = procfs::process::Process::new(pid as i32).expect("the spinner");
+    let state = || p.stat().expect("the spinner's stat").state;
     let wait_until = |what: &str, done: &dyn Fn(char) -> bool| {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !done(state()) {

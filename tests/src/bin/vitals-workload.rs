@@ -173,17 +173,6 @@ fn thread_switches() -> (i64, i64) {
     (ru.ru_nvcsw, ru.ru_nivcsw)
 }
 
-/// CLOCK_BOOTTIME in ns: the clock of ftrace under traced_probes and of
-/// vitalsd's capture records (bpf_ktime_get_boot_ns).
-fn boottime_ns() -> i64 {
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) },
-        0
-    );
-    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
-}
-
 fn pin_to(cpu: usize) {
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -579,7 +568,7 @@ fn ping_pong(n: u64) {
             tx.send(tid).unwrap();
             go.wait();
             let (vol0, invol0) = thread_switches();
-            let from_ns = boottime_ns();
+            let from_ns = vitals_tests::boottime_ns();
             let mut b = [0u8; 1];
             for _ in 0..n {
                 unsafe {
@@ -593,7 +582,7 @@ fn ping_pong(n: u64) {
                 }
             }
             let (vol, invol) = thread_switches();
-            let to_ns = boottime_ns();
+            let to_ns = vitals_tests::boottime_ns();
             format!(
                 "csw {tid} {} {} {from_ns} {to_ns}",
                 vol - vol0,
