@@ -45,7 +45,7 @@ fn layout_constants_match_aosp() {
 }
 
 #[test]
-fn every_setting_keeps_its_compiled_in_default_for_bpfloader() {
+fn bpfloader_settings_fold_the_phones_choices_and_keep_the_rest() {
     let Some(input) = aya_obj() else { return };
     let aya = ElfFile64::<LE>::parse(&*input).unwrap();
     let rodata = aya.section_by_name(".rodata").unwrap().index();

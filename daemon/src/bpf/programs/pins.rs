@@ -225,8 +225,17 @@ fn tids_past_the_array(maps: &HashMap<&'static str, aya::maps::Map>) -> Option<S
     };
     let covered = entries(names::TASKS_BY_TID)?;
     let fallback = entries(names::TASKS)?;
-    let pid_max = super::super::features::read_pid_max().ok()?;
-    tid_coverage_warning(covered, fallback, pid_max)
+    match super::super::features::read_pid_max() {
+        Ok(pid_max) => tid_coverage_warning(covered, fallback, pid_max),
+        // Android's policy may not grant reading it: say what is covered.
+        Err(e) => {
+            log::info!(
+                "{e}: cannot tell whether the pinned {} (tids below {covered}) covers every tid",
+                names::TASKS_BY_TID
+            );
+            None
+        }
+    }
 }
 
 fn tid_coverage_warning(covered: u32, fallback: u32, pid_max: u32) -> Option<String> {
