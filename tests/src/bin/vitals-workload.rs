@@ -299,9 +299,10 @@ fn main() {
         Some("threads") => threads(arg(&args, 2), arg(&args, 3)),
         // thread-churn <n> <ms>: after a line on stdin, runs n threads one
         // after another, each spinning <ms> then exiting; prints "done",
-        // then "rusage <us>": utime+stime of the whole process (getrusage
-        // RUSAGE_SELF, the kernel's thread-group total with its dead
-        // threads) in microseconds.
+        // then, after another line, "rusage <us> <main_ns>": utime+stime of
+        // the whole process (getrusage RUSAGE_SELF, the kernel's
+        // thread-group total with its dead threads) in microseconds, and
+        // the main thread's CLOCK_THREAD_CPUTIME_ID read just after it.
         Some("thread-churn") => thread_churn(arg(&args, 2), arg(&args, 3)),
         // pingpong <n>: two threads bounce a byte over two pipes n times,
         // each blocking in read() in between. Prints "tids <a> <b>"; after
@@ -410,8 +411,14 @@ fn thread_churn(n: u64, ms: u64) {
     // Safety: getrusage fills the struct we pass.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) }, 0);
+    // What this thread has run by now bounds what it ran between the
+    // reader's figure and getrusage (the reader knows where it stood).
+    let main_ns = thread_cpu_time().as_nanos();
     let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    say(&format!("rusage {}", us(ru.ru_utime) + us(ru.ru_stime)));
+    say(&format!(
+        "rusage {} {main_ns}",
+        us(ru.ru_utime) + us(ru.ru_stime)
+    ));
     wait_eof();
 }
 
