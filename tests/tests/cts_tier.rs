@@ -220,6 +220,7 @@ fn short_lived_threads_keep_their_time() {
     let main_at_read_ns = kernel_schedstat(pid).0 as f64;
     w.go();
     let rusage = w.read_numbers("rusage");
+    assert_eq!(rusage.len(), 2, "workload said rusage {rusage:?}");
     let rusage_ns = rusage[0] as f64 * 1e3;
     // What the main thread ran from our read to its getrusage (an arm64
     // TCG guest's took over 2 ms to wake, read its line and ask).

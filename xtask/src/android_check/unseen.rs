@@ -101,7 +101,9 @@ impl ExcludedClock {
     pub(super) fn ran_ns(&self) -> Result<f64> {
         let (ticks, cpus) = excluded_ticks()?;
         let ns_per_tick = 1e9 / procfs::ticks_per_second() as f64;
-        Ok((ticks - self.start_ticks + cpus) as f64 * ns_per_tick)
+        // Saturating: a hypervisor's steal figure may step back; none
+        // excluded then, rather than a wrapped u64.
+        Ok((ticks.saturating_sub(self.start_ticks) + cpus) as f64 * ns_per_tick)
     }
 }
 
