@@ -92,23 +92,32 @@ pub(crate) fn on_switch_out(t: &mut OffcpuRecord, state: u32, now: u64) {
     t.begin(state, now);
 }
 
+/// A block `on_waking` ended: what the off-CPU capture needs of it
+/// (`offcpu_capture::on_waking_btf`), so that on tp_btf the capture keeps
+/// no copy of every block's start (README, "Off-CPU captures").
+pub(crate) struct EndedBlock {
+    /// bpf_ktime_get_ns() (CLOCK_MONOTONIC) at its switch-out.
+    pub start_ns: u64,
+    pub blocked_ns: u64,
+    /// `offcpu::STATE_S` or `STATE_D`.
+    pub state: u32,
+    pub tgid: u32,
+}
+
 /// At sched_waking of `pid`, in the waker's context: ends its block, if
-/// one is in flight (a task woken while still running has none).
+/// one is in flight (a task woken while still running has none), and
+/// returns it.
 #[inline(always)]
-pub(crate) fn on_waking(pid: i32) {
+pub(crate) fn on_waking(pid: i32) -> Option<EndedBlock> {
     if pid <= 0 {
-        return;
+        return None;
     }
-    let Some(t) = live_task_slot(pid as u32) else {
-        return;
-    };
-    let Some((start, state)) = t.offcpu.in_flight() else {
-        return;
-    };
+    let t = live_task_slot(pid as u32)?;
+    let (start, state) = t.offcpu.in_flight()?;
     t.offcpu.block_start = 0;
     let now = unsafe { bpf_ktime_get_ns() };
     if now <= start {
-        return;
+        return None;
     }
     let blocked_ns = now - start;
     match state {
@@ -125,6 +134,12 @@ pub(crate) fn on_waking(pid: i32) {
         waker_tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
     };
     count_waker(&key, blocked_ns);
+    Some(EndedBlock {
+        start_ns: start,
+        blocked_ns,
+        state,
+        tgid: t.tgid,
+    })
 }
 
 /// Adds one wakeup ending `blocked_ns` to `key`'s slot in this CPU's
@@ -168,14 +183,14 @@ fn count_waker(key: &WakerKey, blocked_ns: u64) {
 #[tracepoint(category = "sched", name = "sched_waking")]
 pub fn offcpu_waking(ctx: TracePointContext) -> u32 {
     let pid = unsafe { ctx.read_at::<i32>(setting(&WAKING_PID_OFF) as usize) }.unwrap_or(0);
-    on_waking(pid);
+    let _ = on_waking(pid);
     0
 }
 
 #[tracepoint(category = "sched", name = "sched_waking")]
 pub fn offcpu_waking_fixed(ctx: TracePointContext) -> u32 {
     let base = ctx.as_ptr() as *const u8;
-    on_waking(unsafe { *(base.add(fixed_layout::WAKING_PID as usize) as *const i32) });
+    let _ = on_waking(unsafe { *(base.add(fixed_layout::WAKING_PID as usize) as *const i32) });
     0
 }
 
@@ -183,9 +198,9 @@ pub fn offcpu_waking_fixed(ctx: TracePointContext) -> u32 {
 #[btf_tracepoint(function = "sched_waking")]
 pub fn offcpu_waking_btf(ctx: BtfTracePointContext) -> u32 {
     let p: *const u8 = ctx.arg(0);
-    on_waking(unsafe { task_field::<i32>(p, &TASK_PID_OFF) });
+    let ended = on_waking(unsafe { task_field::<i32>(p, &TASK_PID_OFF) });
     // An off-CPU capture's blocks end here where this program runs (the
     // wakee's task at hand for its kernel stack); one array load else.
-    crate::offcpu_capture::on_waking_btf(&ctx, p);
+    crate::offcpu_capture::on_waking_btf(&ctx, p, ended);
     0
 }

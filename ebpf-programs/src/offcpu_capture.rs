@@ -1,12 +1,19 @@
 //! Capture tier, off-CPU (issue #24 part 2): the two stacks of every long
-//! block of a watched thread. At its switch-out while blocked the thread's
-//! own stacks (it is still `current`) go into `OFFCPU_START`; the
-//! sched_waking that ends the block, running in the waker's context, takes
-//! the waker's stacks and, when the block lasted at least
-//! `CaptureControl::offcpu_min_ns`, emits one `OffcpuEvent` through the
-//! capture transport. Only called inside the programs' capture branches
-//! (FLAG_SCHED or FLAG_OFFCPU set: an off-CPU capture may run without the
-//! sched timeline), so the always-on path pays nothing for it.
+//! block of a watched thread. The sched_waking that ends a block, running
+//! in the waker's context, takes the waker's stacks and, when the block
+//! lasted at least `CaptureControl::offcpu_min_ns`, emits one
+//! `OffcpuEvent` through the capture transport. Where the block comes
+//! from:
+//! - tp_btf with the switch-in program (`blocks_from_accounting`): the
+//!   always-on accounting already times every block (`offcpu::on_waking`
+//!   hands over the one it ended), so a blocking switch-out costs the
+//!   capture nothing and a short block only a few compares;
+//! - else the switch-out of a blocked thread (still `current`) puts its
+//!   start and own stacks in `OFFCPU_START`, which the waking takes.
+//!
+//! Only called inside the programs' capture branches (FLAG_SCHED or
+//! FLAG_OFFCPU set: an off-CPU capture may run without the sched
+//! timeline), so the always-on path pays nothing for it.
 
 use core::ffi::c_void;
 
@@ -16,18 +23,23 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
         generated::bpf_get_task_stack,
     },
-    macros::{fentry, kprobe, map},
+    macros::{fentry, fexit, kprobe, map},
     maps::{Array, HashMap, PerCpuArray},
-    programs::{tracing::StackIdContext, BtfTracePointContext, FEntryContext, ProbeContext},
+    programs::{
+        tracing::StackIdContext, BtfTracePointContext, FEntryContext, FExitContext, ProbeContext,
+    },
     EbpfContext,
 };
 use vitals_common::{
-    capture, AwaitUserStack, KernelIps, OffcpuEvent, OffcpuStart, OffcpuUserStack,
-    PREV_STATE_BLOCKED_MASK,
+    capture, offcpu, AwaitUserStack, CaptureControl, EventHeader, KernelIps, OffcpuEvent,
+    OffcpuStart, OffcpuUserStack,
 };
 
 use crate::capture_tier::{capture_control, emit, emit_ref, header};
-use crate::{capture_maps, setting, task_field, xadd, TASK_COMM_OFF, TASK_FLAGS_OFF, TASK_PID_OFF};
+use crate::{
+    capture_maps, offcpu::EndedBlock, setting, task_field, xadd, TASK_COMM_OFF, TASK_FLAGS_OFF,
+    TASK_PID_OFF,
+};
 
 /// tgid -> 1: the watched processes (`CaptureControl::offcpu_scope` ==
 /// OFFCPU_SCOPE_WATCHED), written by user space before it sets the flag.
@@ -68,7 +80,13 @@ pub(crate) fn on_switch_out<C: StackIdContext + EbpfContext>(
     prev_task: *const u8,
 ) {
     let c = capture_control();
-    if prev_state & PREV_STATE_BLOCKED_MASK == 0 || prev == 0 {
+    // S and D only, the waits the accounting times (`blocks_from_accounting`
+    // records no other): a stopped, parked or idle (I) task is not blocked
+    // on anything that will wake it.
+    if offcpu::reported_state(prev_state) == offcpu::STATE_NONE
+        || prev == 0
+        || c.blocks_from_accounting()
+    {
         return;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -130,28 +148,89 @@ pub(crate) fn on_waking<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm
 }
 
 /// tp_btf sched_waking (the always-on `offcpu_waking_btf`): the same for
-/// the wakee `task`, whose kernel stack a long block takes here.
+/// the wakee `task`, whose kernel stack a long block takes here. `ended`
+/// is the block the accounting just ended, if any.
 #[inline(always)]
-pub(crate) fn on_waking_btf(ctx: &BtfTracePointContext, task: *const u8) {
+pub(crate) fn on_waking_btf(
+    ctx: &BtfTracePointContext,
+    task: *const u8,
+    ended: Option<EndedBlock>,
+) {
     let c = capture_control();
     if c.flags & capture::FLAG_OFFCPU == 0 || c.offcpu_kernel_at_waking == 0 {
         return;
     }
-    let (pid, comm) = unsafe {
-        (
-            task_field::<i32>(task, &TASK_PID_OFF),
-            [
-                task_field::<u64>(task, &TASK_COMM_OFF),
-                *(task.add(setting(&TASK_COMM_OFF) as usize + 8) as *const u64),
-            ],
-        )
+    if c.blocks_from_accounting() {
+        if let Some(block) = ended {
+            accounted_block(ctx, &c, task, &block);
+        }
+        return;
+    }
+    let (pid, comm) = unsafe { (task_field::<i32>(task, &TASK_PID_OFF), task_comm(task)) };
+    end_block(ctx, pid, comm, task);
+}
+
+#[inline(always)]
+unsafe fn task_comm(task: *const u8) -> [u8; 16] {
+    let comm = unsafe {
+        [
+            task_field::<u64>(task, &TASK_COMM_OFF),
+            *(task.add(setting(&TASK_COMM_OFF) as usize + 8) as *const u64),
+        ]
     };
-    end_block(
-        ctx,
-        pid,
-        unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(comm) },
-        task,
-    );
+    unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(comm) }
+}
+
+/// A block the accounting ended (`blocks_from_accounting`): emitted when
+/// long, begun since the capture started, and of a watched process; its
+/// user stack waits for the switch-in (none for a kernel thread), its
+/// kernel stack is taken from `task` here.
+#[inline(always)]
+fn accounted_block(
+    ctx: &BtfTracePointContext,
+    c: &CaptureControl,
+    task: *const u8,
+    block: &EndedBlock,
+) {
+    if block.blocked_ns < c.offcpu_min_ns || block.start_ns < c.offcpu_since_ns {
+        return;
+    }
+    if c.offcpu_scope == capture::OFFCPU_SCOPE_WATCHED
+        && unsafe { OFFCPU_WATCH.get(&block.tgid) }.is_none()
+    {
+        return;
+    }
+    let hdr = header(capture::KIND_OFFCPU);
+    let kthread = unsafe { task_field::<u32>(task, &TASK_FLAGS_OFF) } & capture::PF_KTHREAD != 0;
+    let (pid, comm) = unsafe { (task_field::<i32>(task, &TASK_PID_OFF), task_comm(task)) };
+    let block = Block {
+        tid: pid as u32,
+        tgid: block.tgid,
+        // The accounting's clock is CLOCK_MONOTONIC, the record's
+        // CLOCK_BOOTTIME: the start is placed the block's length before
+        // this waking (the two differ only by a suspend within the block).
+        ts: hdr.ts.saturating_sub(block.blocked_ns),
+        // The classic tracepoint's encoding of S and D.
+        prev_state: if block.state == offcpu::STATE_S { 1 } else { 2 },
+        user_stack: if kthread {
+            capture::NO_USER_STACK
+        } else {
+            capture::USER_STACK_AT_SWITCH_IN
+        },
+        kernel_stack: capture::KERNEL_STACK_AT_WAKING,
+    };
+    emit_block(ctx, hdr, &block, comm, task);
+}
+
+/// A long block to emit, wherever it was timed.
+struct Block {
+    tid: u32,
+    tgid: u32,
+    /// CLOCK_BOOTTIME at its switch-out.
+    ts: u64,
+    prev_state: i64,
+    user_stack: i64,
+    kernel_stack: i64,
 }
 
 /// Ends `pid`'s block, if one was recorded; a long one is emitted with the
@@ -171,26 +250,47 @@ fn end_block<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm: [u8; 16],
     if hdr.ts < start.ts || hdr.ts - start.ts < c.offcpu_min_ns {
         return;
     }
+    let block = Block {
+        tid,
+        tgid: start.tgid,
+        ts: start.ts,
+        prev_state: start.prev_state,
+        user_stack: start.user_stack,
+        kernel_stack: start.kernel_stack,
+    };
+    emit_block(ctx, hdr, &block, comm, task);
+}
+
+/// Emits `block` with the waker's (`current`'s) stacks; its kernel stack
+/// from `task` when the block left it for the waking.
+#[inline(always)]
+fn emit_block<C: StackIdContext + EbpfContext>(
+    ctx: &C,
+    hdr: EventHeader,
+    block: &Block,
+    comm: [u8; 16],
+    task: *const u8,
+) {
     let Some(e) = OFFCPU_EVENT_SCRATCH.get_ptr_mut(0) else {
         return;
     };
     let e = unsafe { &mut *e };
     let waker = bpf_get_current_pid_tgid();
     e.hdr = hdr;
-    e.blocked_ts = start.ts;
-    e.tid = tid;
-    e.tgid = start.tgid;
+    e.blocked_ts = block.ts;
+    e.tid = block.tid;
+    e.tgid = block.tgid;
     e.waker_tid = waker as u32;
     e.waker_tgid = (waker >> 32) as u32;
-    e.prev_state = start.prev_state;
-    e.blocked_user_stack = start.user_stack;
-    e.blocked_kernel_stack = start.kernel_stack;
+    e.prev_state = block.prev_state;
+    e.blocked_user_stack = block.user_stack;
+    e.blocked_kernel_stack = block.kernel_stack;
     e.waker_user_stack = stack(ctx, BPF_F_USER_STACK as u64);
     e.waker_kernel_stack = stack(ctx, 0);
     e.comm = comm;
     e.waker_comm = bpf_get_current_comm().unwrap_or_default();
     e.blocked_kernel_len = 0;
-    if !task.is_null() && start.kernel_stack == capture::KERNEL_STACK_AT_WAKING {
+    if !task.is_null() && block.kernel_stack == capture::KERNEL_STACK_AT_WAKING {
         // The wakee is off the CPU, its kernel stack as it blocked
         // (stack_trace_save_tsk); bytes written, or the error.
         let ret = unsafe {
@@ -207,8 +307,8 @@ fn end_block<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm: [u8; 16],
             (ret / 8) as i32
         };
     }
-    if start.user_stack == capture::USER_STACK_AT_SWITCH_IN {
-        await_user_stack(tid, start.ts);
+    if block.user_stack == capture::USER_STACK_AT_SWITCH_IN {
+        await_user_stack(block.tid, block.ts);
     }
     emit_ref(ctx.as_ptr(), e, capture::lost::OFFCPU);
 }
@@ -236,6 +336,22 @@ fn await_user_stack(tid: u32, since_ts: u64) {
 /// kprobe on the name kallsyms has (`finish_task_switch.isra.0`).
 #[fentry(function = "finish_task_switch")]
 pub fn offcpu_switch_in_fentry(ctx: FEntryContext) -> u32 {
+    on_switch_in(&ctx);
+    0
+}
+
+/// The same at the return of `schedule()`, where fentry cannot find
+/// finish_task_switch by its BTF name (GCC's `.isra.0` copy): a block in
+/// S or D is a schedule() call (a pipe's or futex's wait, io_schedule, a
+/// page fault's wait alike), which returns in the blocked thread's own
+/// context once it runs again, before it goes back to user mode. Only
+/// voluntary switches come back this way (a preemption returns through
+/// preempt_schedule*, and needs no user stack), and a BPF trampoline is a
+/// direct call where a kprobe goes through ftrace's register save and
+/// the kprobe handler: a quarter of the workload's loss in the bench's
+/// guest (README, "Cost").
+#[fexit(function = "schedule")]
+pub fn offcpu_switch_in_fexit(ctx: FExitContext) -> u32 {
     on_switch_in(&ctx);
     0
 }

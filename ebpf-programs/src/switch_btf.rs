@@ -98,15 +98,19 @@ fn on_btf_switch(
         Some(sched_info::read(prev_task, next_task)),
         vitals_common::offcpu::raw_state(preempt, prev_state),
     );
-    let flags = capture_control().flags;
-    if flags & (capture::FLAG_SCHED | capture::FLAG_OFFCPU) == 0 {
+    let c = capture_control();
+    let sched = c.flags & capture::FLAG_SCHED != 0;
+    // An off-CPU capture fed by the accounting (which just began any block
+    // in `on_switch`) has nothing to do at a switch-out.
+    let offcpu = c.flags & capture::FLAG_OFFCPU != 0 && !c.blocks_from_accounting();
+    if !sched && !offcpu {
         return;
     }
     // The classic tracepoint's prev_state encoding, so the capture decoder
     // sees one format whichever program recorded it.
     let exit_state = unsafe { task_field::<u32>(prev_task, &TASK_EXIT_STATE_OFF) };
     let state = reported_prev_state(preempt, prev_state, exit_state);
-    if flags & capture::FLAG_SCHED != 0 {
+    if sched {
         let (prev_prio, next_prio, next_tgid, comm) = unsafe {
             (
                 task_field::<i32>(prev_task, &TASK_PRIO_OFF),
@@ -132,7 +136,7 @@ fn on_btf_switch(
         );
     }
     // With or without the timeline (`record --offcpu` alone).
-    if flags & capture::FLAG_OFFCPU != 0 {
+    if offcpu {
         offcpu_capture::on_switch_out(ctx, prev, state, prev_task);
     }
 }

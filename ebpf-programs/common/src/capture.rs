@@ -38,6 +38,10 @@ pub const KERNEL_STACK_AT_WAKING: i64 = i64::MIN;
 /// blocked thread's user stack is taken as it switches in again, in an
 /// `OffcpuUserStack` record (`CaptureControl::offcpu_user_at_switch_in`).
 pub const USER_STACK_AT_SWITCH_IN: i64 = i64::MIN + 1;
+/// `OffcpuEvent::blocked_user_stack` of a kernel thread's block taken
+/// from the accounting: -EFAULT, what bpf_get_stackid returns for a user
+/// stack of a task without one, so both paths read alike.
+pub const NO_USER_STACK: i64 = -14;
 /// `task_struct.flags` bit of a kernel thread (include/linux/sched.h,
 /// the same value since 2.6): it has no user stack, so none is deferred.
 pub const PF_KTHREAD: u32 = 0x0020_0000;

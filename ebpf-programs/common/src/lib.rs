@@ -341,6 +341,23 @@ pub struct CaptureControl {
     /// blocking switch (574 of the 671 ns the capture added to a switch,
     /// measured).
     pub offcpu_user_at_switch_in: u32,
+    /// FLAG_OFFCPU, with `offcpu_kernel_at_waking` and
+    /// `offcpu_user_at_switch_in` both set: the capture's blocks are the
+    /// always-on accounting's (`OffcpuRecord::block_start`), so it keeps no
+    /// start of its own at every blocking switch-out. CLOCK_MONOTONIC, as
+    /// those starts are, when the capture began: a block that started
+    /// before is left out, as the other path (which only sees blocks whose
+    /// switch-out it ran at) leaves it out.
+    pub offcpu_since_ns: u64,
+}
+
+impl CaptureControl {
+    /// Whether the capture takes its blocks from the always-on accounting
+    /// (see `offcpu_since_ns`).
+    #[inline(always)]
+    pub fn blocks_from_accounting(&self) -> bool {
+        self.offcpu_kernel_at_waking != 0 && self.offcpu_user_at_switch_in != 0
+    }
 }
 
 mod capture_records;
@@ -383,6 +400,7 @@ pub mod names {
     pub const PROG_OFFCPU_WAKING_BTF: &str = "offcpu_waking_btf";
     pub const PROG_OFFCPU_SWITCH_IN: &str = "offcpu_switch_in";
     pub const PROG_OFFCPU_SWITCH_IN_FENTRY: &str = "offcpu_switch_in_fentry";
+    pub const PROG_OFFCPU_SWITCH_IN_FEXIT: &str = "offcpu_switch_in_fexit";
     pub const PROG_SCHED_WAKING: &str = "sched_waking";
     pub const PROG_SCHED_WAKING_FIXED: &str = "sched_waking_fixed";
 

@@ -314,13 +314,14 @@ fn main() {
         // clock read ends before `from_ns` and is counted in neither, or
         // ends before `to_ns` uncounted (one extra).
         Some("pingpong") => ping_pong(arg(&args, 2)),
-        // block-release <times> <ms> [main]: a thread blocks reading a
-        // pipe that a second thread writes after sleeping <ms>, <times>
-        // times; with `main` the waiter is the main thread (tid == pid).
+        // block-release <times> <ms> [main|gated]: a thread blocks reading
+        // a pipe that a second thread writes after sleeping <ms>, <times>
+        // times; with `main` the waiter is the main thread (tid == pid);
+        // with `gated` each release first waits for a line on stdin.
         Some("block-release") => block_release(
             arg(&args, 2),
             arg(&args, 3),
-            args.get(4).is_some_and(|a| a == "main"),
+            args.get(4).map(String::as_str),
         ),
         // uffd-block <times> <ms>: a thread blocked in a page fault (S,
         // userfaultfd), each ended by a known filler thread (uffd.rs).
@@ -506,9 +507,13 @@ fn spawn_at_go(
 /// `block-release`: prints `tids <waiter> <releaser>` and `ready`, and on
 /// a line from stdin runs the rounds: the waiter (thread `vitals-waiter`)
 /// blocks in `vitals_wait_for_release`, the releaser (`vitals-release`)
-/// wakes it from `vitals_release_after_sleep` after `ms`. `on_main`: the
-/// main thread waits (what `main_thread_long_blocks` watches).
-fn block_release(times: u64, ms: u64, on_main: bool) {
+/// wakes it from `vitals_release_after_sleep` after `ms`. `main`: the
+/// main thread waits (what `main_thread_long_blocks` watches); `gated`:
+/// each release waits for a line from stdin first, so a test can start
+/// something while the waiter is known to be blocked.
+fn block_release(times: u64, ms: u64, mode: Option<&str>) {
+    let on_main = mode == Some("main");
+    let gated = mode == Some("gated");
     let mut p = [0i32; 2];
     unsafe { assert_eq!(libc::pipe(p.as_mut_ptr()), 0) };
     let (rd, wr) = (p[0], p[1]);
@@ -543,7 +548,14 @@ fn block_release(times: u64, ms: u64, on_main: bool) {
     );
     let (releaser, r) = spawn(
         "vitals-release",
-        Box::new(move || (0..times).for_each(|_| vitals_release_after_sleep(wr, ms))),
+        Box::new(move || {
+            (0..times).for_each(|_| {
+                if gated {
+                    wait_line();
+                }
+                vitals_release_after_sleep(wr, ms)
+            })
+        }),
     );
     say(&format!("tids {w} {r}"));
     say("ready");

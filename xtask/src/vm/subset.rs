@@ -112,6 +112,15 @@ pub(super) const CI_SUBSET: &[(&str, &str, &[Arch])] = &[
         "offcpu_capture_stacks_a_block_in_a_page_fault_at_the_faulting_function",
         &[],
     ),
+    // A daemon's off-CPU capture leaves out a block begun before it: on
+    // tp_btf with a switch-in program (kprobes in these guests) its blocks
+    // come from the always-on accounting, which times that one too (on
+    // the cells of CELLS_ONLY).
+    (
+        "offcpu",
+        "a_daemon_capture_leaves_out_a_block_begun_before_it",
+        &[],
+    ),
     // #22 item 2: a classic --sched capture marks where bpf_prog_active
     // blinded its programs, against ftrace's sched_switch; on the
     // preempt=full cell (guest.rs CELL_CMDLINE) a bpf() call preempted by
@@ -138,6 +147,11 @@ pub(super) const CELLS_ONLY: &[(&str, &[(Arch, &str)])] = &[
     (
         "offcpu_capture_stacks_a_block_in_a_page_fault_at_the_faulting_function",
         &[(Arch::X86_64, "6.1"), (Arch::Arm64, "5.10")],
+    ),
+    // Both arches where the switch-in is a kprobe on tp_btf.
+    (
+        "a_daemon_capture_leaves_out_a_block_begun_before_it",
+        &[(Arch::X86_64, "6.12"), (Arch::Arm64, "6.1")],
     ),
     // The one preempt=full cell (guest.rs CELL_CMDLINE): elsewhere a
     // guest's bpf() is not preempted, nothing is blind and the test has

@@ -215,6 +215,9 @@ fn start_emitting(
             capture_id: capture_id(),
             offcpu_kernel_at_waking,
             offcpu_user_at_switch_in,
+            // Before the flag is set: a block the accounting began from
+            // here on is this capture's (`blocks_from_accounting`).
+            offcpu_since_ns: crate::clock::monotonic_ns(),
         },
     );
     if let Err(e) = flag {
