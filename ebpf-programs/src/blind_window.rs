@@ -28,7 +28,7 @@ use vitals_common::{
     capture,
 };
 
-use crate::capture_tier::{capture_control, emit, header};
+use crate::capture_tier::{capture_control, emit, header, RING_POLLED};
 
 /// One CPU-wide context-switch counter per CPU, put here by the loader
 /// for a capture tier (max_entries 0: aya sizes it to the possible CPUs;
@@ -91,6 +91,7 @@ pub(crate) fn on_switch(ctx: *mut c_void, missed: bool) {
                     seen_by,
                 },
                 capture::lost::SCHED,
+                RING_POLLED,
             );
         }
     }

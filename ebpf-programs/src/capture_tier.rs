@@ -68,11 +68,23 @@ pub(crate) fn header(kind: u32) -> EventHeader {
     }
 }
 
+/// Ring buffer submit flags of a record that user space polls for: the
+/// timeline's and fault samples, many a second, where a wakeup per record
+/// would cost an irq_work each.
+pub(crate) const RING_POLLED: u64 = BPF_RB_NO_WAKEUP as u64;
+/// Of a record that wakes a reader waiting on the ring: a long block's,
+/// a few a second at most per thread. The kernel's adaptive wakeup (no
+/// flag) wakes only a reader that had caught up, so an off-CPU-only
+/// capture's drain sleeps until one comes instead of polling
+/// (`events::drain::Pace`). The perf array wakes its reader per its own
+/// watermark either way.
+pub(crate) const RING_WAKES: u64 = 0;
+
 /// Writes one capture record to the transport chosen at load. `ctx` is the
 /// program's context (bpf_perf_event_output needs it). Either way a record
 /// that does not fit is counted in CAPTURE_LOST[lost] on this CPU.
 #[inline(always)]
-pub(crate) fn emit<T: 'static>(ctx: *mut c_void, ev: T, lost: u32) {
+pub(crate) fn emit<T: 'static>(ctx: *mut c_void, ev: T, lost: u32, ring_flags: u64) {
     if setting(&CAPTURE_TRANSPORT) == capture::TRANSPORT_PERF_ARRAY {
         // aya-ebpf's PerfEventByteArray::output drops the helper's return
         // value; call it directly to see -ENOSPC (perf buffer full).
@@ -90,15 +102,14 @@ pub(crate) fn emit<T: 'static>(ctx: *mut c_void, ev: T, lost: u32) {
         }
         return;
     }
-    // User space polls; a wakeup per record would cost an irq_work.
-    if !capture_maps::ring_write(ev, BPF_RB_NO_WAKEUP as u64) {
+    if !capture_maps::ring_write(ev, ring_flags) {
         capture_lost(lost);
     }
 }
 
 /// `emit` for a record built in a map (too large for the BPF stack).
 #[inline(always)]
-pub(crate) fn emit_ref<T: 'static>(ctx: *mut c_void, ev: &T, lost: u32) {
+pub(crate) fn emit_ref<T: 'static>(ctx: *mut c_void, ev: &T, lost: u32, ring_flags: u64) {
     let ret = if setting(&CAPTURE_TRANSPORT) == capture::TRANSPORT_PERF_ARRAY {
         unsafe {
             bpf_perf_event_output(
@@ -110,7 +121,7 @@ pub(crate) fn emit_ref<T: 'static>(ctx: *mut c_void, ev: &T, lost: u32) {
             )
         }
     } else {
-        capture_maps::ring_output(ev, BPF_RB_NO_WAKEUP as u64)
+        capture_maps::ring_output(ev, ring_flags)
     };
     if ret != 0 {
         capture_lost(lost);
@@ -142,6 +153,7 @@ pub(crate) fn emit_switch(
             next_tgid,
         },
         capture::lost::SCHED,
+        RING_POLLED,
     );
 }
 
@@ -171,6 +183,7 @@ fn emit_waking(ctx: *mut c_void, pid: i32, prio: i32, target_cpu: i32, comm: [u8
             comm,
         },
         capture::lost::SCHED,
+        RING_POLLED,
     );
 }
 
@@ -265,5 +278,6 @@ pub(crate) fn maybe_sample_fault<C: StackIdContext + EbpfContext>(ctx: &C) {
             stack_id,
         },
         capture::lost::FAULT,
+        RING_POLLED,
     );
 }

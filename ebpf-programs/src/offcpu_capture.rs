@@ -35,7 +35,7 @@ use vitals_common::{
     OffcpuStart, OffcpuUserStack,
 };
 
-use crate::capture_tier::{capture_control, emit, emit_ref, header};
+use crate::capture_tier::{capture_control, emit, emit_ref, header, RING_WAKES};
 use crate::{
     capture_maps, offcpu::EndedBlock, setting, task_field, xadd, TASK_COMM_OFF, TASK_FLAGS_OFF,
     TASK_PID_OFF,
@@ -310,7 +310,7 @@ fn emit_block<C: StackIdContext + EbpfContext>(
     if block.user_stack == capture::USER_STACK_AT_SWITCH_IN {
         await_user_stack(block.tid, block.ts);
     }
-    emit_ref(ctx.as_ptr(), e, capture::lost::OFFCPU);
+    emit_ref(ctx.as_ptr(), e, capture::lost::OFFCPU, RING_WAKES);
 }
 
 /// Leaves `tid`'s long block for its switch-in. An entry already there
@@ -397,5 +397,6 @@ fn on_switch_in<C: StackIdContext + EbpfContext>(ctx: &C) {
             user_stack: stack(ctx, BPF_F_USER_STACK as u64),
         },
         capture::lost::OFFCPU,
+        RING_WAKES,
     );
 }

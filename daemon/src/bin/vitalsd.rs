@@ -417,7 +417,6 @@ fn record_options(args: RecordArgs) -> (AccountingConfig, RecordOptions) {
         events: EventSet { sched, faults },
         fault_period: fault_period.max(1),
         offcpu,
-        ..EventOptions::default()
     };
     let accounting = AccountingConfig {
         choice: accounting,

@@ -212,16 +212,17 @@ impl FaultStacks {
                 .then(|| stack_not_taken(USER_STACK_NOT_TAKEN, f.stack_id));
             let kernel_missing = (f.kind != SampleKind::Fault && f.kind.kernel_stack() < 0)
                 .then(|| stack_not_taken(KERNEL_STACK_NOT_TAKEN, f.kind.kernel_stack()));
-            for i in 0..repeat {
-                let all = root
-                    .iter()
-                    .chain(user_missing.iter())
-                    .chain(frames.iter().copied())
-                    .chain(kernel_missing.iter());
+            let all = root
+                .iter()
+                .chain(user_missing.iter())
+                .chain(frames.iter().copied())
+                .chain(kernel_missing.iter());
+            // Interned once: a block of a second is a thousand samples.
+            let callstack = self.samples.intern_stack(all);
+            packets.extend((0..repeat).map(|i| {
                 let ts = f.ts + i * OFFCPU_SAMPLE_NS;
-                let p = self.samples.sample_packet(ts, f.cpu, f.tgid, f.tid, all);
-                packets.push(p);
-            }
+                FaultSamples::sample_of(ts, f.cpu, f.tgid, f.tid, callstack)
+            }));
             if f.kind == SampleKind::Fault {
                 self.stats.samples_written += 1;
             }

@@ -29,7 +29,6 @@ use std::{
     io::Write,
     num::NonZeroU32,
     path::{Path, PathBuf},
-    time::Duration,
 };
 
 use lost::{merge_lost, LostCounts};
@@ -49,7 +48,11 @@ use crate::{
     },
 };
 
-use self::{decode::Record, drain::Drainer, fault_stacks::FaultStacks};
+use self::{
+    decode::Record,
+    drain::{Drainer, Pace},
+    fault_stacks::FaultStacks,
+};
 
 /// The sequence the fault samples and their interned callstacks live on,
 /// apart from the main one so its incremental state is theirs alone.
@@ -72,8 +75,6 @@ pub struct EventOptions {
     pub events: EventSet,
     /// One fault sample every this many faults of each process.
     pub fault_period: u32,
-    /// How often the drain thread polls the ring buffer.
-    pub poll: Duration,
     /// The two stacks of every long block of the watched threads (issue
     /// #24); None: off. Without `events.sched` the capture holds those
     /// and no timeline, as bcc's offwaketime does.
@@ -85,6 +86,16 @@ impl EventOptions {
     pub fn any(&self) -> bool {
         self.events.any() || self.offcpu.is_some()
     }
+
+    /// How the drain waits: polled with a timeline or fault samples, else
+    /// (long blocks only) woken by each record.
+    pub fn drain_pace(&self) -> Pace {
+        if self.events.any() {
+            Pace::POLL
+        } else {
+            Pace::WAKEUP
+        }
+    }
 }
 
 impl Default for EventOptions {
@@ -92,7 +103,6 @@ impl Default for EventOptions {
         Self {
             events: EventSet::NONE,
             fault_period: 100,
-            poll: Duration::from_millis(5),
             offcpu: None,
         }
     }
@@ -227,7 +237,7 @@ impl EventRecorder {
         let base_lost = transport::lost(acc)?;
         let offcpu = opts.offcpu.as_ref();
         let started = transport::start(acc, opts.events, opts.fault_period, offcpu)?;
-        let drainer = match Drainer::start(started.output, opts.poll) {
+        let drainer = match Drainer::start(started.output, opts.drain_pace()) {
             Ok(d) => d,
             Err(e) => {
                 // The flag is off again and the transport no longer lent.

@@ -113,8 +113,30 @@ impl FaultSamples {
         tid: u32,
         frames: impl IntoIterator<Item = &'a SampleFrame>,
     ) -> TracePacket {
+        let callstack_iid = self.intern_stack(frames);
+        Self::sample_of(ts_ns, cpu, tgid, tid, callstack_iid)
+    }
+
+    /// The callstack of `frames` (outermost first), interned: None for no
+    /// frames. Its new entries wait for `attach_interned`.
+    pub fn intern_stack<'a>(
+        &mut self,
+        frames: impl IntoIterator<Item = &'a SampleFrame>,
+    ) -> Option<u64> {
         let frame_ids: Vec<u64> = frames.into_iter().map(|f| self.intern_frame(f)).collect();
-        let callstack_iid = (!frame_ids.is_empty()).then(|| self.intern_callstack(frame_ids));
+        (!frame_ids.is_empty()).then(|| self.intern_callstack(frame_ids))
+    }
+
+    /// The PerfSample packet of a callstack interned by `intern_stack`:
+    /// an off-CPU block writes one a millisecond blocked, all of one
+    /// stack, which is interned once.
+    pub fn sample_of(
+        ts_ns: u64,
+        cpu: u32,
+        tgid: u32,
+        tid: u32,
+        callstack_iid: Option<u64>,
+    ) -> TracePacket {
         TracePacket {
             timestamp: Some(ts_ns),
             sequence_flags: Some(trace_packet::SequenceFlags::SeqNeedsIncrementalState as u32),
