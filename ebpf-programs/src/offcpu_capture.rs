@@ -23,11 +23,9 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
         generated::bpf_get_task_stack,
     },
-    macros::{fentry, fexit, kprobe, map},
+    macros::{fentry, kprobe, map},
     maps::{Array, HashMap, PerCpuArray},
-    programs::{
-        tracing::StackIdContext, BtfTracePointContext, FEntryContext, FExitContext, ProbeContext,
-    },
+    programs::{tracing::StackIdContext, BtfTracePointContext, FEntryContext, ProbeContext},
     EbpfContext,
 };
 use vitals_common::{
@@ -336,22 +334,6 @@ fn await_user_stack(tid: u32, since_ts: u64) {
 /// kprobe on the name kallsyms has (`finish_task_switch.isra.0`).
 #[fentry(function = "finish_task_switch")]
 pub fn offcpu_switch_in_fentry(ctx: FEntryContext) -> u32 {
-    on_switch_in(&ctx);
-    0
-}
-
-/// The same at the return of `schedule()`, where fentry cannot find
-/// finish_task_switch by its BTF name (GCC's `.isra.0` copy): a block in
-/// S or D is a schedule() call (a pipe's or futex's wait, io_schedule, a
-/// page fault's wait alike), which returns in the blocked thread's own
-/// context once it runs again, before it goes back to user mode. Only
-/// voluntary switches come back this way (a preemption returns through
-/// preempt_schedule*, and needs no user stack), and a BPF trampoline is a
-/// direct call where a kprobe goes through ftrace's register save and
-/// the kprobe handler: a quarter of the workload's loss in the bench's
-/// guest (README, "Cost").
-#[fexit(function = "schedule")]
-pub fn offcpu_switch_in_fexit(ctx: FExitContext) -> u32 {
     on_switch_in(&ctx);
     0
 }

@@ -400,7 +400,6 @@ pub mod names {
     pub const PROG_OFFCPU_WAKING_BTF: &str = "offcpu_waking_btf";
     pub const PROG_OFFCPU_SWITCH_IN: &str = "offcpu_switch_in";
     pub const PROG_OFFCPU_SWITCH_IN_FENTRY: &str = "offcpu_switch_in_fentry";
-    pub const PROG_OFFCPU_SWITCH_IN_FEXIT: &str = "offcpu_switch_in_fexit";
     pub const PROG_SCHED_WAKING: &str = "sched_waking";
     pub const PROG_SCHED_WAKING_FIXED: &str = "sched_waking_fixed";
 

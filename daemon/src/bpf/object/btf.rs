@@ -116,8 +116,6 @@ pub struct KernelBtf {
     /// The id of FUNC [`SWITCH_IN_FUNC`], the off-CPU capture's fentry
     /// target (`offcpu_switch_in_fentry`), where the kernel's BTF has it.
     switch_in_target: Option<u32>,
-    /// The id of FUNC [`SWITCH_IN_FEXIT_FUNC`] (`offcpu_switch_in_fexit`).
-    switch_in_fexit_target: Option<u32>,
 }
 
 /// Where the off-CPU capture's switch-in program attaches: the first
@@ -126,9 +124,6 @@ pub struct KernelBtf {
 /// kallsyms has only a specialised copy, which fentry cannot find) gets
 /// the kprobe instead (`programs::switch_in`).
 pub const SWITCH_IN_FUNC: &str = "finish_task_switch";
-/// The fexit target where fentry cannot find [`SWITCH_IN_FUNC`]: a blocked
-/// thread returns from it in its own context when it runs again.
-pub const SWITCH_IN_FEXIT_FUNC: &str = "schedule";
 
 impl KernelBtf {
     /// A BTF blob for aya's `BtfTracePoint::load`, which looks the attach
@@ -148,10 +143,6 @@ impl KernelBtf {
             .chain(
                 self.switch_in_target
                     .map(|id| ((SWITCH_IN_FUNC, KIND_FUNC), id)),
-            )
-            .chain(
-                self.switch_in_fexit_target
-                    .map(|id| ((SWITCH_IN_FEXIT_FUNC, KIND_FUNC), id)),
             );
         let mut last = 0;
         for ((name, kind), id) in targets {
@@ -188,12 +179,6 @@ impl KernelBtf {
     /// FUNC [`SWITCH_IN_FUNC`] (the kernel still has to find its address).
     pub fn has_switch_in_func(&self) -> bool {
         self.switch_in_target.is_some()
-    }
-
-    /// Whether `offcpu_switch_in_fexit` may load: FUNC
-    /// [`SWITCH_IN_FEXIT_FUNC`] is in the kernel's BTF.
-    pub fn has_switch_in_fexit_func(&self) -> bool {
-        self.switch_in_fexit_target.is_some()
     }
 
     /// The attach target id of raw tracepoint `event` (`sched_switch`).
@@ -273,7 +258,6 @@ fn lookup(types: &Types) -> Result<KernelBtf, Lookup> {
         switch,
         attach_targets,
         switch_in_target: types.find(KIND_FUNC, SWITCH_IN_FUNC).map(|r| r.id),
-        switch_in_fexit_target: types.find(KIND_FUNC, SWITCH_IN_FEXIT_FUNC).map(|r| r.id),
     })
 }
 

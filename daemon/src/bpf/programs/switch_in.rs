@@ -17,7 +17,7 @@ use std::{
 };
 
 use aya::{
-    programs::{fentry::FEntryLinkId, fexit::FExitLinkId, kprobe::KProbeLinkId, FEntry, FExit, KProbe},
+    programs::{fentry::FEntryLinkId, kprobe::KProbeLinkId, FEntry, KProbe},
     Btf, Ebpf,
 };
 use vitals_common::names;
@@ -25,7 +25,7 @@ use vitals_common::names;
 use super::{
     super::{
         attach_err,
-        object::btf::{KernelBtf, SWITCH_IN_FEXIT_FUNC, SWITCH_IN_FUNC},
+        object::btf::{KernelBtf, SWITCH_IN_FUNC},
         BpfError,
     },
     program, program_err,
@@ -35,8 +35,6 @@ use super::{
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SwitchIn {
     Fentry,
-    /// fexit on `schedule`, where fentry cannot find finish_task_switch.
-    Fexit,
     /// On `symbol`, finish_task_switch's name in kallsyms.
     Kprobe {
         symbol: String,
@@ -46,7 +44,6 @@ pub(crate) enum SwitchIn {
 /// Its link while a capture runs.
 pub(crate) enum SwitchInLink {
     Fentry(FEntryLinkId),
-    Fexit(FExitLinkId),
     Kprobe(KProbeLinkId),
 }
 
@@ -61,16 +58,6 @@ pub(super) fn load(ebpf: &mut Ebpf, kernel_btf: Option<&KernelBtf>, btf: &Btf) -
         {
             Ok(()) => return Some(SwitchIn::Fentry),
             // ENOENT where kallsyms has only a specialised copy.
-            Err(e) => log::info!("{e}: trying fexit on {SWITCH_IN_FEXIT_FUNC}"),
-        }
-    }
-    if kernel_btf.is_some_and(KernelBtf::has_switch_in_fexit_func) {
-        let name = names::PROG_OFFCPU_SWITCH_IN_FEXIT;
-        match program::<FExit>(ebpf, name)
-            .and_then(|p| p.load(SWITCH_IN_FEXIT_FUNC, btf).map_err(program_err(name)))
-        {
-            Ok(()) => return Some(SwitchIn::Fexit),
-            // No BPF trampolines (arm64 before Linux 6.0).
             Err(e) => log::info!("{e}: trying a kprobe on {SWITCH_IN_FUNC}"),
         }
     }
@@ -129,13 +116,6 @@ pub(super) fn attach(ebpf: &mut Ebpf, which: &SwitchIn) -> Result<SwitchInLink, 
                 .map(SwitchInLink::Fentry)
                 .map_err(attach_err(name, "fentry/finish_task_switch"))
         }
-        SwitchIn::Fexit => {
-            let name = names::PROG_OFFCPU_SWITCH_IN_FEXIT;
-            program::<FExit>(ebpf, name)?
-                .attach()
-                .map(SwitchInLink::Fexit)
-                .map_err(attach_err(name, "fexit/schedule"))
-        }
         SwitchIn::Kprobe { symbol } => {
             let name = names::PROG_OFFCPU_SWITCH_IN;
             program::<KProbe>(ebpf, name)?
@@ -152,10 +132,6 @@ pub(super) fn detach(ebpf: &mut Ebpf, link: SwitchInLink) {
         SwitchInLink::Fentry(l) => {
             let name = names::PROG_OFFCPU_SWITCH_IN_FENTRY;
             program::<FEntry>(ebpf, name).and_then(|p| p.detach(l).map_err(program_err(name)))
-        }
-        SwitchInLink::Fexit(l) => {
-            let name = names::PROG_OFFCPU_SWITCH_IN_FEXIT;
-            program::<FExit>(ebpf, name).and_then(|p| p.detach(l).map_err(program_err(name)))
         }
         SwitchInLink::Kprobe(l) => {
             let name = names::PROG_OFFCPU_SWITCH_IN;
