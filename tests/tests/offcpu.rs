@@ -379,9 +379,21 @@ capture = { duration = "1s", sched = false }
     let list = d.list();
     let m = &list[0];
     assert_eq!(m["trigger"]["rule"], "main-thread-blocked");
-    assert_eq!(m["trigger"]["offender_pid"].as_u64(), Some(pid));
+    // On a failure, what the daemon saw: the entry, status (its top and
+    // history) and its log.
+    let seen = || format!("{m}\n{st}\n{}", d.log());
+    assert_eq!(
+        m["trigger"]["offender_pid"].as_u64(),
+        Some(pid),
+        "{}",
+        seen()
+    );
     let value = m["trigger"]["value"].as_f64().unwrap();
-    assert!(value > 2.0 && value <= (2 * N + 1) as f64, "{value}");
+    assert!(
+        value > 2.0 && value <= (2 * N + 1) as f64,
+        "{value}: {}",
+        seen()
+    );
     // The helper wakes the main thread 2N times over about N x LONG_MS:
     // some 250 ms window has at least one of them.
     assert!(pair_seen.get() > 0, "status never showed {pair}");
