@@ -214,6 +214,19 @@ impl Daemon {
         self.call(&Request::List {}).as_array().unwrap().clone()
     }
 
+    /// Waits for the daemon's one capture to be stored (none running);
+    /// its list entry and its trace's path.
+    pub fn stored_capture(&self) -> (Value, PathBuf) {
+        self.wait_status("the capture to be stored", Duration::from_secs(30), |st| {
+            st["store"]["captures"] == 1 && st["capture"].is_null()
+        });
+        let m = self.list().remove(0);
+        let path = self
+            .store()
+            .join(format!("{}.pftrace", m["id"].as_str().unwrap()));
+        (m, path)
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.as_ref().unwrap().id() as i32
     }

@@ -545,13 +545,7 @@ fn a_daemon_capture_leaves_out_a_block_begun_before_it() {
     w.go();
     w.go();
     w.expect("done");
-    d.wait_status("the capture to be stored", Duration::from_secs(30), |st| {
-        st["store"]["captures"] == 1 && st["capture"].is_null()
-    });
-    let m = d.list().remove(0);
-    let path = d
-        .store()
-        .join(format!("{}.pftrace", m["id"].as_str().unwrap()));
+    let (m, path) = d.stored_capture();
     let blocks = TraceProcessor::through_python().query(&path, &readme_offcpu_query("blocks"));
     let mine: Vec<&Row> = blocks
         .iter()

@@ -33,13 +33,7 @@ fn blocking(arg0: &str, main: bool) -> (Workload, i64, i64) {
 /// Waits for the daemon's one capture to be stored; its entry and the
 /// trace imported.
 fn stored_capture(d: &Daemon, tp: &TraceProcessor) -> (Value, Imported) {
-    d.wait_status("the capture to be stored", Duration::from_secs(30), |st| {
-        st["store"]["captures"] == 1 && st["capture"].is_null()
-    });
-    let m = d.list().remove(0);
-    let path = d
-        .store()
-        .join(format!("{}.pftrace", m["id"].as_str().unwrap()));
+    let (m, path) = d.stored_capture();
     let t = Imported::new(tp, &path);
     (m, t)
 }
