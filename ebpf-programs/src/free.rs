@@ -33,8 +33,8 @@ use vitals_common::{
 
 use crate::{
     mapped::{self, count_drop},
-    setting, task_field, FREE_PID_OFF, PROCESS_FAULTS, TASKS, TASK_COMM_OFF, TASK_PID_OFF,
-    WAKE_ARRAY, WAKE_TS, WAKE_TS_ARRAY,
+    setting, task_comm, task_field, FREE_PID_OFF, PROCESS_FAULTS, TASKS, TASK_PID_OFF, WAKE_ARRAY,
+    WAKE_TS, WAKE_TS_ARRAY,
 };
 
 /// The classic tracepoint: pid and comm from the record, in either layout
@@ -68,20 +68,7 @@ pub fn sched_process_free_btf(ctx: BtfTracePointContext) -> u32 {
     if pid <= 0 {
         return 0;
     }
-    on_free(pid as u32, || {
-        // Two words: a [u8; 16] load is not one the verifier's BTF access
-        // check takes. The kernel's comm is NUL-terminated within its 16.
-        let (lo, hi) = unsafe {
-            (
-                task_field::<u64>(p, &TASK_COMM_OFF),
-                *(p.add(setting(&TASK_COMM_OFF) as usize + 8) as *const u64),
-            )
-        };
-        let mut comm = [0u8; 16];
-        comm[..8].copy_from_slice(&lo.to_ne_bytes());
-        comm[8..].copy_from_slice(&hi.to_ne_bytes());
-        comm
-    })
+    on_free(pid as u32, || unsafe { task_comm(p) })
 }
 
 #[inline(always)]

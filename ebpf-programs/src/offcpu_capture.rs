@@ -35,8 +35,7 @@ use vitals_common::{
 
 use crate::capture_tier::{capture_control, emit, emit_ref, header, RING_WAKES};
 use crate::{
-    capture_maps, offcpu::EndedBlock, setting, task_field, xadd, TASK_COMM_OFF, TASK_FLAGS_OFF,
-    TASK_PID_OFF,
+    capture_maps, offcpu::EndedBlock, task_comm, task_field, xadd, TASK_FLAGS_OFF, TASK_PID_OFF,
 };
 
 /// tgid -> 1: the watched processes (`CaptureControl::offcpu_scope` ==
@@ -80,11 +79,10 @@ pub(crate) fn on_switch_out<C: StackIdContext + EbpfContext>(
     let c = capture_control();
     // S and D only, the waits the accounting times (`blocks_from_accounting`
     // records no other): a stopped, parked or idle (I) task is not blocked
-    // on anything that will wake it.
-    if offcpu::reported_state(prev_state) == offcpu::STATE_NONE
-        || prev == 0
-        || c.blocks_from_accounting()
-    {
+    // on anything that will wake it. Never called when the blocks come
+    // from the accounting: the tp_btf switch skips it then, and the
+    // classic programs never run with it (it needs the tp_btf waking).
+    if offcpu::reported_state(prev_state) == offcpu::STATE_NONE || prev == 0 {
         return;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -168,17 +166,6 @@ pub(crate) fn on_waking_btf(
     end_block(ctx, pid, comm, task);
 }
 
-#[inline(always)]
-unsafe fn task_comm(task: *const u8) -> [u8; 16] {
-    let comm = unsafe {
-        [
-            task_field::<u64>(task, &TASK_COMM_OFF),
-            *(task.add(setting(&TASK_COMM_OFF) as usize + 8) as *const u64),
-        ]
-    };
-    unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(comm) }
-}
-
 /// A block the accounting ended (`blocks_from_accounting`): emitted when
 /// long, begun since the capture started, and of a watched process; its
 /// user stack waits for the switch-in (none for a kernel thread), its
@@ -208,8 +195,7 @@ fn accounted_block(
         // CLOCK_BOOTTIME: the start is placed the block's length before
         // this waking (the two differ only by a suspend within the block).
         ts: hdr.ts.saturating_sub(block.blocked_ns),
-        // The classic tracepoint's encoding of S and D.
-        prev_state: if block.state == offcpu::STATE_S { 1 } else { 2 },
+        prev_state: offcpu::classic_prev_state(block.state),
         user_stack: if kthread {
             capture::NO_USER_STACK
         } else {

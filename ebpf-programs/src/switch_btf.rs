@@ -13,7 +13,7 @@ use vitals_common::{capture, reported_prev_state};
 
 use crate::{
     capture_tier::{capture_control, emit_switch},
-    offcpu_capture, on_switch, sched_info, setting, task_field, TASK_COMM_OFF, TASK_EXIT_STATE_OFF,
+    offcpu_capture, on_switch, sched_info, task_comm, task_field, TASK_EXIT_STATE_OFF,
     TASK_PID_OFF, TASK_PRIO_OFF, TASK_TGID_OFF,
 };
 
@@ -116,10 +116,7 @@ fn on_btf_switch(
                 task_field::<i32>(prev_task, &TASK_PRIO_OFF),
                 task_field::<i32>(next_task, &TASK_PRIO_OFF),
                 task_field::<i32>(next_task, &TASK_TGID_OFF) as u32,
-                [
-                    task_field::<u64>(next_task, &TASK_COMM_OFF),
-                    *(next_task.add(setting(&TASK_COMM_OFF) as usize + 8) as *const u64),
-                ],
+                task_comm(next_task),
             )
         };
         emit_switch(
@@ -129,7 +126,7 @@ fn on_btf_switch(
             next,
             prev_prio,
             next_prio,
-            unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(comm) },
+            comm,
             // The idle task's tgid is 0 as well: "unknown" and "swapper"
             // agree.
             next_tgid,

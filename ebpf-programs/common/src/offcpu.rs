@@ -26,6 +26,18 @@ pub fn reported_state(prev_state: i64) -> u32 {
     }
 }
 
+/// The classic sched_switch `prev_state` of a block in `state` (S or D):
+/// `reported_state`'s inverse, so a block the accounting timed reads in
+/// a capture like one the switch-out path recorded.
+#[inline(always)]
+pub fn classic_prev_state(state: u32) -> i64 {
+    match state {
+        STATE_S => 0x1,
+        STATE_D => 0x2,
+        _ => 0,
+    }
+}
+
 /// The state of a tp_btf sched_switch's raw `prev->__state`, as
 /// `__task_state_index` would report it: TASK_RTLOCK_WAIT (0x1000) is
 /// "D", TASK_NOLOAD (0x400, with UNINTERRUPTIBLE TASK_IDLE) "I", else
@@ -157,6 +169,11 @@ mod tests {
         assert_eq!(raw_state(false, 0x80), STATE_NONE, "TASK_DEAD");
         assert_eq!(raw_state(false, 0x4), STATE_NONE, "stopped");
         assert_eq!(raw_state(false, 0x40), STATE_NONE, "parked");
+        // A block the accounting timed reads back as the state it was.
+        for state in [STATE_S, STATE_D] {
+            assert_eq!(reported_state(classic_prev_state(state)), state);
+        }
+        assert_eq!(classic_prev_state(STATE_NONE), 0);
         // Both agree with the capture's encoding on every state.
         for raw in [0x1, 0x2, 0x102, 0x402, 0x1000, 0x4, 0x8, 0x40, 0x2001] {
             assert_eq!(
