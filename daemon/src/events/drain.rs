@@ -33,16 +33,19 @@ pub enum Pace {
     /// Waits on the ring buffer's fd for at most this long (which bounds
     /// how late a stop is seen): an off-CPU-only capture, whose few
     /// records each wake a reader that had caught up (the programs'
-    /// `RING_WAKES`). An idle drain then costs nothing, where a 5 ms poll
-    /// woke it 200 times a second, which under the bench's single-threaded
-    /// TCG took a fifth of the workload's CPU. The perf array polls at
-    /// `Poll`'s pace instead.
+    /// `RING_WAKES`). An idle drain then wakes ten times a second where
+    /// the 5 ms poll woke it 200 times (record --offcpu on this project's
+    /// host: 238 context switches of the drain thread in 10 s, against
+    /// about 2000). The perf array polls at `POLL_EVERY` instead.
     Wakeup(Duration),
 }
 
+/// The poll's period: the perf array and the records that wake no reader.
+const POLL_EVERY: Duration = Duration::from_millis(5);
+
 impl Pace {
     /// The timeline's and fault samples' pace.
-    pub const POLL: Pace = Pace::Poll(Duration::from_millis(5));
+    pub const POLL: Pace = Pace::Poll(POLL_EVERY);
     /// An off-CPU-only capture's.
     pub const WAKEUP: Pace = Pace::Wakeup(Duration::from_millis(100));
 }
@@ -111,13 +114,10 @@ fn wait(out: &EventOutput, pace: Pace) {
                 log::debug!("capture drain: poll of the ring buffer: {e}");
             }
         }
-        (Pace::Wakeup(_), EventOutput::Perf(_)) => std::thread::sleep(PERF_POLL),
+        (Pace::Wakeup(_), EventOutput::Perf(_)) => std::thread::sleep(POLL_EVERY),
         (Pace::Poll(every), _) => std::thread::sleep(every),
     }
 }
-
-/// The perf array's pace in either case (see `Pace::Wakeup`).
-const PERF_POLL: Duration = Duration::from_millis(5);
 
 /// Everything readable now, decoded, from either transport.
 fn drain_into(out: &mut EventOutput, batch: &mut Vec<Record>) {
