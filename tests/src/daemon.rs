@@ -214,6 +214,21 @@ impl Daemon {
         self.call(&Request::List {}).as_array().unwrap().clone()
     }
 
+    /// Waits until a capture the daemon was asked for records: status
+    /// lists it as soon as it is asked for, its programs run once the
+    /// recording logs "capture started" (a second later in a TCG guest).
+    pub fn wait_capture_recording(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.log().contains("capture started") {
+            assert!(
+                Instant::now() < deadline,
+                "the capture never started:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits for the daemon's one capture to be stored (none running);
     /// its list entry and its trace's path.
     pub fn stored_capture(&self) -> (Value, PathBuf) {

@@ -258,6 +258,37 @@ pub fn schedstat(pid: u32) -> (u64, u64) {
     (s.sum_exec_runtime, s.run_delay)
 }
 
+/// Waits until thread `tid` of `pid` is blocked in read(2) (on `fd`, when
+/// given): its /proc/<pid>/task/<tid>/syscall (`<nr> <arg0 in hex> ...`
+/// while it is in a syscall, `running` while it runs) shows read, and
+/// its state is S, so it is in the call and off the CPU, not entering it.
+/// Panics after 30 s.
+pub fn wait_blocked_in_read(pid: i32, tid: i32, fd: Option<i32>) {
+    let path = format!("/proc/{pid}/task/{tid}/syscall");
+    let want = match fd {
+        Some(fd) => format!("{} {:#x} ", libc::SYS_read, fd),
+        None => format!("{} ", libc::SYS_read),
+    };
+    let sleeping = || {
+        procfs::process::Process::new(pid)
+            .and_then(|p| p.task_from_tid(tid))
+            .and_then(|t| t.stat())
+            .is_ok_and(|st| st.state == 'S')
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.starts_with(&want) && sleeping() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "thread {tid} of {pid} never blocked in read: {path} says {text:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+}
+
 /// Sets sysctls (paths under /proc/sys) for the life of the guard and puts
 /// the old values back on drop, also when a later write of the same call
 /// panics.

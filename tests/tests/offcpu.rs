@@ -518,7 +518,7 @@ fn a_daemon_capture_leaves_out_a_block_begun_before_it() {
     let (waiter, releaser) = (tids[0], tids[1]);
     w.expect("ready");
     w.go();
-    wait_in_read(w.pid(), waiter as u32);
+    wait_blocked_in_read(w.pid() as i32, waiter as i32, None);
     let asked_ns = vitals_tests::boottime_ns();
     let reply = d.call(&vitalsd::control::Request::Capture {
         duration_s: 5.0,
@@ -530,17 +530,7 @@ fn a_daemon_capture_leaves_out_a_block_begun_before_it() {
         }),
     });
     assert!(reply["error"].is_null(), "{reply}");
-    // Status shows the capture as soon as it is asked for; its programs
-    // run once the daemon logs it started (in a TCG guest a second later).
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !d.log().contains("capture started:") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the capture never started:\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    d.wait_capture_recording();
     // Each line lets the releaser write once, RELEASE_MS later.
     w.go();
     w.go();

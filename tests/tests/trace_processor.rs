@@ -21,7 +21,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::Value;
@@ -305,17 +305,7 @@ fn service_capture_and_its_export_import_like_a_recording() {
     d.wait_status("the capture to run", Duration::from_secs(10), |st| {
         st["capture"]["id"] == id.as_str()
     });
-    // The status lists the capture as soon as it is asked for; its
-    // programs attach after the recording has loaded them.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !d.log().contains("capture started") {
-        assert!(
-            Instant::now() < deadline,
-            "capture never started: {}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    d.wait_capture_recording();
     let (mut pp, tids) = Workload::spawn_ping_pong(N);
     let mut touch = Workload::spawn(&["touch", "4000"]);
     touch.expect("ready");

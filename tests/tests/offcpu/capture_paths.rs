@@ -1,32 +1,7 @@
 //! The off-CPU capture tests' helpers: waiting for a thread's block,
 //! recording a capture, and telling which path took its stacks.
 
-use std::time::Duration;
-
 use vitals_tests::*;
-
-/// Waits until thread `tid` of `pid` is in the read() syscall (the
-/// syscall number /proc/<pid>/task/<tid>/syscall shows while it blocks),
-/// not at the barrier before it.
-pub(super) fn wait_in_read(pid: u32, tid: u32) {
-    let path = format!("/proc/{pid}/task/{tid}/syscall");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        let nr = text
-            .split_whitespace()
-            .next()
-            .and_then(|n| n.parse::<i64>().ok());
-        if nr == Some(libc::SYS_read) {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "thread {tid} never blocked in read(): {path} says {text:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 /// A 2 s `record` to `trace` with `watch` (`--offcpu`, `--offcpu-pid P`)
 /// while workload `w` runs its rounds (after its "ready"): the summary it

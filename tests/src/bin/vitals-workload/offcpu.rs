@@ -1,8 +1,6 @@
 //! `offcpu`: a main thread blocked in S and in D for known times, each
 //! block ended by a known waker process (tests/tests/offcpu.rs).
 
-use std::time::Duration;
-
 use super::{say, sleep_ms, wait_eof, wait_line};
 
 /// The vfork child: sleeps the milliseconds `arg` points to, then returns,
@@ -12,27 +10,6 @@ use super::{say, sleep_ms, wait_eof, wait_line};
 extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
     sleep_ms(unsafe { *(arg as *const u64) });
     0
-}
-
-/// Polls until `pid` is blocked in read(2) on `fd`, by the kernel's
-/// /proc/<pid>/syscall (`<nr> <arg0 in hex> ...` while it blocks in a
-/// syscall, `running` while it runs).
-fn wait_in_read(pid: i32, fd: i32) {
-    let path = format!("/proc/{pid}/syscall");
-    let want = format!("{} {:#x} ", libc::SYS_read, fd);
-    while !std::fs::read_to_string(&path).is_ok_and(|s| s.starts_with(&want)) {
-        std::thread::sleep(Duration::from_micros(100));
-    }
-    // Blocked in the call, not only entering it: its state is S (the
-    // tests' /proc parser, the procfs crate).
-    let sleeping = || {
-        procfs::process::Process::new(pid)
-            .and_then(|p| p.stat())
-            .is_ok_and(|st| st.state == 'S')
-    };
-    while !sleeping() {
-        std::thread::sleep(Duration::from_micros(100));
-    }
 }
 
 pub(crate) fn offcpu(n: u64, long_ms: u64, short_ms: u64) {
@@ -54,7 +31,8 @@ pub(crate) fn offcpu(n: u64, long_ms: u64, short_ms: u64) {
             // late by more than `short_ms` (a TCG guest's vCPUs take
             // turns) would find the byte there and never block, and the
             // test counts one wakeup a read.
-            wait_in_read(unsafe { libc::getppid() }, data[0]);
+            let parent = unsafe { libc::getppid() };
+            vitals_tests::wait_blocked_in_read(parent, parent, Some(data[0]));
             sleep_ms(if i < n { long_ms } else { short_ms });
             unsafe { libc::write(data[1], &b as *const u8 as *const libc::c_void, 1) };
         }
