@@ -301,9 +301,9 @@ fn report(ops: &HashMap<Config, Vec<f64>>, rounds: usize, attach_s: &HashMap<Con
     let mut started: Vec<(&Config, &Vec<f64>)> = attach_s.iter().collect();
     started.sort_by_key(|(c, _)| c.name());
     for (c, v) in started {
-        let (m, lo, hi) = spread(v.clone());
+        let (m, q1, q3) = spread(v.clone());
         println!(
-            "  {:<28} {m:.1} s ({lo:.1} .. {hi:.1}) to \"{}\"",
+            "  {:<28} {m:.1} s ({q1:.1} .. {q3:.1}) to \"{}\"",
             c.name(),
             c.marker()
         );
