@@ -190,7 +190,8 @@ fn emit_waking(ctx: *mut c_void, pid: i32, prio: i32, target_cpu: i32, comm: [u8
 /// Capture only: attached for the duration of a capture.
 #[tracepoint(category = "sched", name = "sched_waking")]
 pub fn sched_waking(ctx: TracePointContext) -> u32 {
-    let flags = capture_control().flags;
+    let c = capture_control();
+    let flags = c.flags;
     if flags & (capture::FLAG_SCHED | capture::FLAG_OFFCPU) != 0 {
         let f = unsafe {
             (
@@ -204,7 +205,7 @@ pub fn sched_waking(ctx: TracePointContext) -> u32 {
             if flags & capture::FLAG_SCHED != 0 {
                 emit_waking(ctx.as_ptr(), pid, prio, cpu, comm);
             }
-            crate::offcpu_capture::on_waking(&ctx, pid, comm);
+            crate::offcpu_capture::on_waking(&ctx, &c, pid, comm);
         }
     }
     0
@@ -212,7 +213,8 @@ pub fn sched_waking(ctx: TracePointContext) -> u32 {
 
 #[tracepoint(category = "sched", name = "sched_waking")]
 pub fn sched_waking_fixed(ctx: TracePointContext) -> u32 {
-    let flags = capture_control().flags;
+    let c = capture_control();
+    let flags = c.flags;
     if flags & (capture::FLAG_SCHED | capture::FLAG_OFFCPU) != 0 {
         let base = ctx.as_ptr() as *const u8;
         let (pid, prio, cpu, comm) = unsafe {
@@ -227,7 +229,7 @@ pub fn sched_waking_fixed(ctx: TracePointContext) -> u32 {
         if flags & capture::FLAG_SCHED != 0 {
             emit_waking(ctx.as_ptr(), pid, prio, cpu, comm);
         }
-        crate::offcpu_capture::on_waking(&ctx, pid, comm);
+        crate::offcpu_capture::on_waking(&ctx, &c, pid, comm);
     }
     0
 }

@@ -310,7 +310,8 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
             None,
             vitals_common::offcpu::reported_state(state),
         );
-        let flags = capture_control().flags;
+        let c = capture_control();
+        let flags = c.flags;
         if flags & capture::FLAG_SCHED != 0 {
             let extra = unsafe {
                 (
@@ -335,7 +336,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         }
         // With or without the timeline (`record --offcpu` alone).
         if flags & capture::FLAG_OFFCPU != 0 {
-            offcpu_capture::on_switch_out(&ctx, prev as u32, state, core::ptr::null());
+            offcpu_capture::on_switch_out(&ctx, &c, prev as u32, state, core::ptr::null());
         }
     }
     0
@@ -362,7 +363,8 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
         None,
         offcpu_state,
     );
-    let flags = capture_control().flags;
+    let c = capture_control();
+    let flags = c.flags;
     if flags & capture::FLAG_SCHED != 0 {
         let (prev_prio, next_prio, comm) = unsafe {
             (
@@ -385,7 +387,7 @@ pub fn sched_switch_fixed(ctx: TracePointContext) -> u32 {
         blind_window::on_switch(ctx.as_ptr(), missed);
     }
     if flags & capture::FLAG_OFFCPU != 0 {
-        offcpu_capture::on_switch_out(&ctx, prev, state, core::ptr::null());
+        offcpu_capture::on_switch_out(&ctx, &c, prev, state, core::ptr::null());
     }
     0
 }

@@ -72,11 +72,11 @@ fn stack<C: StackIdContext>(ctx: &C, flags: u64) -> i64 {
 #[inline(always)]
 pub(crate) fn on_switch_out<C: StackIdContext + EbpfContext>(
     ctx: &C,
+    c: &CaptureControl,
     prev: u32,
     prev_state: i64,
     prev_task: *const u8,
 ) {
-    let c = capture_control();
     // S and D only, the waits the accounting times (`blocks_from_accounting`
     // records no other): a stopped, parked or idle (I) task is not blocked
     // on anything that will wake it. Never called when the blocks come
@@ -137,9 +137,14 @@ static OFFCPU_EVENT_SCRATCH: PerCpuArray<OffcpuEvent> = PerCpuArray::with_max_en
 /// `on_switch_out` recorded, if any; a long one is emitted. Where a tp_btf
 /// program ends blocks (`offcpu_kernel_at_waking`), it leaves them to it.
 #[inline(always)]
-pub(crate) fn on_waking<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm: [u8; 16]) {
-    if capture_control().offcpu_kernel_at_waking == 0 {
-        end_block(ctx, pid, comm, core::ptr::null());
+pub(crate) fn on_waking<C: StackIdContext + EbpfContext>(
+    ctx: &C,
+    c: &CaptureControl,
+    pid: i32,
+    comm: [u8; 16],
+) {
+    if c.offcpu_kernel_at_waking == 0 {
+        end_block(ctx, c, pid, comm, core::ptr::null());
     }
 }
 
@@ -163,7 +168,7 @@ pub(crate) fn on_waking_btf(
         return;
     }
     let (pid, comm) = unsafe { (task_field::<i32>(task, &TASK_PID_OFF), task_comm(task)) };
-    end_block(ctx, pid, comm, task);
+    end_block(ctx, &c, pid, comm, task);
 }
 
 /// A block the accounting ended (`blocks_from_accounting`): emitted when
@@ -221,8 +226,13 @@ struct Block {
 /// waker's stacks, and the blocked kernel stack from `task` (null: it was
 /// taken at the switch-out).
 #[inline(always)]
-fn end_block<C: StackIdContext + EbpfContext>(ctx: &C, pid: i32, comm: [u8; 16], task: *const u8) {
-    let c = capture_control();
+fn end_block<C: StackIdContext + EbpfContext>(
+    ctx: &C,
+    c: &CaptureControl,
+    pid: i32,
+    comm: [u8; 16],
+    task: *const u8,
+) {
     if c.flags & capture::FLAG_OFFCPU == 0 || pid <= 0 {
         return;
     }

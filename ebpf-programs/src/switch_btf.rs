@@ -134,6 +134,6 @@ fn on_btf_switch(
     }
     // With or without the timeline (`record --offcpu` alone).
     if offcpu {
-        offcpu_capture::on_switch_out(ctx, prev, state, prev_task);
+        offcpu_capture::on_switch_out(ctx, &c, prev, state, prev_task);
     }
 }
