@@ -31,7 +31,7 @@ const TRACE: &str = "/root/bench-offcpu.pftrace";
 const OFFWAKETIME: &str = "/usr/sbin/offwaketime-bpfcc";
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-enum Config {
+pub(super) enum Config {
     Nothing,
     /// The off-CPU capture of every thread, stacks of long blocks only:
     /// offwaketime's job, like for like.
@@ -51,7 +51,7 @@ enum Config {
 }
 
 impl Config {
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Config::Nothing => "nothing attached",
             Config::VitalsdOffcpu => "vitalsd record --offcpu",
@@ -101,7 +101,7 @@ const CONFIGS: [Config; 6] = [
 ];
 
 /// A tool attached for one run; its process group dies with it.
-struct Tool {
+pub(super) struct Tool {
     group: Group,
     reader: std::thread::JoinHandle<()>,
 }
@@ -109,7 +109,7 @@ struct Tool {
 impl Tool {
     /// Starts `cfg` and returns once its programs are attached, with the
     /// time that took.
-    fn start(
+    pub(super) fn start(
         cfg: Config,
         vitalsd: &Path,
         baseline: Option<&Path>,
@@ -180,8 +180,30 @@ impl Tool {
         Ok(Some((Tool { group, reader }, took)))
     }
 
+    /// The tool's own CPU time so far (all its threads: utime + stime of
+    /// /proc/<pid>/stat), in ms. Under single-threaded TCG its vCPU's
+    /// time is taken from perf bench's, so it is part of the loss.
+    fn cpu_ms(&self) -> Result<f64> {
+        let path = format!("/proc/{}/stat", self.group.0.id());
+        let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        // After the comm's ')': state is field 3, utime and stime 14 and 15.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let tick = |i: usize| -> Result<f64> {
+            fields
+                .get(i - 3)
+                .and_then(|f| f.parse::<f64>().ok())
+                .with_context(|| format!("{path}: field {i}"))
+        };
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        Ok((tick(14)? + tick(15)?) * 1000.0 / hz)
+    }
+
     /// SIGINT (both tools end cleanly on it), then waits for the exit.
-    fn stop(mut self) -> Result<()> {
+    pub(super) fn stop(mut self) -> Result<()> {
         self.group.signal(libc::SIGINT);
         let deadline = Instant::now() + STOP_TIMEOUT;
         while self.group.0.try_wait()?.is_none() {
@@ -218,14 +240,18 @@ pub fn run(rounds: usize, loops: u64, vitalsd: PathBuf, baseline: Option<PathBuf
     println!("perf bench sched pipe -l {loops}, taskset -c 0, {rounds} interleaved rounds");
     let mut ops: HashMap<Config, Vec<f64>> = HashMap::new();
     let mut attach_s: HashMap<Config, Vec<f64>> = HashMap::new();
+    let mut tool_cpu_ms: HashMap<Config, Vec<f64>> = HashMap::new();
     for round in 0..rounds {
         // Rotate the order so drift on the shared host hits every config alike.
         for i in 0..configs.len() {
             let cfg = configs[(i + round) % configs.len()];
             let tool = Tool::start(cfg, &vitalsd, baseline.as_deref())?;
+            let cpu_before = tool.as_ref().map(|(t, _)| t.cpu_ms()).transpose()?;
             let result = perf_bench(loops);
             if let Some((t, took)) = tool {
                 attach_s.entry(cfg).or_default().push(took.as_secs_f64());
+                let used = t.cpu_ms()? - cpu_before.unwrap_or(0.0);
+                tool_cpu_ms.entry(cfg).or_default().push(used);
                 t.stop().with_context(|| cfg.name())?;
             }
             let o = result?;
@@ -233,11 +259,25 @@ pub fn run(rounds: usize, loops: u64, vitalsd: PathBuf, baseline: Option<PathBuf
             ops.entry(cfg).or_default().push(o);
         }
     }
-    report(&ops, rounds, &attach_s);
-    Ok(())
+    report(&ops, rounds, &attach_s, &tool_cpu_ms);
+    let mut measured = vec![
+        Config::VitalsdOffcpu,
+        Config::Vitalsd,
+        Config::VitalsdNoOffcpu,
+        Config::Offwaketime,
+    ];
+    if baseline.is_some() {
+        measured.push(Config::BaselineOffcpu);
+    }
+    super::cost::report(&measured, loops, &vitalsd, baseline.as_deref())
 }
 
-fn report(ops: &HashMap<Config, Vec<f64>>, rounds: usize, attach_s: &HashMap<Config, Vec<f64>>) {
+fn report(
+    ops: &HashMap<Config, Vec<f64>>,
+    rounds: usize,
+    attach_s: &HashMap<Config, Vec<f64>>,
+    tool_cpu_ms: &HashMap<Config, Vec<f64>>,
+) {
     let this = |c: Config, r: usize| ops[&c][r];
     let loss = |c: Config, r: usize| 1.0 - this(c, r) / this(Config::Nothing, r);
     let base = median(ops[&Config::Nothing].clone());
@@ -297,6 +337,13 @@ fn report(ops: &HashMap<Config, Vec<f64>>, rounds: usize, attach_s: &HashMap<Con
     println!(
         "always-on off-CPU accounting's cost (--no-offcpu minus default, % of nothing-attached ops/s, paired within each round): median {m:.1} points ({q1:.1} .. {q3:.1})"
     );
+    println!("the tool's own CPU during perf bench (its process, all threads; median, quartiles):");
+    let mut used: Vec<(&Config, &Vec<f64>)> = tool_cpu_ms.iter().collect();
+    used.sort_by_key(|(c, _)| c.name());
+    for (c, v) in used {
+        let (m, q1, q3) = spread(v.clone());
+        println!("  {:<28} {m:>6.0} ms ({q1:.0} .. {q3:.0})", c.name());
+    }
     println!("start-up, from launch to the marker (median, quartiles), not in the loss above:");
     let mut started: Vec<(&Config, &Vec<f64>)> = attach_s.iter().collect();
     started.sort_by_key(|(c, _)| c.name());

@@ -15,6 +15,7 @@
 //! `--accel tcg` emulates (slow: every figure is a TCG figure, see
 //! `Accel::Tcg`).
 
+mod cost;
 mod guest;
 mod rootfs;
 

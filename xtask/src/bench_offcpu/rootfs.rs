@@ -25,6 +25,8 @@ const PACKAGES: &[&str] = &[
     "initramfs-tools",
     "bpfcc-tools",
     "linux-perf",
+    // bpftool prog show: the per-program run time of cost.rs.
+    "bpftool",
     "util-linux",
     "procps",
     "kmod",
@@ -103,6 +105,7 @@ fn inspect(dir: &Path) -> Result<Rootfs> {
     for tool in [
         "usr/sbin/offwaketime-bpfcc",
         "usr/bin/perf",
+        "usr/sbin/bpftool",
         "usr/bin/taskset",
     ] {
         if !dir.join(tool).exists() {
