@@ -7,15 +7,44 @@
 //! prints beside the loss. The kernel's kprobe list says whether a kprobe
 //! went through ftrace (`[FTRACE]`) or a breakpoint.
 
-use std::{collections::HashSet, path::Path};
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
-use super::guest::{Config, Tool};
+use super::guest::{cpu_ms_of, Config, Tool, SUMMARY};
 use crate::bench_overhead::perf_bench;
-use crate::util::{bpf_progs, set_bpf_stats, ProgStat};
+use crate::util::{bpf_progs, set_bpf_stats, Group, ProgStat};
 
 const KPROBE_LIST: &str = "/sys/kernel/debug/kprobes/list";
+/// The profile's top symbols printed per tool.
+const PROFILE_LINES: usize = 40;
+
+fn tempfile_path(cfg: Config) -> PathBuf {
+    PathBuf::from(format!("/tmp/bench-offcpu-{:?}.perf", cfg))
+}
+
+/// Each thread of `pid`: its name and CPU so far (ms).
+fn thread_cpu_ms(pid: u32) -> BTreeMap<u32, (String, f64)> {
+    let mut out = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else {
+            continue;
+        };
+        let path = e.path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if let Ok(ms) = cpu_ms_of(&path.join("stat")) {
+            out.insert(tid, (comm.trim().to_owned(), ms));
+        }
+    }
+    out
+}
 
 pub(super) fn report(
     configs: &[Config],
@@ -32,7 +61,25 @@ pub(super) fn report(
                 continue;
             };
             let kprobes = std::fs::read_to_string(KPROBE_LIST).unwrap_or_default();
+            let pid = tool.pid();
+            let threads_before = thread_cpu_ms(pid);
+            // A profile of the tool's own process meanwhile, with callers
+            // (DWARF: the release build keeps no frame pointers), so each
+            // function's share includes what it called.
+            let profile = tempfile_path(cfg);
+            let mut perf = Group::spawn(
+                Command::new("perf")
+                    .args(["record", "-q", "-F", "299", "--call-graph", "dwarf,8192"])
+                    .args(["-p", &pid.to_string(), "-o"])
+                    .arg(&profile)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null()),
+            )
+            .context("starting perf record")?;
             let ops_per_s = perf_bench(loops)?;
+            perf.signal(libc::SIGINT);
+            let _ = perf.0.wait();
+            let threads_after = thread_cpu_ms(pid);
             let after = bpf_progs()?;
             tool.stop()?;
             let mut new: Vec<(u64, ProgStat)> = after
@@ -58,6 +105,33 @@ pub(super) fn report(
             }
             for line in kprobes.lines() {
                 println!("    kprobe: {line}");
+            }
+            for (tid, (comm, ms)) in &threads_after {
+                let before = threads_before.get(tid).map_or(0.0, |(_, b)| *b);
+                if ms - before > 0.0 {
+                    println!("    thread {tid} {comm}: {:.0} ms CPU", ms - before);
+                }
+            }
+            let report = Command::new("perf")
+                .args(["report", "--stdio", "-q", "--children", "-g", "none"])
+                .args(["--percent-limit", "3", "--sort", "sym", "-i"])
+                .arg(&profile)
+                .output();
+            if let Ok(out) = report {
+                for line in String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .take(PROFILE_LINES)
+                {
+                    println!("    profile: {}", line.trim());
+                }
+            }
+            let _ = std::fs::remove_file(&profile);
+            if cfg.vitalsd_args().is_some() {
+                let summary = std::fs::read_to_string(SUMMARY).unwrap_or_default();
+                for line in summary.lines().filter(|l| l.starts_with("capture:")) {
+                    println!("    {line}");
+                }
             }
         }
         Ok(())

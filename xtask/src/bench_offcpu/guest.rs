@@ -29,6 +29,8 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(600);
 /// Where the recordings go: the guest's disk, deleted after each run.
 const TRACE: &str = "/root/bench-offcpu.pftrace";
 const OFFWAKETIME: &str = "/usr/sbin/offwaketime-bpfcc";
+/// vitalsd's standard output, its summary at exit: the last run's.
+pub(super) const SUMMARY: &str = "/root/bench-offcpu-summary.txt";
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub(super) enum Config {
@@ -80,7 +82,7 @@ impl Config {
         }
     }
 
-    fn vitalsd_args(self) -> Option<&'static [&'static str]> {
+    pub(super) fn vitalsd_args(self) -> Option<&'static [&'static str]> {
         match self {
             Config::VitalsdOffcpu | Config::BaselineOffcpu => Some(&["--offcpu"]),
             Config::VitalsdOffcpuSched => Some(&["--offcpu", "--sched"]),
@@ -132,7 +134,10 @@ impl Tool {
             ])
             .args(args)
             .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
+            // Its summary (what the capture wrote) for `cost`'s report.
+            .stdout(Stdio::from(
+                std::fs::File::create(SUMMARY).with_context(|| format!("creating {SUMMARY}"))?,
+            ))
             .stderr(Stdio::piped());
             let g = Group::spawn(&mut c).context("starting vitalsd")?;
             (g, cfg.marker())
@@ -180,26 +185,15 @@ impl Tool {
         Ok(Some((Tool { group, reader }, took)))
     }
 
-    /// The tool's own CPU time so far (all its threads: utime + stime of
-    /// /proc/<pid>/stat), in ms. Under single-threaded TCG its vCPU's
-    /// time is taken from perf bench's, so it is part of the loss.
+    /// The tool's own CPU time so far (all its threads), in ms. Under
+    /// single-threaded TCG its vCPU's time is taken from perf bench's, so
+    /// it is part of the loss.
     fn cpu_ms(&self) -> Result<f64> {
-        let path = format!("/proc/{}/stat", self.group.0.id());
-        let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        // After the comm's ')': state is field 3, utime and stime 14 and 15.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
-        let tick = |i: usize| -> Result<f64> {
-            fields
-                .get(i - 3)
-                .and_then(|f| f.parse::<f64>().ok())
-                .with_context(|| format!("{path}: field {i}"))
-        };
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        Ok((tick(14)? + tick(15)?) * 1000.0 / hz)
+        cpu_ms_of(Path::new(&format!("/proc/{}/stat", self.pid())))
+    }
+
+    pub(super) fn pid(&self) -> u32 {
+        self.group.0.id()
     }
 
     /// SIGINT (both tools end cleanly on it), then waits for the exit.
@@ -217,6 +211,27 @@ impl Tool {
         let _ = std::fs::remove_file(TRACE);
         Ok(())
     }
+}
+
+/// utime + stime of a /proc stat file (a process's: all its threads; or
+/// one task's), in ms.
+pub(super) fn cpu_ms_of(path: &Path) -> Result<f64> {
+    let stat =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    // After the comm's ')': state is field 3, utime and stime 14 and 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let tick = |i: usize| -> Result<f64> {
+        fields
+            .get(i - 3)
+            .and_then(|f| f.parse::<f64>().ok())
+            .with_context(|| format!("{}: field {i}", path.display()))
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok((tick(14)? + tick(15)?) * 1000.0 / hz)
 }
 
 /// Median and quartiles (nearest rank) of `v`.
