@@ -24,13 +24,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use blazesym::symbolize::{source, Input, Symbolizer};
-use vitals_proto::protos::TracePacket;
-
 use crate::perfetto::fault_samples::{
-    stack_not_taken, synthetic_frame, FaultSamples, SampleFrame, SampleMapping,
-    KERNEL_STACK_NOT_TAKEN, OFFCPU_ROOT, USER_STACK_NOT_TAKEN, WAKER_ROOT,
+    stack_not_taken, synthetic_frame, FaultSamples, SampleBatch, SampleFrame, SampleMapping,
+    SampleRun, KERNEL_STACK_NOT_TAKEN, OFFCPU_ROOT, USER_STACK_NOT_TAKEN, WAKER_ROOT,
 };
+use blazesym::symbolize::{source, Input, Symbolizer};
 
 use super::{
     decode::{FaultRec, SampleKind},
@@ -159,21 +157,22 @@ impl FaultStacks {
         i64::from(id)
     }
 
-    /// Symbolises the pending samples and returns the packets to write:
-    /// the first carries the new interned data. `read_stack` reads a stack
+    /// Symbolises the pending samples and returns them to write, as runs
+    /// (`SampleBatch`): the first packet carries the new interned data.
+    /// `read_stack` reads a stack
     /// id from the kernel's stack-trace map. A sample with a frame to try
     /// again is held for the next call, unless `last` (the capture ends).
-    pub fn take_packets(
+    pub fn take_samples(
         &mut self,
         last: bool,
         read_stack: impl FnMut(u32) -> Option<Vec<u64>>,
-    ) -> Vec<TracePacket> {
+    ) -> SampleBatch {
         let pending = std::mem::take(&mut self.pending);
         self.resolve_pending(&pending, read_stack);
         if last {
             self.give_up_retries();
         }
-        let mut packets = Vec::with_capacity(pending.len());
+        let mut runs = Vec::with_capacity(pending.len());
         for f in pending {
             let ips = stack_ips(&self.stacks, f.stack_id);
             let frames = self.processes.get(&f.tgid);
@@ -219,16 +218,27 @@ impl FaultStacks {
                 .chain(kernel_missing.iter());
             // Interned once: a block of a second is a thousand samples.
             let callstack = self.samples.intern_stack(all);
-            packets.extend((0..repeat).map(|i| {
-                let ts = f.ts + i * OFFCPU_SAMPLE_NS;
-                FaultSamples::sample_of(ts, f.cpu, f.tgid, f.tid, callstack)
-            }));
+            runs.push(SampleRun {
+                ts_ns: f.ts,
+                step_ns: OFFCPU_SAMPLE_NS,
+                count: repeat,
+                cpu: f.cpu,
+                tgid: f.tgid,
+                tid: f.tid,
+                callstack_iid: callstack,
+            });
             if f.kind == SampleKind::Fault {
                 self.stats.samples_written += 1;
             }
         }
-        self.samples.attach_interned(&mut packets);
-        packets
+        // Interned entries go with the first packet; with no packet there
+        // are none (only a written sample interns).
+        let interned = if runs.is_empty() {
+            None
+        } else {
+            self.samples.take_interned()
+        };
+        SampleBatch::new(interned, runs)
     }
 
     /// The capture ends: frames still failing for a passing reason are

@@ -552,11 +552,12 @@ impl EventRecorder {
             }
         }
         let seq = NonZeroU32::new(SAMPLE_SEQUENCE_ID).expect("nonzero");
-        for p in self
+        for (first, step_ns, count) in self
             .faults
-            .take_packets(last, |id| transport::stack(acc, id).ok().flatten())
+            .take_samples(last, |id| transport::stack(acc, id).ok().flatten())
+            .runs()
         {
-            writer.write_packet_on_sequence(seq, p)?;
+            writer.write_run_on_sequence(seq, first, step_ns, count)?;
         }
         self.stats.fault = self.faults.stats;
         self.stats.user_stacks_at_switch_in = self.awaiting_user.resolved;

@@ -97,6 +97,70 @@ pub struct FaultSamples {
     fresh: InternedData,
 }
 
+/// Samples of one callstack at even steps: a fault sample (one), or an
+/// off-CPU block's, one a millisecond blocked. A flush keeps runs, not
+/// packets: a second of long blocks system-wide is thousands of samples,
+/// and a `TracePacket` is 896 bytes, so a flush's Vec of them was
+/// megabytes, fresh pages each time (most of an off-CPU capture's CPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampleRun {
+    pub ts_ns: u64,
+    pub step_ns: u64,
+    pub count: u64,
+    pub cpu: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    pub callstack_iid: Option<u64>,
+}
+
+/// What one flush writes on the sample sequence: its runs in order, the
+/// first packet carrying the interned entries they refer to.
+#[derive(Debug, Default)]
+pub struct SampleBatch {
+    interned: Option<InternedData>,
+    runs: Vec<SampleRun>,
+}
+
+impl SampleBatch {
+    pub fn new(interned: Option<InternedData>, runs: Vec<SampleRun>) -> Self {
+        Self { interned, runs }
+    }
+
+    /// How many packets `packets` yields.
+    pub fn packet_count(&self) -> u64 {
+        self.runs.iter().map(|r| r.count).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.packet_count() == 0
+    }
+
+    /// Each run as its first packet (the batch's first carrying the
+    /// interned entries), its step and its count: what
+    /// `TraceWriter::write_run_on_sequence` writes.
+    pub fn runs(self) -> impl Iterator<Item = (TracePacket, u64, u64)> {
+        let mut interned = self.interned;
+        self.runs.into_iter().map(move |r| {
+            let mut first = FaultSamples::sample_of(r.ts_ns, r.cpu, r.tgid, r.tid, r.callstack_iid);
+            first.interned_data = interned.take();
+            (first, r.step_ns, r.count)
+        })
+    }
+
+    /// Every packet, one by one, as `runs` stands for them.
+    pub fn packets(self) -> impl Iterator<Item = TracePacket> {
+        self.runs().flat_map(|(mut first, step_ns, count)| {
+            let mut interned = first.interned_data.take();
+            (0..count).map(move |i| {
+                let mut p = first.clone();
+                p.interned_data = interned.take();
+                p.timestamp = first.timestamp.map(|ts| ts + i * step_ns);
+                p
+            })
+        })
+    }
+}
+
 impl FaultSamples {
     pub fn new() -> Self {
         Self::default()
@@ -157,11 +221,15 @@ impl FaultSamples {
     /// ahead of every sample that refers to them.
     pub fn attach_interned(&mut self, packets: &mut [TracePacket]) {
         if let Some(first) = packets.first_mut() {
-            let fresh = std::mem::take(&mut self.fresh);
-            if fresh != InternedData::default() {
-                first.interned_data = Some(fresh);
-            }
+            first.interned_data = self.take_interned();
         }
+    }
+
+    /// The interned entries not yet written, for the first packet of what
+    /// refers to them; None when there are none.
+    pub fn take_interned(&mut self) -> Option<InternedData> {
+        let fresh = std::mem::take(&mut self.fresh);
+        (fresh != InternedData::default()).then_some(fresh)
     }
 
     fn intern_string(

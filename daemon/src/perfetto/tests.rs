@@ -602,3 +602,67 @@ fn perfetto_write_packet_stamps_sequence_and_first_flags() {
     assert_eq!(second.sequence_flags, Some(2));
     assert_eq!(second.first_packet_on_sequence, None);
 }
+
+/// A run of samples written at once is, packet for packet, what writing
+/// each sample on its own gives, read by prost and by the official schema
+/// (trace_summary.py): the copies' timestamp ahead of their shared fields
+/// changes nothing a reader sees.
+#[test]
+fn perfetto_run_of_samples_reads_as_its_samples_one_by_one() {
+    use prost::Message;
+    use protos::{trace_packet, InternedData, PerfSample, TracePacket};
+
+    let seq = std::num::NonZeroU32::new(7).unwrap();
+    let first = TracePacket {
+        timestamp: Some(1_000),
+        sequence_flags: Some(trace_packet::SequenceFlags::SeqNeedsIncrementalState as u32),
+        interned_data: Some(InternedData {
+            function_names: vec![protos::InternedString {
+                iid: Some(1),
+                str: Some(b"read".to_vec()),
+            }],
+            ..Default::default()
+        }),
+        data: Some(trace_packet::Data::PerfSample(PerfSample {
+            cpu: Some(1),
+            pid: Some(2),
+            tid: Some(3),
+            callstack_iid: Some(1),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let step_ns = 1_000_000;
+    let mut run = TraceWriter::new(Vec::new());
+    run.write_run_on_sequence(seq, first.clone(), step_ns, 4)
+        .unwrap();
+    let mut one_by_one = TraceWriter::new(Vec::new());
+    for i in 0..4 {
+        let mut p = first.clone();
+        if i > 0 {
+            p.interned_data = None;
+        }
+        p.timestamp = Some(1_000 + i * step_ns);
+        one_by_one.write_packet_on_sequence(seq, p).unwrap();
+    }
+    assert_eq!(run.packets_written(), 4);
+    assert_eq!(run.bytes_written(), one_by_one.bytes_written());
+    let (run, one_by_one) = (run.into_inner(), one_by_one.into_inner());
+    let decoded = |b: &[u8]| protos::Trace::decode(b).unwrap().packet;
+    let packets = decoded(&run);
+    assert_eq!(packets, decoded(&one_by_one));
+    // Only the first is the sequence's first, and carries the interned data.
+    assert_eq!(packets[0].first_packet_on_sequence, Some(true));
+    assert!(packets[1..]
+        .iter()
+        .all(|p| p.first_packet_on_sequence.is_none() && p.interned_data.is_none()));
+    assert_eq!(packets[3].timestamp, Some(1_000 + 3 * step_ns));
+    assert_eq!(summarize_bytes(&run), summarize_bytes(&one_by_one));
+
+    // One alone, or none.
+    let mut w = TraceWriter::new(Vec::new());
+    w.write_run_on_sequence(seq, first.clone(), step_ns, 1)
+        .unwrap();
+    w.write_run_on_sequence(seq, first, step_ns, 0).unwrap();
+    assert_eq!(w.packets_written(), 1);
+}

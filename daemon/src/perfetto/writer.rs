@@ -29,6 +29,8 @@ pub const DEFAULT_SEQUENCE_ID: u32 = 0x5649_5441; // "VITA"
 
 /// Field 1 (`Trace.packet`), wire type 2 (length-delimited): (1 << 3) | 2.
 const TRACE_PACKET_TAG: u8 = 0x0a;
+/// `TracePacket.timestamp`: field 8, varint.
+const TIMESTAMP_TAG: u8 = 8 << 3;
 
 /// Writes a Perfetto trace packet by packet to `W`.
 ///
@@ -552,8 +554,15 @@ impl<W: Write> TraceWriter<W> {
             return Err(PerfettoError::Poisoned);
         }
         let kind = packet_kind(&packet);
+        self.stamp(sequence_id, &mut packet);
+        self.encode_and_write(kind, packet)
+    }
+
+    /// What `emit_on` sets on every packet: the sequence id, and the
+    /// first-packet flags on a sequence's first.
+    fn stamp(&mut self, sequence_id: u32, packet: &mut TracePacket) {
         if self.for_service {
-            return self.emit_for_service(kind, packet);
+            return self.stamp_for_service(packet);
         }
         packet.trusted_packet_sequence_id = Some(sequence_id);
         if self.started.insert(sequence_id) {
@@ -566,16 +575,10 @@ impl<W: Write> TraceWriter<W> {
             packet.sequence_flags = Some(packet.sequence_flags.unwrap_or(0) | cleared);
             packet.first_packet_on_sequence = Some(true);
         }
-
-        self.encode_and_write(kind, packet)
     }
 
-    /// `emit_on` for [`TraceWriter::for_service`]: the sequence is the SDK's.
-    fn emit_for_service(
-        &mut self,
-        kind: &'static str,
-        mut packet: TracePacket,
-    ) -> Result<(), PerfettoError> {
+    /// `stamp` for [`TraceWriter::for_service`]: the sequence is the SDK's.
+    fn stamp_for_service(&mut self, packet: &mut TracePacket) {
         let mut flags = packet.sequence_flags.unwrap_or(0);
         if self.started.insert(self.sequence_id) {
             flags |= trace_packet::SequenceFlags::SeqIncrementalStateCleared as u32;
@@ -584,7 +587,61 @@ impl<W: Write> TraceWriter<W> {
             flags |= trace_packet::SequenceFlags::SeqNeedsIncrementalState as u32;
         }
         packet.sequence_flags = (flags != 0).then_some(flags);
-        self.encode_and_write(kind, packet)
+    }
+
+    /// `first`, then `count - 1` copies of it each `step_ns` later, on
+    /// `sequence_id` as `write_packet_on_sequence` would write them one by
+    /// one: a run of samples that differ only in their timestamp (an
+    /// off-CPU block is one a millisecond blocked). The copies' shared
+    /// fields are encoded once and each copy written as its timestamp
+    /// followed by them (a message's fields may come in any order):
+    /// building and encoding a TracePacket per sample was most of an
+    /// off-CPU capture's own CPU.
+    pub fn write_run_on_sequence(
+        &mut self,
+        sequence_id: NonZeroU32,
+        mut first: TracePacket,
+        step_ns: u64,
+        count: u64,
+    ) -> Result<(), PerfettoError> {
+        if count == 0 {
+            return Ok(());
+        }
+        let Some(first_ts) = first.timestamp else {
+            // No timestamp to step: `count` alike packets.
+            for _ in 1..count {
+                let mut copy = first.clone();
+                copy.interned_data = None;
+                self.emit_on(sequence_id.get(), copy)?;
+            }
+            return self.emit_on(sequence_id.get(), first);
+        };
+        // The copies: no interned data (the first carries it), no timestamp
+        // (each its own), and stamped after the first, so never with the
+        // first-packet flags.
+        let interned = first.interned_data.take();
+        let mut copy = first.clone();
+        first.interned_data = interned;
+        self.emit_on(sequence_id.get(), first)?;
+        if count == 1 {
+            return Ok(());
+        }
+        let kind = packet_kind(&copy);
+        copy.timestamp = None;
+        self.stamp(sequence_id.get(), &mut copy);
+        let shared = copy.encode_to_vec();
+        for i in 1..count {
+            let ts = first_ts + i * step_ns;
+            self.buf.clear();
+            self.buf.push(TRACE_PACKET_TAG);
+            let ts_field_len = 1 + prost::encoding::encoded_len_varint(ts);
+            prost::encoding::encode_varint((ts_field_len + shared.len()) as u64, &mut self.buf);
+            self.buf.push(TIMESTAMP_TAG);
+            prost::encoding::encode_varint(ts, &mut self.buf);
+            self.buf.extend_from_slice(&shared);
+            self.write_buf(kind)?;
+        }
+        Ok(())
     }
 
     fn encode_and_write(
@@ -597,7 +654,14 @@ impl<W: Write> TraceWriter<W> {
         packet
             .encode_length_delimited(&mut self.buf)
             .map_err(|source| PerfettoError::Encode { kind, source })?;
+        self.write_buf(kind)
+    }
 
+    /// Writes the record encoded in `buf`.
+    fn write_buf(&mut self, kind: &'static str) -> Result<(), PerfettoError> {
+        if self.poisoned {
+            return Err(PerfettoError::Poisoned);
+        }
         // One write_all per whole record: with a buffered W that reaches the
         // file in order, so after a crash the file holds whole packets plus at
         // most one torn tail, which readers report as truncated.

@@ -1,5 +1,16 @@
 use super::*;
-use vitals_proto::protos::trace_packet;
+use vitals_proto::protos::{trace_packet, TracePacket};
+
+impl FaultStacks {
+    /// The packets of `take_samples`, all at once.
+    fn take_packets(
+        &mut self,
+        last: bool,
+        read_stack: impl FnMut(u32) -> Option<Vec<u64>>,
+    ) -> Vec<TracePacket> {
+        self.take_samples(last, read_stack).packets().collect()
+    }
+}
 
 #[test]
 fn own_stack_is_symbolised_and_interned_once() {
@@ -65,6 +76,11 @@ fn a_long_block_weighs_its_blocked_ms_under_an_off_cpu_root() {
     assert_eq!((fs.stats.offcpu_blocks, fs.stats.offcpu_capped), (2, 1));
     let ts: Vec<u64> = packets[..4].iter().map(|p| p.timestamp.unwrap()).collect();
     assert_eq!(ts, [100, 1_000_100, 2_000_100, 3_500_100]);
+    // The capped block's last sample, 10 s less a millisecond in.
+    let last = packets.last().unwrap().timestamp;
+    assert_eq!(last, Some((OFFCPU_MAX_SAMPLES - 1) * OFFCPU_SAMPLE_NS));
+    // The interned entries once, ahead of every sample.
+    assert!(packets[1..].iter().all(|p| p.interned_data.is_none()));
     // Two callstacks, [off-cpu] > f and [waker] > f, their roots
     // the synthetic frames.
     let i = packets[0].interned_data.as_ref().expect("interned data");
