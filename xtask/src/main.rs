@@ -104,6 +104,8 @@ enum Cmd {
         vitalsd: PathBuf,
         #[arg(long)]
         baseline: Option<PathBuf>,
+        #[arg(long)]
+        settle_s: u64,
     },
     /// Benchmarks against the tools a user would pick instead.
     Bench {
@@ -154,6 +156,11 @@ enum Bench {
         /// rounds (before/after a change).
         #[arg(long)]
         baseline: Option<PathBuf>,
+        /// Seconds each tool runs at least after its start-up marker
+        /// before perf bench starts; then until its own CPU is quiet (a
+        /// capture's first flushes symbolise every process's stacks).
+        #[arg(long, default_value_t = 1)]
+        settle_s: u64,
     },
     /// procfs scans with 1000 processes / 5000 threads: vitalsd vs top, top -H, pidstat -t.
     Scan,
@@ -234,7 +241,8 @@ fn xtask_main() -> Result<()> {
             loops,
             vitalsd,
             baseline,
-        } => bench_offcpu::run_in_guest(rounds, loops, vitalsd, baseline),
+            settle_s,
+        } => bench_offcpu::run_in_guest(rounds, loops, vitalsd, baseline, settle_s),
         Cmd::Bench { which } => {
             setup::all()?;
             build_release()?;
@@ -258,7 +266,15 @@ fn xtask_main() -> Result<()> {
                     accel,
                     timeout_min,
                     baseline,
-                } => bench_offcpu::run(rounds, loops, accel, timeout_min, baseline.as_deref()),
+                    settle_s,
+                } => bench_offcpu::run(
+                    rounds,
+                    loops,
+                    accel,
+                    timeout_min,
+                    baseline.as_deref(),
+                    settle_s,
+                ),
                 Bench::Idle { seconds, baseline } => bench_idle::run(seconds, baseline),
                 Bench::AlwaysOn {
                     seconds,

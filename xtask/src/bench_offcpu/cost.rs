@@ -51,13 +51,14 @@ pub(super) fn report(
     loops: u64,
     vitalsd: &Path,
     baseline: Option<&Path>,
+    settle: std::time::Duration,
 ) -> Result<()> {
     println!("\nper-program cost (kernel.bpf_stats_enabled=1, one more run each; run_time_ns / run_cnt):");
     set_bpf_stats(true)?;
     let result = (|| -> Result<()> {
         for &cfg in configs {
             let before: HashSet<u64> = bpf_progs()?.into_keys().collect();
-            let Some((tool, _)) = Tool::start(cfg, vitalsd, baseline)? else {
+            let Some((tool, ..)) = Tool::start(cfg, vitalsd, baseline, settle)? else {
                 continue;
             };
             let kprobes = std::fs::read_to_string(KPROBE_LIST).unwrap_or_default();
@@ -69,7 +70,7 @@ pub(super) fn report(
             let profile = tempfile_path(cfg);
             let mut perf = Group::spawn(
                 Command::new("perf")
-                    .args(["record", "-q", "-F", "299", "--call-graph", "dwarf,8192"])
+                    .args(["record", "-q", "-F", "999", "--call-graph", "fp"])
                     .args(["-p", &pid.to_string(), "-o"])
                     .arg(&profile)
                     .stdout(Stdio::null())
@@ -88,7 +89,7 @@ pub(super) fn report(
                 .collect();
             new.sort_by_key(|(id, _)| *id);
             let bpf_ns: u64 = new.iter().map(|(_, p)| p.run_time_ns).sum();
-            // The programs also ran outside perf bench (start-up, SETTLE):
+            // The programs also ran outside perf bench (start-up, settling):
             // an upper bound on what they took from it.
             println!(
                 "  {} ({ops_per_s:.0} ops/s): {:.0} ns of BPF per perf bench op, at most",

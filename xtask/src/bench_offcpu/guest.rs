@@ -22,10 +22,16 @@ use crate::util::Group;
 /// bcc's front end (clang) compiles offwaketime's C at start: seconds on
 /// a CPU, over 100 s under TCG on a loaded host.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(900);
-/// Every tool's wait after its marker, before perf bench starts.
-const SETTLE: Duration = Duration::from_secs(1);
 /// offwaketime symbolises and prints every stack it kept when stopped.
 const STOP_TIMEOUT: Duration = Duration::from_secs(600);
+/// A tool's start-up has ended once its process used less than this
+/// CPU over `QUIET_WINDOW` (a sixth of a vCPU: vitalsd's steady state
+/// under TCG is 30-100 ms a second, its capture's first flushes several
+/// hundred).
+const QUIET_CPU_MS: f64 = 170.0;
+const QUIET_WINDOW: Duration = Duration::from_secs(1);
+/// How long a tool may take to quiet down after its marker.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Where the recordings go: the guest's disk, deleted after each run.
 const TRACE: &str = "/root/bench-offcpu.pftrace";
 const OFFWAKETIME: &str = "/usr/sbin/offwaketime-bpfcc";
@@ -109,13 +115,14 @@ pub(super) struct Tool {
 }
 
 impl Tool {
-    /// Starts `cfg` and returns once its programs are attached, with the
-    /// time that took.
+    /// Starts `cfg` and returns once its programs are attached and its
+    /// start-up is over (`settle`), with the time each took.
     pub(super) fn start(
         cfg: Config,
         vitalsd: &Path,
         baseline: Option<&Path>,
-    ) -> Result<Option<(Tool, Duration)>> {
+        settle: Duration,
+    ) -> Result<Option<(Tool, Duration, Duration)>> {
         let started = Instant::now();
         let (mut group, marker) = if let Some(args) = cfg.vitalsd_args() {
             let bin = match cfg {
@@ -178,11 +185,38 @@ impl Tool {
             );
         }
         let took = started.elapsed();
-        // One-time work right after the marker (vitalsd's first sampling
-        // tick and process naming, a capture's first drain) is start-up,
-        // reported as the time to the marker, not steady-state loss.
-        std::thread::sleep(SETTLE);
-        Ok(Some((Tool { group, reader }, took)))
+        let tool = Tool { group, reader };
+        let settled = tool.settle(cfg, settle)?;
+        Ok(Some((tool, took, settled)))
+    }
+
+    /// Waits out the tool's one-time work after its marker: at least
+    /// `least`, then until its own CPU over the last second is below
+    /// `QUIET_CPU_MS`. That work is start-up, not steady-state loss:
+    /// vitalsd's first sampling tick and process naming, and a capture's
+    /// first flushes, which symbolise the stacks of every process whose
+    /// block ended since it started (seconds under TCG; one-time per
+    /// process image). offwaketime symbolises only after it is stopped.
+    fn settle(&self, cfg: Config, least: Duration) -> Result<Duration> {
+        let started = Instant::now();
+        std::thread::sleep(least);
+        let mut before = self.cpu_ms()?;
+        loop {
+            std::thread::sleep(QUIET_WINDOW);
+            let now = self.cpu_ms()?;
+            if now - before < QUIET_CPU_MS {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > SETTLE_TIMEOUT {
+                bail!(
+                    "{} still used {:.0} ms of CPU a second {} s after its start-up",
+                    cfg.name(),
+                    now - before,
+                    SETTLE_TIMEOUT.as_secs()
+                );
+            }
+            before = now;
+        }
     }
 
     /// The tool's own CPU time so far (all its threads), in ms. Under
@@ -234,6 +268,16 @@ pub(super) fn cpu_ms_of(path: &Path) -> Result<f64> {
     Ok((tick(14)? + tick(15)?) * 1000.0 / hz)
 }
 
+/// Per config, the median and quartiles of CPU figures in ms.
+fn print_cpu(cpu_ms: &HashMap<Config, Vec<f64>>) {
+    let mut rows: Vec<(&Config, &Vec<f64>)> = cpu_ms.iter().collect();
+    rows.sort_by_key(|(c, _)| c.name());
+    for (c, v) in rows {
+        let (m, q1, q3) = spread(v.clone());
+        println!("  {:<28} {m:>6.0} ms ({q1:.0} .. {q3:.0})", c.name());
+    }
+}
+
 /// Median and quartiles (nearest rank) of `v`.
 fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -241,7 +285,14 @@ fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
     (median(v.clone()), q(0.25), q(0.75))
 }
 
-pub fn run(rounds: usize, loops: u64, vitalsd: PathBuf, baseline: Option<PathBuf>) -> Result<()> {
+pub fn run(
+    rounds: usize,
+    loops: u64,
+    vitalsd: PathBuf,
+    baseline: Option<PathBuf>,
+    least_settle_s: u64,
+) -> Result<()> {
+    let settle = Duration::from_secs(least_settle_s);
     anyhow::ensure!(rounds > 0, "--rounds must be at least 1");
     let mut configs = CONFIGS.to_vec();
     if baseline.is_some() {
@@ -252,21 +303,30 @@ pub fn run(rounds: usize, loops: u64, vitalsd: PathBuf, baseline: Option<PathBuf
         std::fs::read_to_string("/proc/sys/kernel/osrelease")?.trim(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    println!("perf bench sched pipe -l {loops}, taskset -c 0, {rounds} interleaved rounds");
+    println!(
+        "perf bench sched pipe -l {loops}, taskset -c 0, {rounds} interleaved rounds, each after its tool's start-up, at least {least_settle_s} s and until its own CPU is below {QUIET_CPU_MS} ms a second"
+    );
     let mut ops: HashMap<Config, Vec<f64>> = HashMap::new();
     let mut attach_s: HashMap<Config, Vec<f64>> = HashMap::new();
     let mut tool_cpu_ms: HashMap<Config, Vec<f64>> = HashMap::new();
+    let mut startup_cpu_ms: HashMap<Config, Vec<f64>> = HashMap::new();
+    let mut settle_s: HashMap<Config, Vec<f64>> = HashMap::new();
     for round in 0..rounds {
         // Rotate the order so drift on the shared host hits every config alike.
         for i in 0..configs.len() {
             let cfg = configs[(i + round) % configs.len()];
-            let tool = Tool::start(cfg, &vitalsd, baseline.as_deref())?;
-            let cpu_before = tool.as_ref().map(|(t, _)| t.cpu_ms()).transpose()?;
+            let tool = Tool::start(cfg, &vitalsd, baseline.as_deref(), settle)?;
+            let cpu_before = tool.as_ref().map(|(t, ..)| t.cpu_ms()).transpose()?;
             let result = perf_bench(loops);
-            if let Some((t, took)) = tool {
+            if let Some((t, took, settled)) = tool {
                 attach_s.entry(cfg).or_default().push(took.as_secs_f64());
-                let used = t.cpu_ms()? - cpu_before.unwrap_or(0.0);
-                tool_cpu_ms.entry(cfg).or_default().push(used);
+                settle_s.entry(cfg).or_default().push(settled.as_secs_f64());
+                let before = cpu_before.unwrap_or(0.0);
+                startup_cpu_ms.entry(cfg).or_default().push(before);
+                tool_cpu_ms
+                    .entry(cfg)
+                    .or_default()
+                    .push(t.cpu_ms()? - before);
                 t.stop().with_context(|| cfg.name())?;
             }
             let o = result?;
@@ -274,7 +334,14 @@ pub fn run(rounds: usize, loops: u64, vitalsd: PathBuf, baseline: Option<PathBuf
             ops.entry(cfg).or_default().push(o);
         }
     }
-    report(&ops, rounds, &attach_s, &tool_cpu_ms);
+    report(&ops, rounds, &attach_s, &tool_cpu_ms, &startup_cpu_ms);
+    println!("settling, from the marker until the tool's own CPU was quiet (median, quartiles), not in the loss above:");
+    let mut settled: Vec<(&Config, &Vec<f64>)> = settle_s.iter().collect();
+    settled.sort_by_key(|(c, _)| c.name());
+    for (c, v) in settled {
+        let (m, q1, q3) = spread(v.clone());
+        println!("  {:<28} {m:.1} s ({q1:.1} .. {q3:.1})", c.name());
+    }
     let mut measured = vec![
         Config::VitalsdOffcpu,
         Config::Vitalsd,
@@ -284,7 +351,7 @@ pub fn run(rounds: usize, loops: u64, vitalsd: PathBuf, baseline: Option<PathBuf
     if baseline.is_some() {
         measured.push(Config::BaselineOffcpu);
     }
-    super::cost::report(&measured, loops, &vitalsd, baseline.as_deref())
+    super::cost::report(&measured, loops, &vitalsd, baseline.as_deref(), settle)
 }
 
 fn report(
@@ -292,6 +359,7 @@ fn report(
     rounds: usize,
     attach_s: &HashMap<Config, Vec<f64>>,
     tool_cpu_ms: &HashMap<Config, Vec<f64>>,
+    startup_cpu_ms: &HashMap<Config, Vec<f64>>,
 ) {
     let this = |c: Config, r: usize| ops[&c][r];
     let loss = |c: Config, r: usize| 1.0 - this(c, r) / this(Config::Nothing, r);
@@ -353,12 +421,9 @@ fn report(
         "always-on off-CPU accounting's cost (--no-offcpu minus default, % of nothing-attached ops/s, paired within each round): median {m:.1} points ({q1:.1} .. {q3:.1})"
     );
     println!("the tool's own CPU during perf bench (its process, all threads; median, quartiles):");
-    let mut used: Vec<(&Config, &Vec<f64>)> = tool_cpu_ms.iter().collect();
-    used.sort_by_key(|(c, _)| c.name());
-    for (c, v) in used {
-        let (m, q1, q3) = spread(v.clone());
-        println!("  {:<28} {m:>6.0} ms ({q1:.0} .. {q3:.0})", c.name());
-    }
+    print_cpu(tool_cpu_ms);
+    println!("the tool's own CPU before perf bench: its start-up and the settling after it (median, quartiles):");
+    print_cpu(startup_cpu_ms);
     println!("start-up, from launch to the marker (median, quartiles), not in the loss above:");
     let mut started: Vec<(&Config, &Vec<f64>)> = attach_s.iter().collect();
     started.sort_by_key(|(c, _)| c.name());

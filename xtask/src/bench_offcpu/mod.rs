@@ -90,7 +90,7 @@ fn kvm_problem() -> Option<String> {
 /// The baseline build's name in the guest's bench directory.
 const BASELINE_BIN: &str = "vitalsd-baseline";
 
-fn init_script(rounds: usize, loops: u64, baseline: bool) -> String {
+fn init_script(rounds: usize, loops: u64, baseline: bool, settle_s: u64) -> String {
     let dir = rootfs::BENCH_DIR;
     let baseline = if baseline {
         format!(" --baseline /{dir}/{BASELINE_BIN}")
@@ -107,7 +107,7 @@ mount -t tmpfs tmpfs /tmp
 mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
-/{dir}/xtask bench-offcpu-guest --rounds {rounds} --loops {loops} --vitalsd /{dir}/vitalsd{baseline}
+/{dir}/xtask bench-offcpu-guest --rounds {rounds} --loops {loops} --settle-s {settle_s} --vitalsd /{dir}/vitalsd{baseline}
 echo "@@bench exit $?"
 dmesg | grep -iE 'bug|warn|oops|call trace|hung' | tail -n 20
 sync
@@ -127,6 +127,7 @@ pub fn run(
     accel: Accel,
     timeout_min: u64,
     baseline: Option<&Path>,
+    settle_s: u64,
 ) -> Result<()> {
     if let Some(b) = baseline {
         anyhow::ensure!(b.is_file(), "--baseline {}: no such file", b.display());
@@ -149,7 +150,7 @@ pub fn run(
     rootfs::pack(
         &root,
         &files,
-        &init_script(rounds, loops, baseline.is_some()),
+        &init_script(rounds, loops, baseline.is_some(), settle_s),
         &image,
         2048,
     )?;
