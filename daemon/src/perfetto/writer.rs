@@ -20,6 +20,8 @@ use super::types::{
 };
 use crate::clock::ClockPair;
 
+mod run;
+
 /// `trusted_packet_sequence_id` of every packet a [`TraceWriter::new`] writes.
 ///
 /// traced normally assigns this per producer writer, starting at 1; we pick a
@@ -29,8 +31,6 @@ pub const DEFAULT_SEQUENCE_ID: u32 = 0x5649_5441; // "VITA"
 
 /// Field 1 (`Trace.packet`), wire type 2 (length-delimited): (1 << 3) | 2.
 const TRACE_PACKET_TAG: u8 = 0x0a;
-/// `TracePacket.timestamp`: field 8, varint.
-const TIMESTAMP_TAG: u8 = 8 << 3;
 
 /// Writes a Perfetto trace packet by packet to `W`.
 ///
@@ -587,61 +587,6 @@ impl<W: Write> TraceWriter<W> {
             flags |= trace_packet::SequenceFlags::SeqNeedsIncrementalState as u32;
         }
         packet.sequence_flags = (flags != 0).then_some(flags);
-    }
-
-    /// `first`, then `count - 1` copies of it each `step_ns` later, on
-    /// `sequence_id` as `write_packet_on_sequence` would write them one by
-    /// one: a run of samples that differ only in their timestamp (an
-    /// off-CPU block is one a millisecond blocked). The copies' shared
-    /// fields are encoded once and each copy written as its timestamp
-    /// followed by them (a message's fields may come in any order):
-    /// building and encoding a TracePacket per sample was most of an
-    /// off-CPU capture's own CPU.
-    pub fn write_run_on_sequence(
-        &mut self,
-        sequence_id: NonZeroU32,
-        mut first: TracePacket,
-        step_ns: u64,
-        count: u64,
-    ) -> Result<(), PerfettoError> {
-        if count == 0 {
-            return Ok(());
-        }
-        let Some(first_ts) = first.timestamp else {
-            // No timestamp to step: `count` alike packets.
-            for _ in 1..count {
-                let mut copy = first.clone();
-                copy.interned_data = None;
-                self.emit_on(sequence_id.get(), copy)?;
-            }
-            return self.emit_on(sequence_id.get(), first);
-        };
-        // The copies: no interned data (the first carries it), no timestamp
-        // (each its own), and stamped after the first, so never with the
-        // first-packet flags.
-        let interned = first.interned_data.take();
-        let mut copy = first.clone();
-        first.interned_data = interned;
-        self.emit_on(sequence_id.get(), first)?;
-        if count == 1 {
-            return Ok(());
-        }
-        let kind = packet_kind(&copy);
-        copy.timestamp = None;
-        self.stamp(sequence_id.get(), &mut copy);
-        let shared = copy.encode_to_vec();
-        for i in 1..count {
-            let ts = first_ts + i * step_ns;
-            self.buf.clear();
-            self.buf.push(TRACE_PACKET_TAG);
-            let ts_field_len = 1 + prost::encoding::encoded_len_varint(ts);
-            prost::encoding::encode_varint((ts_field_len + shared.len()) as u64, &mut self.buf);
-            self.buf.push(TIMESTAMP_TAG);
-            prost::encoding::encode_varint(ts, &mut self.buf);
-            self.buf.extend_from_slice(&shared);
-            self.write_buf(kind)?;
-        }
-        Ok(())
     }
 
     fn encode_and_write(
