@@ -24,11 +24,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use blazesym::symbolize::{source, Input, Symbolizer};
+
 use crate::perfetto::fault_samples::{
     stack_not_taken, synthetic_frame, FaultSamples, SampleBatch, SampleFrame, SampleMapping,
     SampleRun, KERNEL_STACK_NOT_TAKEN, OFFCPU_ROOT, USER_STACK_NOT_TAKEN, WAKER_ROOT,
 };
-use blazesym::symbolize::{source, Input, Symbolizer};
 
 use super::{
     decode::{FaultRec, SampleKind},
@@ -159,9 +160,9 @@ impl FaultStacks {
 
     /// Symbolises the pending samples and returns them to write, as runs
     /// (`SampleBatch`): the first packet carries the new interned data.
-    /// `read_stack` reads a stack
-    /// id from the kernel's stack-trace map. A sample with a frame to try
-    /// again is held for the next call, unless `last` (the capture ends).
+    /// `read_stack` reads a stack id from the kernel's stack-trace map. A
+    /// sample with a frame to try again is held for the next call, unless
+    /// `last` (the capture ends).
     pub fn take_samples(
         &mut self,
         last: bool,

@@ -101,7 +101,8 @@ pub struct FaultSamples {
 /// off-CPU block's, one a millisecond blocked. A flush keeps runs, not
 /// packets: a second of long blocks system-wide is thousands of samples,
 /// and a `TracePacket` is 896 bytes, so a flush's Vec of them was
-/// megabytes, fresh pages each time (most of an off-CPU capture's CPU).
+/// megabytes of fresh pages each time (with their encoding, half of an
+/// off-CPU capture's own CPU in the guest bench's profile).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SampleRun {
     pub ts_ns: u64,
@@ -124,15 +125,6 @@ pub struct SampleBatch {
 impl SampleBatch {
     pub fn new(interned: Option<InternedData>, runs: Vec<SampleRun>) -> Self {
         Self { interned, runs }
-    }
-
-    /// How many packets `packets` yields.
-    pub fn packet_count(&self) -> u64 {
-        self.runs.iter().map(|r| r.count).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.packet_count() == 0
     }
 
     /// Each run as its first packet (the batch's first carrying the

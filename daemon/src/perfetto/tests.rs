@@ -666,3 +666,35 @@ fn perfetto_run_of_samples_reads_as_its_samples_one_by_one() {
     w.write_run_on_sequence(seq, first, step_ns, 0).unwrap();
     assert_eq!(w.packets_written(), 1);
 }
+
+/// A run without a timestamp is `count` alike packets, the one with the
+/// interned data (and the sequence's first-packet flags) ahead.
+#[test]
+fn perfetto_run_without_timestamp_writes_its_first_ahead() {
+    use prost::Message;
+    use protos::{trace_packet, InternedData, TracePacket};
+
+    let seq = std::num::NonZeroU32::new(7).unwrap();
+    let first = TracePacket {
+        interned_data: Some(InternedData {
+            function_names: vec![protos::InternedString {
+                iid: Some(1),
+                str: Some(b"read".to_vec()),
+            }],
+            ..Default::default()
+        }),
+        data: Some(trace_packet::Data::PerfSample(Default::default())),
+        ..Default::default()
+    };
+    let mut w = TraceWriter::new(Vec::new());
+    w.write_run_on_sequence(seq, first, 1_000, 3).unwrap();
+    let packets = protos::Trace::decode(w.into_inner().as_slice())
+        .unwrap()
+        .packet;
+    assert_eq!(packets.len(), 3);
+    assert!(packets[0].interned_data.is_some());
+    assert_eq!(packets[0].first_packet_on_sequence, Some(true));
+    assert!(packets[1..]
+        .iter()
+        .all(|p| p.interned_data.is_none() && p.timestamp.is_none()));
+}

@@ -19,8 +19,9 @@ impl<W: Write> TraceWriter<W> {
     /// off-CPU block is one a millisecond blocked). The copies' shared
     /// fields are encoded once and each copy written as its timestamp
     /// followed by them (a message's fields may come in any order):
-    /// building and encoding a TracePacket per sample was most of an
-    /// off-CPU capture's own CPU.
+    /// building and encoding a TracePacket per sample was, with the Vec
+    /// that held them, half of an off-CPU capture's own CPU in the guest
+    /// bench's profile.
     pub fn write_run_on_sequence(
         &mut self,
         sequence_id: NonZeroU32,
@@ -32,13 +33,15 @@ impl<W: Write> TraceWriter<W> {
             return Ok(());
         }
         let Some(first_ts) = first.timestamp else {
-            // No timestamp to step: `count` alike packets.
+            // No timestamp to step: `count` alike packets, the first (with
+            // the interned data) ahead of the copies.
+            let mut copy = first.clone();
+            copy.interned_data = None;
+            self.emit_on(sequence_id.get(), first)?;
             for _ in 1..count {
-                let mut copy = first.clone();
-                copy.interned_data = None;
-                self.emit_on(sequence_id.get(), copy)?;
+                self.emit_on(sequence_id.get(), copy.clone())?;
             }
-            return self.emit_on(sequence_id.get(), first);
+            return Ok(());
         };
         // The copies: no interned data (the first carries it), no timestamp
         // (each its own), and stamped after the first, so never with the
