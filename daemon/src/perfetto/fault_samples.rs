@@ -138,19 +138,6 @@ impl SampleBatch {
             (first, r.step_ns, r.count)
         })
     }
-
-    /// Every packet, one by one, as `runs` stands for them.
-    pub fn packets(self) -> impl Iterator<Item = TracePacket> {
-        self.runs().flat_map(|(mut first, step_ns, count)| {
-            let mut interned = first.interned_data.take();
-            (0..count).map(move |i| {
-                let mut p = first.clone();
-                p.interned_data = interned.take();
-                p.timestamp = first.timestamp.map(|ts| ts + i * step_ns);
-                p
-            })
-        })
-    }
 }
 
 impl FaultSamples {
@@ -158,23 +145,8 @@ impl FaultSamples {
         Self::default()
     }
 
-    /// The PerfSample packet of one user-mode fault; `frames` outermost
-    /// first, none when the sample has no stack. Its new interned entries
-    /// wait for `attach_interned`.
-    pub fn sample_packet<'a>(
-        &mut self,
-        ts_ns: u64,
-        cpu: u32,
-        tgid: u32,
-        tid: u32,
-        frames: impl IntoIterator<Item = &'a SampleFrame>,
-    ) -> TracePacket {
-        let callstack_iid = self.intern_stack(frames);
-        Self::sample_of(ts_ns, cpu, tgid, tid, callstack_iid)
-    }
-
     /// The callstack of `frames` (outermost first), interned: None for no
-    /// frames. Its new entries wait for `attach_interned`.
+    /// frames. Its new entries wait for `take_interned`.
     pub fn intern_stack<'a>(
         &mut self,
         frames: impl IntoIterator<Item = &'a SampleFrame>,
@@ -206,14 +178,6 @@ impl FaultSamples {
                 ..Default::default()
             })),
             ..Default::default()
-        }
-    }
-
-    /// Puts the interned entries not yet written on the first of `packets`,
-    /// ahead of every sample that refers to them.
-    pub fn attach_interned(&mut self, packets: &mut [TracePacket]) {
-        if let Some(first) = packets.first_mut() {
-            first.interned_data = self.take_interned();
         }
     }
 
@@ -337,6 +301,27 @@ mod tests {
         }
     }
 
+    /// The PerfSample packet of one user-mode fault; its new interned
+    /// entries wait for `attach_interned`.
+    fn sample_packet<'a>(
+        s: &mut FaultSamples,
+        ts_ns: u64,
+        cpu: u32,
+        tgid: u32,
+        tid: u32,
+        frames: impl IntoIterator<Item = &'a SampleFrame>,
+    ) -> TracePacket {
+        let callstack_iid = s.intern_stack(frames);
+        FaultSamples::sample_of(ts_ns, cpu, tgid, tid, callstack_iid)
+    }
+
+    /// The interned entries not yet written, on the first of `packets`.
+    fn attach_interned(s: &mut FaultSamples, packets: &mut [TracePacket]) {
+        if let Some(first) = packets.first_mut() {
+            first.interned_data = s.take_interned();
+        }
+    }
+
     fn callstack_iid(p: &TracePacket) -> Option<u64> {
         match &p.data {
             Some(trace_packet::Data::PerfSample(s)) => s.callstack_iid,
@@ -350,11 +335,11 @@ mod tests {
         let leaf = frame("/usr/lib/libc.so", None, None, 0x20);
         let mut s = FaultSamples::new();
         let mut packets = vec![
-            s.sample_packet(10, 0, 7, 8, [&main, &leaf]),
-            s.sample_packet(20, 1, 7, 8, [&main, &leaf]),
-            s.sample_packet(30, 1, 7, 8, []),
+            sample_packet(&mut s, 10, 0, 7, 8, [&main, &leaf]),
+            sample_packet(&mut s, 20, 1, 7, 8, [&main, &leaf]),
+            sample_packet(&mut s, 30, 1, 7, 8, []),
         ];
-        s.attach_interned(&mut packets);
+        attach_interned(&mut s, &mut packets);
         assert_eq!(callstack_iid(&packets[0]), Some(1));
         assert_eq!(callstack_iid(&packets[1]), Some(1));
         assert_eq!(callstack_iid(&packets[2]), None);
@@ -379,8 +364,8 @@ mod tests {
 
         // A later flush writes only what is new.
         let other = frame("/usr/bin/app", Some(b"\x01\x02"), Some("other"), 0x30);
-        let mut later = vec![s.sample_packet(40, 0, 7, 8, [&main, &other])];
-        s.attach_interned(&mut later);
+        let mut later = vec![sample_packet(&mut s, 40, 0, 7, 8, [&main, &other])];
+        attach_interned(&mut s, &mut later);
         assert_eq!(callstack_iid(&later[0]), Some(2));
         let i = later[0].interned_data.as_ref().expect("interned data");
         assert!(i.mappings.is_empty() && i.build_ids.is_empty());

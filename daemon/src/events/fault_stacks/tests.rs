@@ -8,7 +8,20 @@ impl FaultStacks {
         last: bool,
         read_stack: impl FnMut(u32) -> Option<Vec<u64>>,
     ) -> Vec<TracePacket> {
-        self.take_samples(last, read_stack).packets().collect()
+        // Each run's copies as write_run_on_sequence writes them (a
+        // writer test holds the two alike): the first's timestamp stepped.
+        let mut packets = Vec::new();
+        for (first, step_ns, count) in self.take_samples(last, read_stack).runs() {
+            for i in 0..count {
+                let mut p = first.clone();
+                if i > 0 {
+                    p.interned_data = None;
+                    p.timestamp = first.timestamp.map(|ts| ts + i * step_ns);
+                }
+                packets.push(p);
+            }
+        }
+        packets
     }
 }
 
