@@ -27,23 +27,17 @@ fn tempfile_path(cfg: Config) -> PathBuf {
     PathBuf::from(format!("/tmp/bench-offcpu-{:?}.perf", cfg))
 }
 
-/// Each thread of `pid`: its name and CPU so far (ms).
+/// Each thread of `pid`: its name and CPU so far (ms); none once the
+/// process is gone.
 fn thread_cpu_ms(pid: u32) -> BTreeMap<u32, (String, f64)> {
-    let mut out = BTreeMap::new();
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
+    let Ok(tasks) = procfs::process::Process::new(pid as i32).and_then(|p| p.tasks()) else {
+        return BTreeMap::new();
     };
-    for e in dir.flatten() {
-        let Some(tid) = e.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else {
-            continue;
-        };
-        let path = e.path();
-        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        if let Ok(ms) = cpu_ms_of(&path.join("stat")) {
-            out.insert(tid, (comm.trim().to_owned(), ms));
-        }
-    }
-    out
+    tasks
+        .flatten()
+        .filter_map(|t| t.stat().ok())
+        .map(|st| (st.pid as u32, (st.comm.clone(), cpu_ms_of(&st))))
+        .collect()
 }
 
 pub(super) fn report(

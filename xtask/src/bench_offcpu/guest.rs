@@ -223,7 +223,11 @@ impl Tool {
     /// single-threaded TCG its vCPU's time is taken from perf bench's, so
     /// it is part of the loss.
     fn cpu_ms(&self) -> Result<f64> {
-        cpu_ms_of(Path::new(&format!("/proc/{}/stat", self.pid())))
+        let pid = self.pid();
+        let stat = procfs::process::Process::new(pid as i32)
+            .and_then(|p| p.stat())
+            .with_context(|| format!("reading /proc/{pid}/stat"))?;
+        Ok(cpu_ms_of(&stat))
     }
 
     pub(super) fn pid(&self) -> u32 {
@@ -247,34 +251,25 @@ impl Tool {
     }
 }
 
-/// utime + stime of a /proc stat file (a process's: all its threads; or
-/// one task's), in ms.
-pub(super) fn cpu_ms_of(path: &Path) -> Result<f64> {
-    let stat =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    // After the comm's ')': state is field 3, utime and stime 14 and 15.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let tick = |i: usize| -> Result<f64> {
-        fields
-            .get(i - 3)
-            .and_then(|f| f.parse::<f64>().ok())
-            .with_context(|| format!("{}: field {i}", path.display()))
-    };
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Ok((tick(14)? + tick(15)?) * 1000.0 / hz)
+/// utime + stime of a /proc stat (a process's: all its threads; or one
+/// task's), in ms.
+pub(super) fn cpu_ms_of(stat: &procfs::process::Stat) -> f64 {
+    (stat.utime + stat.stime) as f64 * 1000.0 / procfs::ticks_per_second() as f64
 }
 
 /// Per config, the median and quartiles of CPU figures in ms.
 fn print_cpu(cpu_ms: &HashMap<Config, Vec<f64>>) {
-    let mut rows: Vec<(&Config, &Vec<f64>)> = cpu_ms.iter().collect();
+    print_spreads(cpu_ms, |c, (m, q1, q3)| {
+        format!("  {:<28} {m:>6.0} ms ({q1:.0} .. {q3:.0})", c.name())
+    });
+}
+
+/// Per config, by name, one line of the median and quartiles of `v`.
+fn print_spreads(v: &HashMap<Config, Vec<f64>>, line: impl Fn(Config, (f64, f64, f64)) -> String) {
+    let mut rows: Vec<(&Config, &Vec<f64>)> = v.iter().collect();
     rows.sort_by_key(|(c, _)| c.name());
     for (c, v) in rows {
-        let (m, q1, q3) = spread(v.clone());
-        println!("  {:<28} {m:>6.0} ms ({q1:.0} .. {q3:.0})", c.name());
+        println!("{}", line(*c, spread(v.clone())));
     }
 }
 
@@ -336,12 +331,9 @@ pub fn run(
     }
     report(&ops, rounds, &attach_s, &tool_cpu_ms, &startup_cpu_ms);
     println!("settling, from the marker until the tool's own CPU was quiet (median, quartiles), not in the loss above:");
-    let mut settled: Vec<(&Config, &Vec<f64>)> = settle_s.iter().collect();
-    settled.sort_by_key(|(c, _)| c.name());
-    for (c, v) in settled {
-        let (m, q1, q3) = spread(v.clone());
-        println!("  {:<28} {m:.1} s ({q1:.1} .. {q3:.1})", c.name());
-    }
+    print_spreads(&settle_s, |c, (m, q1, q3)| {
+        format!("  {:<28} {m:.1} s ({q1:.1} .. {q3:.1})", c.name())
+    });
     let mut measured = vec![
         Config::VitalsdOffcpu,
         Config::Vitalsd,
@@ -425,14 +417,11 @@ fn report(
     println!("the tool's own CPU before perf bench: its start-up and the settling after it (median, quartiles):");
     print_cpu(startup_cpu_ms);
     println!("start-up, from launch to the marker (median, quartiles), not in the loss above:");
-    let mut started: Vec<(&Config, &Vec<f64>)> = attach_s.iter().collect();
-    started.sort_by_key(|(c, _)| c.name());
-    for (c, v) in started {
-        let (m, q1, q3) = spread(v.clone());
-        println!(
+    print_spreads(attach_s, |c, (m, q1, q3)| {
+        format!(
             "  {:<28} {m:.1} s ({q1:.1} .. {q3:.1}) to \"{}\"",
             c.name(),
             c.marker()
-        );
-    }
+        )
+    });
 }
